@@ -1,0 +1,66 @@
+"""The attention kernel: scores of rotated queries against cached keys.
+
+This is the plain-torch reference that KV caches call after writing the new
+keys and values. Masks are built from positions, not from call shapes: a
+query at position p sees keys at positions k with k <= p, and, in a sliding
+window layer of width W, k > p - W (the window holds W tokens, itself
+included, as in transformers). `scaled_dot_product_attention` does the work
+unless the layer softcaps its scores (Gemma 2), which needs explicit scores.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+
+@dataclass(frozen=True)
+class AttentionSpec:
+    """What one layer's attention needs besides q, k and v."""
+
+    scale: float  # multiplier of q.k
+    sliding_window: int | None = None  # tokens a query sees, itself included
+    softcap: float | None = None  # scores become softcap * tanh(scores / softcap)
+
+
+def attention_mask(q_positions: Tensor, kv_positions: Tensor, sliding_window: int | None) -> Tensor:
+    """Boolean mask [B, 1, T, S], True where a query may attend.
+
+    q_positions is [B, T]; kv_positions is [S] (a dense cache) or [B, S].
+    """
+    q = q_positions[:, :, None]  # [B, T, 1]
+    k = kv_positions.view(-1, 1, kv_positions.shape[-1])  # [B or 1, 1, S]
+    mask = k <= q
+    if sliding_window is not None:
+        mask = mask & (k > q - sliding_window)
+    return mask[:, None]  # [B, 1, T, S]
+
+
+def attention(q: Tensor, k: Tensor, v: Tensor, q_positions: Tensor, kv_positions: Tensor,
+              spec: AttentionSpec) -> Tensor:
+    """Causal (optionally windowed, softcapped) attention with grouped KV heads.
+
+    q [B, H, T, D], k and v [B, KV, S, D] with H a multiple of KV -> [B, H, T, D].
+    """
+    mask = attention_mask(q_positions, kv_positions, spec.sliding_window)
+    if spec.softcap is None:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=spec.scale,
+                                              enable_gqa=q.shape[1] != k.shape[1])
+    groups = q.shape[1] // k.shape[1]
+    k = k.repeat_interleave(groups, dim=1)  # [B, H, S, D]
+    v = v.repeat_interleave(groups, dim=1)  # [B, H, S, D]
+    scores = (q @ k.transpose(2, 3)) * spec.scale  # [B, H, T, S]
+    scores = torch.tanh(scores / spec.softcap) * spec.softcap
+    scores = scores.masked_fill(~mask, float("-inf"))
+    weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+    return weights @ v
+
+
+class NoCache:
+    """Attention within one call only: the prompt attends to itself, nothing is kept."""
+
+    def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor, positions: Tensor,
+               spec: AttentionSpec) -> Tensor:
+        return attention(q, k, v, positions, positions, spec)

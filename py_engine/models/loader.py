@@ -1,0 +1,162 @@
+"""Load a Hugging Face checkpoint folder into a `CausalLM`.
+
+The model uses Hugging Face's parameter names, so loading is the identity:
+each parameter is looked up by name in the checkpoint, its shape checked,
+and the tensor (mapped from disk) converted to the requested dtype and device.
+Weights come from `model.safetensors`, sharded safetensors
+(`model.safetensors.index.json`), or `pytorch_model.bin` (read with
+`torch.load(weights_only=True)`, which refuses arbitrary pickles). Anything
+wrong (a truncated or foreign file, a missing tensor, a shape mismatch, a
+tensor the config does not explain) raises `ModelLoadError` naming the file
+and tensor.
+"""
+from __future__ import annotations
+
+import json
+import pickle
+import zipfile
+from pathlib import Path
+from typing import Mapping
+
+import torch
+from torch import Tensor, nn
+
+from ..config import ModelConfig
+from .safetensors_io import SafetensorsError, SafetensorsFile
+from .transformer import CausalLM
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# Buffers older checkpoints saved that the model recomputes.
+IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+
+
+class ModelLoadError(ValueError):
+    """A checkpoint that does not match its config.json or is not a valid weights file."""
+
+
+class Checkpoint:
+    """Tensor name -> file, over one or more weight files of a model folder."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.files: dict[str, SafetensorsFile | dict[str, Tensor]] = {}
+        self.where: dict[str, str] = {}  # tensor name -> file name
+        index_names = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
+        single_names = ("model.safetensors", "pytorch_model.bin")
+        for index, single in zip(index_names, single_names):
+            if (folder / index).exists():
+                self._add_index(folder / index)
+                return
+            if (folder / single).exists():
+                self._add_file(single)
+                return
+        raise ModelLoadError(f"no weights in {folder}: expected one of {', '.join(single_names + index_names)}")
+
+    def _add_index(self, index: Path) -> None:
+        try:
+            weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+        except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as e:
+            raise ModelLoadError(f"{index}: not a shard index with a weight_map ({e!r})") from None
+        for file_name in sorted(set(weight_map.values())):
+            if not (self.folder / file_name).exists():
+                raise ModelLoadError(f"{index} lists shard {file_name}, which is not in {self.folder}")
+            self._add_file(file_name)
+        for name, file_name in weight_map.items():
+            if name not in self.where:
+                raise ModelLoadError(f"{index} maps tensor {name!r} to {file_name}, which does not hold it")
+
+    def _add_file(self, file_name: str) -> None:
+        path = self.folder / file_name
+        tensors = _open_safetensors(path) if file_name.endswith(".safetensors") else _open_bin(path)
+        self.files[file_name] = tensors
+        for name in tensors.keys():
+            self.where[name] = file_name
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        f = self.files[self.where[name]]
+        return f.shape(name) if isinstance(f, SafetensorsFile) else tuple(f[name].shape)
+
+    def get(self, name: str) -> Tensor:
+        f = self.files[self.where[name]]
+        return f.get(name) if isinstance(f, SafetensorsFile) else f[name]
+
+
+def _open_safetensors(path: Path) -> SafetensorsFile:
+    try:
+        return SafetensorsFile(path)
+    except SafetensorsError as e:
+        raise ModelLoadError(str(e)) from None
+
+
+def _open_bin(path: Path) -> dict[str, Tensor]:
+    try:
+        # Only the zip format (torch >= 1.6) can be mapped; older files are read whole.
+        state = torch.load(path, map_location="cpu", weights_only=True, mmap=zipfile.is_zipfile(path))
+    except (RuntimeError, pickle.UnpicklingError, EOFError, ValueError, OSError) as e:
+        raise ModelLoadError(f"{path}: not a readable PyTorch weights file ({type(e).__name__}: {e})") from None
+    if not isinstance(state, Mapping) or not all(isinstance(t, Tensor) for t in state.values()):
+        raise ModelLoadError(f"{path}: expected a dict of tensors, got {type(state).__name__}")
+    return dict(state)
+
+
+def resolve_dtype(dtype: str | torch.dtype, config: ModelConfig) -> torch.dtype:
+    """"auto" is the checkpoint's torch_dtype (float32 when it names none)."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype == "auto":
+        dtype = config.torch_dtype or "float32"
+    if dtype not in DTYPES:
+        raise ValueError(f"unsupported dtype {dtype!r}; use auto, {', '.join(DTYPES)}")
+    return DTYPES[dtype]
+
+
+def load_model(path: str | Path, dtype: str | torch.dtype = "auto",
+               device: str | torch.device = "cpu") -> tuple[CausalLM, ModelConfig]:
+    """Build the model a folder's config.json describes and fill it with its weights."""
+    folder = Path(path)
+    config = ModelConfig.from_file(folder)
+    torch_dtype = resolve_dtype(dtype, config)
+    with torch.device("meta"):
+        model = CausalLM(config)
+    checkpoint = Checkpoint(folder)
+    expected = dict(model.named_parameters())  # tied lm_head.weight is listed once, as the embedding
+    _check_names(checkpoint, expected, config)
+    for name, param in expected.items():
+        tensor = _checked_tensor(checkpoint, name, tuple(param.shape))
+        _set_parameter(model, name, tensor.to(device=device, dtype=torch_dtype))
+    model.tie_weights()
+    return model.eval().requires_grad_(False), config
+
+
+def _check_names(checkpoint: Checkpoint, expected: Mapping[str, nn.Parameter], config: ModelConfig) -> None:
+    missing = [n for n in expected if n not in checkpoint.where]
+    if missing:
+        files = ", ".join(checkpoint.files)
+        raise ModelLoadError(f"{checkpoint.folder}: tensor {missing[0]!r} is missing from {files}"
+                             + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""))
+    ignorable = {"lm_head.weight"} if config.tie_word_embeddings else set()
+    unexpected = sorted(n for n in checkpoint.where if n not in expected and n not in ignorable
+                        and not n.endswith(IGNORED_SUFFIXES))
+    if unexpected:
+        raise ModelLoadError(
+            f"{checkpoint.folder}: {checkpoint.where[unexpected[0]]} holds tensors a {config.model_type} model "
+            f"with this config.json does not have: {', '.join(unexpected[:5])}"
+            + (f" (and {len(unexpected) - 5} more)" if len(unexpected) > 5 else ""))
+
+
+def _checked_tensor(checkpoint: Checkpoint, name: str, shape: tuple[int, ...]) -> Tensor:
+    found = checkpoint.shape(name)
+    if found != shape:
+        raise ModelLoadError(f"{checkpoint.folder / checkpoint.where[name]}: tensor {name!r} has shape "
+                             f"{list(found)} but config.json implies {list(shape)}")
+    tensor = checkpoint.get(name)
+    if not tensor.is_floating_point():
+        raise ModelLoadError(f"{checkpoint.folder / checkpoint.where[name]}: tensor {name!r} has dtype "
+                             f"{tensor.dtype}; expected floating point weights")
+    return tensor
+
+
+def _set_parameter(model: nn.Module, name: str, tensor: Tensor) -> None:
+    module_name, _, leaf = name.rpartition(".")
+    module = model.get_submodule(module_name)
+    module._parameters[leaf] = nn.Parameter(tensor, requires_grad=False)
