@@ -51,13 +51,13 @@ def _number(name: str, value: Any, lo: float, hi: float, *,
     return v
 
 
-def _optional_int(name: str, value: Any, minimum: int | None) -> int | None:
+def _optional_int(name: str, value: Any, minimum: int | None, note: str = "") -> int | None:
     if value is None:
         return None
     if not _is_int(value):
-        raise SamplingParamsError(name, f"must be an integer or None, got {type(value).__name__} {value!r}")
+        raise SamplingParamsError(name, f"must be an integer or None{note}, got {type(value).__name__} {value!r}")
     if minimum is not None and value < minimum:
-        raise SamplingParamsError(name, f"must be >= {minimum}, got {value!r}")
+        raise SamplingParamsError(name, f"must be an integer >= {minimum}{note}, got {value!r}")
     return value
 
 
@@ -143,7 +143,7 @@ class SamplingParams:
                                           lo_open=True),
             "presence_penalty": _number("presence_penalty", self.presence_penalty, pen_lo, pen_hi),
             "frequency_penalty": _number("frequency_penalty", self.frequency_penalty, pen_lo, pen_hi),
-            "top_k": _optional_int("top_k", self.top_k, -1),
+            "top_k": _optional_int("top_k", self.top_k, -1, " (-1 or 0 disables)"),
             "seed": _optional_int("seed", self.seed, None),
             "max_tokens": _optional_int("max_tokens", self.max_tokens, 1),
             "logprobs": _optional_int("logprobs", self.logprobs, 0),
