@@ -148,6 +148,7 @@ def render_chat(
     `chat_template` overrides the model's template: Jinja text, or the name of one of
     its named templates. `extra` become template variables (e.g. `enable_thinking`,
     `date_string`), overriding special tokens of the same name as transformers does.
+    A server should pass the ChatConfig from `load_chat_config` so files are read once.
     """
     config = load_chat_config(tokenizer_config_or_template)
     template = _compile(_select_template(config, chat_template, tools))

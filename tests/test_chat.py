@@ -18,7 +18,8 @@ from py_engine import chat
 from py_engine.chat import ChatTemplateError, ChatTemplateSecurityError, load_chat_config, render_chat
 
 HELLO = [{"role": "user", "content": "Hello!"}]
-ECHO = "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}{% if add_generation_prompt %}<assistant>{% endif %}"
+ECHO = ("{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}"
+        "{% if add_generation_prompt %}<assistant>{% endif %}")
 
 
 def test_renders_with_generation_prompt_by_default():

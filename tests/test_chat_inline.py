@@ -62,11 +62,14 @@ FEATURES = """\
  {{- message.reasoning_content | default('') }}/{{ message.thinking | default('') }}
 {% endfor %}
 count={{ ns.count }} {{ dict(a=1, b=[1, 2]) | tojson }}|{{ dict.fromkeys(['x', 'y'], 0) | tojson(indent=2) }}
-{{ {'é': '<b>&', 'z': 1, 'a': none} | tojson(sort_keys=true, separators=(',', ':')) }}|{{ 'é' | tojson(ensure_ascii=true) }}
+{{ {'é': '<b>&', 'z': 1, 'a': none} | tojson(sort_keys=true, separators=(',', ':')) }}
+{{ 'é' | tojson(ensure_ascii=true) }}
 tools={{ tools | tojson if tools else 'none' }} documents={{ documents | length if documents else 0 }}
 extra={{ custom_var | default('unset') }} {{ enable_thinking | default('') }} {{ date_string | default('') }}
     {% if add_generation_prompt %}  <gen>{% endif %}
-{% if messages | selectattr('role', 'equalto', 'bad') | list %}{{ raise_exception('bad role in ' ~ messages | length ~ ' messages') }}{% endif %}
+{% if messages | selectattr('role', 'equalto', 'bad') | list %}
+{{ raise_exception('bad role in ' ~ messages | length ~ ' messages') }}
+{% endif %}
 """
 SPECIAL = {"bos_token": "<s>", "eos_token": "</s>"}
 BAD_ROLE = {"bad_role": Case([{"role": "bad", "content": "?"}])}
