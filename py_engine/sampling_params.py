@@ -20,6 +20,11 @@ from typing import Any, Mapping
 PENALTY_RANGE = (-2.0, 2.0)
 LOGIT_BIAS_RANGE = (-100.0, 100.0)
 
+# Below this the distribution is all but a point mass on the argmax, and
+# x / temperature heads for overflow as it nears 0; vLLM's _SAMPLING_EPS makes
+# the same cut. Every sampler must treat it as greedy, so they agree here.
+GREEDY_TEMPERATURE = 1e-5
+
 
 class SamplingParamsError(ValueError):
     """A sampling parameter is out of range or of the wrong type.
@@ -172,10 +177,6 @@ class SamplingParams:
         """True when the sampler takes the argmax and draws no random number."""
         return self.temperature < GREEDY_TEMPERATURE
 
-
-# Below this, x / temperature overflows float32 in the torch sampler; vLLM's
-# _SAMPLING_EPS makes the same cut. Every sampler must treat it as greedy.
-GREEDY_TEMPERATURE = 1e-5
 
 # OpenAI request fields (plus vLLM's extensions) copied as they are.
 _OPENAI_FIELDS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty",
