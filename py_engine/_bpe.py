@@ -1,0 +1,129 @@
+"""The BPE model of tokenizer.json: words to ids by ranked merges.
+
+Matches `tokenizers`' BPE: a word starts as one symbol per character (with
+`continuing_subword_prefix` / `end_of_word_suffix`, `<0xXX>` byte fallback
+or the unknown token, fused or not), then the lowest-ranked adjacent pair is
+merged, leftmost first, until no pair has a rank. `ignore_merges` (Llama-3)
+takes a word that is itself in the vocabulary as one token.
+
+Loading is cheap on purpose: the merge table is a dict from the merge's own
+"a b" string to its rank, built without splitting 280k strings; a lookup
+joins the pair instead.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+_NO_RANK = 1 << 62
+_CACHE_LIMIT = 200_000
+
+
+class BPE:
+    """A tokenizer.json `"model"` of type BPE."""
+
+    def __init__(self, spec: dict[str, Any]) -> None:
+        if spec.get("dropout") not in (None, 0, 0.0):
+            raise ValueError("model BPE: dropout makes encoding random; it is not supported")
+        self.vocab: dict[str, int] = spec["vocab"]
+        self.vocab_r: dict[int, str] = {i: t for t, i in self.vocab.items()}
+        self.unk_token: str | None = spec.get("unk_token")
+        self.prefix: str = spec.get("continuing_subword_prefix") or ""
+        self.suffix: str = spec.get("end_of_word_suffix") or ""
+        self.fuse_unk = bool(spec.get("fuse_unk", False))
+        self.byte_fallback = bool(spec.get("byte_fallback", False))
+        self.ignore_merges = bool(spec.get("ignore_merges", False))
+        self._sep, self._ranks = _rank_table(spec.get("merges") or [])
+        self._cache: dict[str, list[int]] = {}
+        # Set by the tokenizer when a final ByteLevel pre-tokenizer's mapping
+        # is deferred to here, so the cache is keyed by the raw word.
+        self.word_transform: Callable[[str], str] | None = None
+
+    def tokenize(self, word: str) -> list[int]:
+        """Ids of one pre-tokenized word (cached; do not mutate the result)."""
+        ids = self._cache.get(word)
+        if ids is None:
+            if len(self._cache) >= _CACHE_LIMIT:
+                self._cache.clear()
+            text = self.word_transform(word) if self.word_transform else word
+            ids = self._cache[word] = self._tokenize(text) if text else []
+        return ids
+
+    def _tokenize(self, word: str) -> list[int]:
+        vocab = self.vocab
+        if self.ignore_merges and word in vocab:
+            return [vocab[word]]
+        symbols = self._merge(self._symbols(word))
+        return [vocab[s] for s in symbols]
+
+    def _symbols(self, word: str) -> list[str]:
+        """One vocabulary token per character before any merge."""
+        vocab, prefix, suffix = self.vocab, self.prefix, self.suffix
+        if not (prefix or suffix) and all(c in vocab for c in word):
+            return list(word)
+        out: list[str] = []
+        unk: str | None = None  # pending unknown token (fused while fuse_unk)
+        last = len(word) - 1
+        for i, c in enumerate(word):
+            s = (prefix + c if i and prefix else c) + (suffix if i == last else "")
+            if s in vocab:
+                if unk is not None:
+                    out.append(unk)
+                    unk = None
+                out.append(s)
+                continue
+            if self.byte_fallback:
+                codes = [f"<0x{b:02X}>" for b in s.encode("utf-8")]
+                if all(code in vocab for code in codes):
+                    out.extend(codes)  # like tokenizers, a pending unk waits until later
+                    continue
+            if self.unk_token is not None:
+                if self.unk_token not in vocab:
+                    raise ValueError(f"model BPE: unk_token {self.unk_token!r} is not in the vocabulary")
+                if unk is not None and not self.fuse_unk:
+                    out.append(unk)
+                unk = self.unk_token
+        if unk is not None:
+            out.append(unk)
+        return out
+
+    def _merge(self, parts: list[str]) -> list[str]:
+        """Apply merges, lowest rank first and leftmost among equals.
+
+        One merge per step, as tokenizers' heap does; `min` and `index` over
+        the list of pair ranks run in C, and only the two neighbouring pairs
+        are looked up again after a merge."""
+        if len(parts) < 2:
+            return parts
+        get, sep, cut = self._ranks.get, self._sep, len(self.prefix)
+        ranks = [get(a + sep + b, _NO_RANK) for a, b in zip(parts, parts[1:])]
+        while ranks:
+            best = min(ranks)
+            if best == _NO_RANK:
+                break
+            i = ranks.index(best)
+            right = parts.pop(i + 1)
+            merged = parts[i] = parts[i] + (right[cut:] if cut and right.startswith(self.prefix) else right)
+            del ranks[i]
+            if i < len(ranks):
+                ranks[i] = get(merged + sep + parts[i + 1], _NO_RANK)
+            if i:
+                ranks[i - 1] = get(parts[i - 1] + sep + merged, _NO_RANK)
+        return parts
+
+
+def _rank_table(merges: list[Any]) -> tuple[str, dict[str, int]]:
+    """(separator, {"a<sep>b": rank}) for either merges layout.
+
+    Later duplicates win, as in tokenizers' HashMap. The "a b" layout can
+    be used as is; the [a, b] layout is joined with a separator that no
+    merged token contains, so keys cannot collide."""
+    if not merges:
+        return " ", {}
+    if isinstance(merges[0], str):
+        return " ", dict(zip(merges, range(len(merges))))
+    sep = " "
+    if any(sep in a or sep in b for a, b in merges):
+        used = {c for pair in merges for part in pair for c in part}
+        sep = next(chr(c) for c in range(0x10FFFF, 0, -1) if chr(c) not in used)
+    return sep, {a + sep + b: rank for rank, (a, b) in enumerate(merges)}

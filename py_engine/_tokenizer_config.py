@@ -1,0 +1,94 @@
+"""tokenizer_config.json: special tokens, BOS/EOS flags, chat template.
+
+tokenizer.json alone says how to encode; transformers also reads
+tokenizer_config.json (and the older special_tokens_map.json) for which
+tokens are BOS/EOS/PAD/UNK, and for Llama/Gemma-style classes rebuilds the
+post-processor from `add_bos_token` / `add_eos_token`. We do the same.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+# transformers classes whose tokenizer rebuilds TemplateProcessing from
+# add_bos_token/add_eos_token (defaults: BOS on, EOS off).
+_TEMPLATE_FROM_FLAGS = {
+    "LlamaTokenizer", "LlamaTokenizerFast", "CodeLlamaTokenizer", "CodeLlamaTokenizerFast",
+    "GemmaTokenizer", "GemmaTokenizerFast",
+}
+
+
+def _content(value: Any) -> str | None:
+    """A token given as a string or as an AddedToken dict."""
+    if isinstance(value, dict):
+        return value.get("content")
+    return value if isinstance(value, str) else None
+
+
+@dataclass(frozen=True)
+class SpecialTokens:
+    """The named special tokens of a model, as token strings."""
+
+    bos_token: str | None = None
+    eos_token: str | None = None
+    pad_token: str | None = None
+    unk_token: str | None = None
+    add_bos_token: bool | None = None
+    add_eos_token: bool | None = None
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> SpecialTokens:
+        def flag(name: str) -> bool | None:
+            value = config.get(name)
+            return bool(value) if value is not None else None
+
+        return cls(_content(config.get("bos_token")), _content(config.get("eos_token")),
+                   _content(config.get("pad_token")), _content(config.get("unk_token")),
+                   flag("add_bos_token"), flag("add_eos_token"))
+
+
+def read_pretrained(model_dir: Path) -> tuple[dict[str, Any], dict[str, Any], str | None]:
+    """(tokenizer.json, tokenizer config, chat template) of a model folder."""
+    spec = _read_json(model_dir / "tokenizer.json")
+    if spec is None:
+        raise FileNotFoundError(f"{model_dir / 'tokenizer.json'} not found")
+    config = _read_json(model_dir / "tokenizer_config.json") or {}
+    for key, value in (_read_json(model_dir / "special_tokens_map.json") or {}).items():
+        config.setdefault(key, value)  # the older file only fills gaps
+    template = config.get("chat_template")
+    jinja = model_dir / "chat_template.jinja"
+    if not isinstance(template, str) and jinja.is_file():
+        template = jinja.read_text(encoding="utf-8")
+    if config.get("tokenizer_class") in _TEMPLATE_FROM_FLAGS and (
+            "add_bos_token" in config or "add_eos_token" in config):
+        spec = dict(spec, post_processor=_flag_template(spec, config))
+    return spec, config, template if isinstance(template, str) else None
+
+
+def _read_json(path: Path) -> Any:
+    if not path.is_file():
+        return None
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def _flag_template(spec: dict[str, Any], config: dict[str, Any]) -> dict[str, Any]:
+    """TemplateProcessing for `[BOS] $A [EOS]` as the flags ask."""
+    ids = {t["content"]: t["id"] for t in spec.get("added_tokens") or []}
+    vocab = (spec.get("model") or {}).get("vocab") or {}
+    single: list[dict[str, Any]] = [{"Sequence": {"id": "A", "type_id": 0}}]
+    specials: dict[str, Any] = {}
+    for name, default, at_end in (("bos", True, False), ("eos", False, True)):
+        wanted = config.get(f"add_{name}_token")
+        if not (default if wanted is None else wanted):
+            continue
+        token = _content(config.get(f"{name}_token"))
+        token_id = ids.get(token, vocab.get(token)) if token is not None else None
+        if token_id is None:
+            raise ValueError(f"tokenizer_config: add_{name}_token is set but {name}_token {token!r} has no id")
+        item = {"SpecialToken": {"id": token, "type_id": 0}}
+        single = single + [item] if at_end else [item] + single
+        specials[token] = {"id": token, "ids": [token_id], "tokens": [token]}
+    return {"type": "TemplateProcessing", "single": single, "pair": single, "special_tokens": specials}
