@@ -100,31 +100,34 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 
 def _info_lines(info: dict[str, Any]) -> list[tuple[str, str]]:
-    arch = ", ".join(info["architectures"]) or "?"
-    params = (f"{info['parameters']:,} ({hub.format_count(info['parameters'])})" if info["supported"]
-              else f"unknown: {info['note']}")
+    arch = f"{', '.join(info['architectures'])} ({info['model_type']})" if info["architectures"] else info["model_type"]
+    if info["supported"]:
+        exact, short = f"{info['parameters']:,}", hub.format_count(info["parameters"])
+        params = exact if exact == short else f"{exact} ({short})"
+    else:
+        params = f"unknown: {info['note']}"
     lines = [("name", info["name"])]
     if info["repo"]:
         revision = f" ({info['revision']})" if info["revision"] else ""
         lines.append(("repo", info["repo"] + revision))
     lines += [
-        ("architecture", f"{arch} (model_type {info['model_type']})"),
+        ("architecture", str(arch or "?")),
         ("supported", "yes" if info["supported"] else "no"),
         ("parameters", params),
         ("dtype", info["dtype"] or "?"),
         ("context length", str(info["context_length"] or "?")),
-        ("disk size", f"{hub.format_size(info['disk_size'])} in {len(info['files'])} files"),
+        ("disk size", f"{hub.format_size(info['disk_size'])} in {len(info['files'])} "
+                      f"file{'' if len(info['files']) == 1 else 's'}"),
         ("path", info["path"]),
     ]
     return lines
 
 
 def format_table(headers: Sequence[str] | None, rows: Sequence[Sequence[Any]]) -> str:
-    """Left-aligned columns two spaces apart, the last one unpadded."""
+    """Left-aligned columns two spaces apart."""
     table = ([list(headers)] if headers else []) + [[str(c) for c in row] for row in rows]
     widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row[:-1], widths)) + "  " + row[-1] if len(row) > 1
-                     else row[0] for row in table)
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in table)
 
 
 def _status(line: str) -> None:
