@@ -47,7 +47,7 @@ import random
 from collections import Counter
 from dataclasses import dataclass
 from itertools import accumulate, compress, islice, repeat
-from typing import Mapping, NamedTuple, Sequence, Union
+from typing import Iterator, Mapping, NamedTuple, Sequence, Union
 
 from py_engine.sampling_params import (GREEDY_TEMPERATURE, SamplingParams, SamplingParamsError,
                                        from_openai)
@@ -153,6 +153,13 @@ def _total(weights: Weights, ids: list[int] | None) -> float:
     return math.fsum(weights) if ids is None else math.fsum(weights[i] for i in ids)
 
 
+def _descending_prefixes(values: list[float]) -> Iterator[list[float]]:
+    # A generator, so the full sort only runs when the top 64 fall short.
+    if len(values) > 256:
+        yield heapq.nlargest(64, values)
+    yield sorted(values, reverse=True)
+
+
 def _reach(values: list[float], zmax: float, target: float, strict: bool) -> tuple[int, float] | None:
     """Canonical position and value of the first token whose running sum of w
     exceeds (strict) or reaches `target`; None if none does.
@@ -164,9 +171,7 @@ def _reach(values: list[float], zmax: float, target: float, strict: bool) -> tup
     of all of them; ids are found afterwards by _nth_with_value.
     """
     find = bisect.bisect_right if strict else bisect.bisect_left
-    prefixes = [sorted(values, reverse=True)] if len(values) <= 256 else \
-        (heapq.nlargest(64, values), sorted(values, reverse=True))
-    for top in prefixes:
+    for top in _descending_prefixes(values):
         # Running sums are non-decreasing (w >= 0), so bisect finds the first crossing.
         sums = list(accumulate(map(math.exp, map(operator.sub, top, repeat(zmax)))))
         j = find(sums, target)
