@@ -73,13 +73,14 @@ def download(name: str, revision: str | None = None, force: bool = False,
     hub = _import_hub()
     endpoint = os.environ.get("HF_ENDPOINT") or None
     previous = set((read_manifest(path) or {}).get("files", ()))
-    (path / MANIFEST).unlink(missing_ok=True)  # a failed --force must not leave old and new files looking whole
     with _hub_errors(repo, revision, endpoint):
         api = hub.HfApi(endpoint=endpoint, library_name="ruvllm", library_version=__version__)
         info = api.model_info(repo, revision=revision)
         names = [s.rfilename for s in info.siblings or ()]
         files = wanted_files(names)
         _check_usable(repo, names, files)
+        # From here files change: a --force that fails midway must not leave old and new files looking whole.
+        (path / MANIFEST).unlink(missing_ok=True)
         hub.snapshot_download(
             repo, revision=info.sha, local_dir=path, endpoint=endpoint, force_download=force,
             allow_patterns=list(ALLOW_PATTERNS), ignore_patterns=list(IGNORE_PATTERNS),

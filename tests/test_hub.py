@@ -122,6 +122,13 @@ def test_rerun_is_a_no_op_and_force_downloads_again(ruvllm, fake_hub, tiny_model
     assert "Fetching" not in forced.stderr  # --quiet
 
 
+def test_a_failed_force_keeps_the_model(ruvllm):
+    path = ruvllm("download", REPO_ID).stdout.strip()
+    failed = ruvllm("download", REPO_ID, "--force", "-q", HF_ENDPOINT="http://127.0.0.1:9")  # nothing listens
+    assert "could not download tiny-org/tiny-llama from http://127.0.0.1:9" in _one_error_line(failed)
+    assert json.loads(ruvllm("info", REPO_ID, "--json").stdout)["path"] == path
+
+
 def test_info_json_and_list_downloaded(ruvllm, tiny_model, tmp_path):
     _, num_parameters = tiny_model
     path = ruvllm("download", REPO_ID).stdout.strip()
@@ -214,7 +221,7 @@ def test_resolve_order_local_dir_builtin_alias_repo(tmp_path, monkeypatch):
     assert hub.resolve_model("qwen", cache) == local  # an existing directory wins over the alias
     assert hub.resolve_model(str(local), cache) == local
     assert hub.resolve_model("tiny-shakespeare", cache) == hub.DATA_DIR / "tiny-shakespeare"
-    monkeypatch.chdir(tmp_path / "qwen")
+    monkeypatch.chdir(tmp_path / "qwen")  # no ./qwen here: from now on "qwen" is the alias
 
     done = _model_dir(hub.model_dir("Qwen/Qwen2.5-1.5B-Instruct", "v1", cache), LLAMA)
     hub.write_manifest(done, "Qwen/Qwen2.5-1.5B-Instruct", "v1", "abc", ["config.json"])
