@@ -30,9 +30,11 @@ from typing import Any, Sequence
 
 import torch
 
-from .config import ModelConfig
+from .config import ConfigError, ModelConfig
 from .llama2c_tokenizer import Llama2cTokenizerError, read_tokenizer, tokenizer_config
 
+OUTPUT_FILES = ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
+                "tokenizer_config.json")
 MAGIC = 0x616B3432  # "ak42" read as a little-endian uint32
 V1_HEADER_BYTES = 256
 LEGACY_HEADER_BYTES = 7 * 4
@@ -268,23 +270,33 @@ def write_safetensors(path: str | Path, tensors: dict[str, torch.Tensor], progre
     head = json.dumps(meta, separators=(",", ":")).encode("utf-8")
     head += b" " * (-len(head) % 8)  # the data starts 8-byte aligned, as safetensors writes it
     bar = _progress(offset, f"writing {Path(path).name}", progress)
-    chunk = 64 << 20
-    with Path(path).open("wb") as f:
-        f.write(struct.pack("<Q", len(head)) + head)
-        for t in tensors.values():
-            data = _tensor_bytes(t)
-            for start in range(0, len(data), chunk):
-                f.write(data[start:start + chunk])
-                bar.update(len(data[start:start + chunk]))
-    bar.close()
+    chunk = 64 << 20  # bar updates often enough on multi-GB tensors
+    try:
+        with Path(path).open("wb") as f:
+            f.write(struct.pack("<Q", len(head)) + head)
+            for t in tensors.values():
+                data = _tensor_bytes(t)
+                for start in range(0, len(data), chunk):
+                    piece = data[start:start + chunk]
+                    f.write(piece)
+                    bar.update(len(piece))
+    finally:
+        bar.close()
 
 
 def convert(checkpoint: str | Path, tokenizer: str | Path, out_dir: str | Path, progress: bool = False) -> Path:
-    """Convert a llama2.c checkpoint and tokenizer.bin into an HF Llama model directory."""
+    """Convert a llama2.c checkpoint and tokenizer.bin into an HF Llama model directory.
+
+    `out_dir` must be new, empty, or hold only an earlier conversion's files:
+    a stray weights file left beside model.safetensors would be loaded too.
+    """
+    out = Path(out_dir)
+    stray = sorted(p.name for p in out.iterdir() if p.name not in OUTPUT_FILES) if out.is_dir() else []
+    if stray:
+        raise FileExistsError(f"{out} holds other files ({', '.join(stray[:5])}); convert into a new directory")
     config, tensors = read_checkpoint(checkpoint)
     ModelConfig.from_dict(config)  # fail here, not at load time, if ruvllm could not run it
     tok = read_tokenizer(tokenizer, config["vocab_size"])
-    out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     files = {
         "config.json": config,
@@ -311,7 +323,7 @@ def run_import_llama2c(args: argparse.Namespace) -> int:
     """Run a parsed `import-llama2c` command; 0 on success, 1 with a message on bad input."""
     try:
         out = convert(args.checkpoint, args.tokenizer, args.out, progress=not args.no_progress)
-    except (Llama2cFormatError, Llama2cTokenizerError, FileNotFoundError) as e:
+    except (Llama2cFormatError, Llama2cTokenizerError, ConfigError, OSError) as e:
         print(f"ruvllm import-llama2c: error: {e}", file=sys.stderr)
         return 1
     print(f"wrote {out}")

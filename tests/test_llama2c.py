@@ -25,7 +25,7 @@ from conftest import REPO, shared_fixture
 import llama2c_reference as ref
 from py_engine import llama2c
 from py_engine.llama2c import Llama2cFormatError, convert, main_import_llama2c, read_checkpoint
-from py_engine.llama2c_sampler import Llama2cSampler, XorShiftRng, decode_piece, generate
+from py_engine.llama2c_sampler import Llama2cSampler, XorShiftRng, decode_piece, generate, sample_topp
 from py_engine.llama2c_tokenizer import Llama2cTokenizerError, read_tokenizer
 
 tokenizers = pytest.importorskip("tokenizers")
@@ -41,6 +41,15 @@ HARD_STRINGS = [
 SPECIAL_TEXT = "<s>Hi</s> <unk>"
 
 STORIES = ("checkpoints", "stories260K")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Token-at-a-time forwards of a 260K model: thread hand-offs cost more than the math."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 # --- the real model ------------------------------------------------------
@@ -235,6 +244,9 @@ def test_cli(tmp_path, capsys):
     ckpt.write_bytes(ckpt.read_bytes()[:300])
     assert main_import_llama2c([str(ckpt), str(tok), "--out", str(tmp_path / "m2")]) == 1
     assert "expected" in capsys.readouterr().err
+    (tmp_path / "m" / "pytorch_model.bin").write_bytes(b"old")
+    assert main_import_llama2c([str(_tiny_files(tmp_path, 0, True)[0]), str(tok), "--out", str(tmp_path / "m")]) == 1
+    assert "other files (pytorch_model.bin)" in capsys.readouterr().err
 
 
 # --- the sampler ----------------------------------------------------------------
@@ -252,6 +264,13 @@ def test_xorshift_matches_c_arithmetic():
 
 def test_greedy_sampler_takes_first_maximum():
     assert Llama2cSampler(temperature=0.0)([0.5, 2.0, 2.0, -1.0]) == 1
+
+
+@pytest.mark.parametrize("coin,expected", [(0.5, 3), (0.7, 1), (0.99, 1)])
+def test_topp_crops_sorts_and_truncates(coin, expected):
+    # cutoff (1-0.7)/4 drops 0.05 and 0.02; sorted 0.5, 0.3 pass 0.7: r = coin * 0.8
+    probs = [0.05, 0.3, 0.02, 0.5, 0.13]
+    assert sample_topp(probs, 0.7, coin) == expected
 
 
 def test_pure_python_modules_import_without_torch():
