@@ -1,0 +1,145 @@
+"""The Python API: load a model once, then generate with SamplingParams, streaming or not.
+
+    from py_engine import LLM, SamplingParams
+    llm = LLM("tiny-shakespeare")
+    print(llm.generate("ROMEO:", SamplingParams(max_tokens=40, seed=0)).text)
+    for chunk in llm.stream("JULIET:", SamplingParams(max_tokens=40)):
+        print(chunk.text, end="", flush=True)
+
+`TorchBackend` is the forward pass of one sequence over a dense KV cache; the
+loop itself (sampling, detokenizing, stops) is py_engine.generate's, shared
+with every other backend.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Iterator, Mapping, Sequence
+
+import torch
+
+from py_engine.chat import ChatConfig, load_chat_config, render_chat
+from py_engine.config import ConfigError, GenerationConfig, ModelConfig
+from py_engine.generate import Completion, GenerationChunk, complete, start_ids, stream
+from py_engine.hub import resolve_model
+from py_engine.models import CausalLM, DenseKVCache, load_model
+from py_engine.sampling_params import SamplingParams
+from py_engine.tokenizer import Tokenizer
+
+_CACHE_STEP = 256  # KV capacity grows in steps of this many positions
+
+
+def pick_device(device: str = "auto") -> str:
+    """'auto' is CUDA when present, then Metal (MPS), then CPU."""
+    if device != "auto":
+        if device.startswith("cuda") and not torch.cuda.is_available():
+            raise ValueError(f"device {device!r} was asked for but CUDA is not available here")
+        if device == "mps" and not torch.backends.mps.is_available():
+            raise ValueError("device 'mps' was asked for but Metal is not available here")
+        return device
+    if torch.cuda.is_available():
+        return "cuda"
+    return "mps" if torch.backends.mps.is_available() else "cpu"
+
+
+class TorchBackend:
+    """One sequence through the torch model, its KV cache grown as the sequence grows."""
+
+    def __init__(self, model: CausalLM, config: ModelConfig, max_context: int) -> None:
+        self.model, self.config, self.max_context = model, config, max_context
+        weight = next(model.parameters())
+        self.dtype, self.device = weight.dtype, weight.device
+        self.kv: DenseKVCache | None = None
+        self.length = 0
+
+    def _reserve(self, length: int) -> None:
+        """Make room for `length` positions, copying the filled prefix into a larger cache."""
+        if self.kv is not None and self.kv.max_len >= length:
+            return
+        capacity = min(self.max_context, -(-length // _CACHE_STEP) * _CACHE_STEP)
+        fresh = DenseKVCache.allocate(self.config, 1, capacity, self.dtype, self.device)
+        if self.kv is not None:
+            for old, new in zip(self.kv.keys + self.kv.values, fresh.keys + fresh.values):
+                new[:, :, : self.length].copy_(old[:, :, : self.length])
+        self.kv = fresh
+
+    @torch.inference_mode()
+    def _forward(self, token_ids: Sequence[int]) -> torch.Tensor:
+        n = len(token_ids)
+        self._reserve(self.length + n)
+        ids = torch.tensor([list(token_ids)], dtype=torch.long, device=self.device)  # [1, n]
+        positions = torch.arange(self.length, self.length + n, device=self.device)[None]  # [1, n]
+        logits = self.model(ids, positions, self.kv, last_only=True)  # [1, 1, V]
+        self.length += n
+        return logits[0, -1]  # [V], float32
+
+    def prefill(self, token_ids: Sequence[int]) -> torch.Tensor:
+        self.length = 0
+        return self._forward(token_ids)
+
+    def decode(self, token_id: int) -> torch.Tensor:
+        return self._forward([token_id])
+
+    @staticmethod
+    def argmax(logits: torch.Tensor) -> int:
+        return int(torch.argmax(logits))  # first index of the max, like the reference sampler
+
+
+class LLM:
+    """A loaded model with its tokenizer, chat template and generation defaults."""
+
+    def __init__(self, model: str = "tiny-shakespeare", *, dtype: str = "auto", device: str = "auto",
+                 cache_dir: str | None = None, max_context: int | None = None) -> None:
+        self.path: Path = resolve_model(model, cache_dir)
+        self.device = pick_device(device)
+        self.model, self.config = load_model(self.path, dtype=dtype, device=self.device)
+        self.tokenizer = Tokenizer.from_pretrained(self.path)
+        self.generation_config = _generation_config(self.path)
+        self.max_context = min(max_context or self.config.max_position_embeddings,
+                               self.config.max_position_embeddings)
+        self.eos_token_ids = _eos_ids(self.generation_config, self.config, self.tokenizer)
+        self._chat_config: ChatConfig | None = None
+
+    def encode(self, prompt: str | Sequence[int], add_special_tokens: bool = True) -> list[int]:
+        if isinstance(prompt, str):
+            return start_ids(self.tokenizer, prompt, add_special_tokens)
+        return list(prompt)
+
+    def stream(self, prompt: str | Sequence[int], params: SamplingParams | None = None,
+               *, add_special_tokens: bool = True) -> Iterator[GenerationChunk]:
+        """Yield text chunks as they are generated; the last one has a finish_reason."""
+        backend = TorchBackend(self.model, self.config, self.max_context)
+        ids = self.encode(prompt, add_special_tokens)
+        return stream(backend, self.tokenizer, ids, params or SamplingParams(), self.eos_token_ids)
+
+    def generate(self, prompt: str | Sequence[int], params: SamplingParams | None = None,
+                 *, add_special_tokens: bool = True) -> Completion:
+        backend = TorchBackend(self.model, self.config, self.max_context)
+        ids = self.encode(prompt, add_special_tokens)
+        return complete(backend, self.tokenizer, ids, params or SamplingParams(), self.eos_token_ids)
+
+    def chat_prompt(self, messages: Sequence[Mapping[str, Any]], **template_kwargs: Any) -> str:
+        """The model's chat template applied to messages, ending with the assistant's turn."""
+        if self._chat_config is None:  # read once; a model without a template fails here, not at load
+            self._chat_config = load_chat_config(self.path)
+        return render_chat(messages, self._chat_config, add_generation_prompt=True, **template_kwargs)
+
+    def chat(self, messages: Sequence[Mapping[str, Any]], params: SamplingParams | None = None,
+             **template_kwargs: Any) -> Iterator[GenerationChunk]:
+        """Stream the assistant's reply; the template adds its own special tokens."""
+        return self.stream(self.chat_prompt(messages, **template_kwargs), params, add_special_tokens=False)
+
+
+def _generation_config(path: Path) -> GenerationConfig:
+    try:
+        return GenerationConfig.from_file(path)
+    except ConfigError:
+        return GenerationConfig()
+
+
+def _eos_ids(gen: GenerationConfig, config: ModelConfig, tokenizer: Tokenizer) -> tuple[int, ...]:
+    """Stop ids: generation_config's, else config.json's, else the tokenizer's EOS."""
+    if gen.eos_token_id:
+        return gen.eos_token_id
+    if config.eos_token_id:
+        return config.eos_token_id
+    return (tokenizer.eos_token_id,) if tokenizer.eos_token_id is not None else ()

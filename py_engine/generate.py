@@ -1,0 +1,141 @@
+"""The generation loop every single-sequence backend shares: prefill, then sample and decode.
+
+A backend only runs the forward pass: `prefill(prompt_ids)` and `decode(token_id)`
+each return the logits of the next position. Everything else (sampling, the
+streaming detokenizer, stop tokens and stop strings, the context limit) lives
+here, so the torch engine, the onnxruntime backend and the in-browser runtime
+(this module runs unchanged in Pyodide) produce the same tokens from the same
+logits. Stdlib only.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Protocol, Sequence
+
+from py_engine.sampling import Sampler, SampleOutput
+from py_engine.sampling_params import SamplingParams
+from py_engine.stopping import StopStringMatcher, finish_reason
+
+
+class Backend(Protocol):
+    """One sequence's forward pass. Logits are one vocab-size row (list, array, memoryview...)."""
+
+    max_context: int
+
+    def prefill(self, token_ids: Sequence[int]) -> Any:
+        """Start a new sequence from token_ids; return the logits after the last one."""
+
+    def decode(self, token_id: int) -> Any:
+        """Append one token; return the logits after it."""
+
+
+class PromptTooLongError(ValueError):
+    """The prompt leaves no room to generate in the model's context."""
+
+
+@dataclass(frozen=True)
+class GenerationChunk:
+    """One step of a stream: the text now safe to show and the token that produced it."""
+
+    text: str
+    token_id: int | None  # None on the closing chunk that flushes held-back text
+    finish_reason: str | None = None
+    logprobs: SampleOutput | None = None
+
+
+@dataclass
+class Completion:
+    """A finished generation."""
+
+    text: str
+    prompt_token_ids: list[int]
+    token_ids: list[int]
+    finish_reason: str
+    logprobs: list[SampleOutput] | None = field(default=None)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"text": self.text, "prompt_token_ids": self.prompt_token_ids,
+                "token_ids": self.token_ids, "finish_reason": self.finish_reason}
+
+
+def start_ids(tokenizer: Any, text: str, add_special_tokens: bool = True) -> list[int]:
+    """Prompt ids for text; an empty prompt starts from BOS (or end-of-text for BOS-less models)."""
+    ids = tokenizer.encode(text, add_special_tokens=add_special_tokens) if text else []
+    if ids:
+        return ids
+    for candidate in (tokenizer.bos_token_id, tokenizer.eos_token_id):
+        if candidate is not None:
+            return [candidate]
+    raise ValueError("the prompt is empty and the tokenizer has no BOS or EOS token to start from")
+
+
+def _fast_greedy(params: SamplingParams) -> bool:
+    """Greedy with nothing that edits logits: the backend's own argmax gives the same token."""
+    return (params.is_greedy and params.logprobs is None and not params.logit_bias
+            and params.repetition_penalty == 1.0 and params.presence_penalty == 0.0
+            and params.frequency_penalty == 0.0)
+
+
+def _row(logits: Any) -> Any:
+    """A plain row for the reference sampler: tensors and numpy arrays become lists."""
+    return logits if isinstance(logits, list) else logits.tolist()
+
+
+def stream(backend: Backend, tokenizer: Any, prompt_ids: Sequence[int], params: SamplingParams,
+           eos_token_ids: Sequence[int] = ()) -> Iterator[GenerationChunk]:
+    """Generate from prompt_ids, yielding text as soon as it is safe to show.
+
+    The stop token's text and a matched stop string never reach the output.
+    The last chunk carries finish_reason ("stop" or "length").
+    """
+    from py_engine.tokenizer import IncrementalDecoder
+
+    prompt_ids = list(prompt_ids)
+    room = backend.max_context - len(prompt_ids)
+    if room < 1:
+        raise PromptTooLongError(f"the prompt has {len(prompt_ids)} tokens but the model's context is "
+                                 f"{backend.max_context} tokens, leaving no room to generate")
+    sampler = Sampler(params)
+    argmax = getattr(backend, "argmax", None) if _fast_greedy(params) else None
+    detok = IncrementalDecoder(tokenizer, skip_special_tokens=True)
+    stops = StopStringMatcher(params.stop)
+    output: list[int] = []
+    logits = backend.prefill(prompt_ids)
+    while True:
+        if argmax is not None:
+            sample = SampleOutput(argmax(logits))
+        else:
+            sample = sampler.sample_with_logprobs(_row(logits), output, prompt_ids)
+        token = sample.token_id
+        output.append(token)
+        reason = finish_reason(params, token, len(output), eos_token_ids, room)
+        ended_by_token = reason == "stop"
+        text, stop_hit = "", None
+        if not ended_by_token:
+            text, stop_hit = stops.feed(detok.push(token))
+        if stop_hit is not None:
+            yield GenerationChunk(text, token, "stop", sample)
+            return
+        if reason is not None:
+            yield GenerationChunk(text + stops.feed(detok.flush()).text + stops.flush(), token, reason, sample)
+            return
+        yield GenerationChunk(text, token, None, sample)
+        logits = backend.decode(token)
+
+
+def complete(backend: Backend, tokenizer: Any, prompt_ids: Sequence[int], params: SamplingParams,
+             eos_token_ids: Sequence[int] = ()) -> Completion:
+    """Run `stream` to the end and gather its chunks."""
+    parts: list[str] = []
+    tokens: list[int] = []
+    logprobs: list[SampleOutput] = []
+    reason = "length"
+    for chunk in stream(backend, tokenizer, prompt_ids, params, eos_token_ids):
+        parts.append(chunk.text)
+        if chunk.token_id is not None:
+            tokens.append(chunk.token_id)
+        if chunk.logprobs is not None:
+            logprobs.append(chunk.logprobs)
+        reason = chunk.finish_reason or reason
+    return Completion("".join(parts), list(prompt_ids), tokens, reason,
+                      logprobs if params.logprobs is not None else None)
