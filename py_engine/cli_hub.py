@@ -61,7 +61,7 @@ def cmd_download(args: argparse.Namespace) -> int:
                     cache_dir=args.cache_dir, progress=not args.quiet)
     if done.fetched:
         _status(f"downloaded {done.repo} ({done.revision}): {len(done.files)} files, "
-                      f"{hub.format_size(hub.disk_size(done.path))}")
+                f"{hub.format_size(hub.disk_size(done.path))}")
     else:
         _status(f"{done.repo} ({done.revision}) is already downloaded; --force downloads it again")
     print(done.path)
@@ -84,7 +84,7 @@ def cmd_list(args: argparse.Namespace) -> int:
         rows.append(row + [e.description])
     if not rows:
         _status(f"no models downloaded to {hub.cache_root(args.cache_dir) / 'models'}; "
-                      "`ruvllm list` shows the aliases and `ruvllm download MODEL` fetches one")
+                "`ruvllm list` shows the aliases and `ruvllm download MODEL` fetches one")
         return 0
     print(format_table(headers, rows))
     return 0
