@@ -80,10 +80,9 @@ def normalization_inert() -> list[int]:
         inert.update(c for c, h in zip(cps, hf) if unicodedata.normalize(form, chr(c)) != h)
     marks = [c for c in cps if unicodedata.combining(chr(c))]
     for probe in ("\u0334", "\u0315", "\u0345"):  # ccc 1, 232, 240: brackets every class
-        texts = ["a" + chr(c) + probe for c in marks] + ["a" + probe + chr(c) for c in marks]
-        hf = normalizers.NFD().normalize_str(sep.join(texts)).split(sep)
-        inert.update(ord(t[1]) if ord(t[1]) in marks else ord(t[2])
-                     for t, h in zip(texts, hf) if unicodedata.normalize("NFD", t) != h)
+        cases = [(c, "a" + chr(c) + probe) for c in marks] + [(c, "a" + probe + chr(c)) for c in marks]
+        hf = normalizers.NFD().normalize_str(sep.join(t for _, t in cases)).split(sep)
+        inert.update(c for (c, t), h in zip(cases, hf) if unicodedata.normalize("NFD", t) != h)
     for c in cps:  # canonical pairs: both halves of a composition HF does not know
         parts = unicodedata.decomposition(chr(c)).split()
         if len(parts) == 2 and not parts[0].startswith("<"):
