@@ -27,7 +27,7 @@ def build_normalizer(spec: dict[str, Any] | None) -> Normalizer | None:
         # str.lower() applies to Σ alone.
         return lambda text: text.replace("\u03a3", "\u03c3").lower()
     if kind == "Strip":
-        return _strip(bool(spec.get("left", True)), bool(spec.get("right", True)))
+        return _strip(bool(spec.get("strip_left", True)), bool(spec.get("strip_right", True)))
     if kind == "Prepend":
         prefix = spec["prepend"]
         return lambda text: prefix + text if text else text
