@@ -311,8 +311,11 @@ def _rope(d: Mapping[str, Any], get) -> RopeParameters:
     extra = {}
     if d.get("partial_rotary_factor") is not None and rope.partial_rotary_factor == 1.0:
         extra["partial_rotary_factor"] = float(d["partial_rotary_factor"])
-    if rope.rope_type == "longrope" and rope.original_max_position_embeddings is None:
-        # Phi-3 keeps original_max_position_embeddings at the top level.
+    if rope.rope_type == "longrope" and d.get("model_type") == "phi3":
+        # Phi-3 keeps original_max_position_embeddings at the top level, and transformers'
+        # Phi3Config (default 4096) wins over any value inside rope_scaling.
+        extra["original_max_position_embeddings"] = d.get("original_max_position_embeddings") or 4096
+    elif rope.rope_type == "longrope" and rope.original_max_position_embeddings is None:
         extra["original_max_position_embeddings"] = d.get("original_max_position_embeddings")
     if extra:
         rope = RopeParameters(**{**{f.name: getattr(rope, f.name) for f in fields(rope)}, **extra})
