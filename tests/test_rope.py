@@ -29,6 +29,9 @@ CASES = {
     "phi3-longrope": {"model_type": "phi3", "original_max_position_embeddings": 8, "partial_rotary_factor": 0.5,
                       "rope_scaling": {"type": "longrope", "short_factor": [1.0, 1.2, 1.5, 2.0],
                                        "long_factor": [1.0, 3.0, 6.0, 12.0]}},
+    "phi3-longrope-original-in-dict": {  # Phi3Config's top-level default (4096) wins over this 8
+        "model_type": "phi3", "rope_scaling": {"type": "longrope", "original_max_position_embeddings": 8,
+                                               "short_factor": [1.0] * 8, "long_factor": [2.0] * 8}},
     "phi3-longrope-attention-factor": {
         "model_type": "phi3", "original_max_position_embeddings": 8,
         "rope_scaling": {"type": "longrope", "attention_factor": 1.3, "short_factor": [1.0] * 8,
