@@ -109,15 +109,18 @@ class Llama2cSampler:
     """run.c's `Sampler`: greedy at temperature 0, else softmax and a float coin."""
 
     def __init__(self, temperature: float = 1.0, topp: float = 0.9, seed: int = 1) -> None:
+        """run.c's defaults; a seed must be positive (xorshift's zero state is stuck)."""
         self.temperature = _f32(temperature)
         self.topp = _f32(topp)
-        self.rng = XorShiftRng(seed)
+        # Greedy never flips a coin, so it needs no seed (run.c's golden greedy runs pass 0).
+        self.rng: XorShiftRng | None = XorShiftRng(seed) if self.temperature != 0.0 else None
 
     def __call__(self, logits: Sequence[float]) -> int:
         if self.temperature == 0.0:
             return argmax(array("f", logits))
         probs = softmax_f32([_f32(v / self.temperature) for v in array("f", logits)])
-        coin = self.rng.f32()  # drawn before the branch, as run.c does
+        assert self.rng is not None
+        coin = self.rng.f32()  # drawn before the top-p branch, as run.c does
         if self.topp <= 0 or self.topp >= 1:
             return sample_mult(probs, coin)
         return sample_topp(probs, self.topp, coin)

@@ -140,7 +140,7 @@ ENGINES = {
 def test_golden_generation(stories, engine, case_name):
     out, golden, pieces, _ = stories
     case = next(c for c in golden["cases"] if c["name"] == case_name)
-    sampler = Llama2cSampler(case["temperature"], case["topp"], case["seed"] or 1)  # seed unused at temp 0
+    sampler = Llama2cSampler(case["temperature"], case["topp"], case["seed"])
     ids = generate(engine(out, case["steps"]), case["prompt_token_ids"], case["steps"], sampler)
     assert ids == case["token_ids_after_bos"]
     expected = case["expected_text"].encode("utf-8")
@@ -263,7 +263,9 @@ def test_xorshift_matches_c_arithmetic():
 
 
 def test_greedy_sampler_takes_first_maximum():
-    assert Llama2cSampler(temperature=0.0)([0.5, 2.0, 2.0, -1.0]) == 1
+    assert Llama2cSampler(temperature=0.0, seed=0)([0.5, 2.0, 2.0, -1.0]) == 1
+    with pytest.raises(ValueError, match="positive seed"):
+        Llama2cSampler(temperature=1.0, seed=0)
 
 
 @pytest.mark.parametrize("coin,expected", [(0.5, 3), (0.7, 1), (0.99, 1)])
