@@ -109,7 +109,7 @@ class Llama2cSampler:
     """run.c's `Sampler`: greedy at temperature 0, else softmax and a float coin."""
 
     def __init__(self, temperature: float = 1.0, topp: float = 0.9, seed: int = 1) -> None:
-        """run.c's defaults; a seed must be positive (xorshift's zero state is stuck)."""
+        """run.c's temperature and top-p defaults; the seed is explicit (run.c's is the clock)."""
         self.temperature = _f32(temperature)
         self.topp = _f32(topp)
         # Greedy never flips a coin, so it needs no seed (run.c's golden greedy runs pass 0).
