@@ -90,11 +90,18 @@ class CausalLM(nn.Module):
             self.lm_head.weight = self.model.embed_tokens.weight
 
     def forward(self, input_ids: Tensor, positions: Tensor, kv: KVCache | None = None,
-                last_only: bool = False) -> Tensor:
-        """Logits [B, T, V] in float32; [B, 1, V] for the last position with last_only."""
+                last_only: bool = False, logit_indices: Tensor | None = None) -> Tensor:
+        """Logits [B, T, V] in float32; [B, 1, V] for the last position with last_only.
+
+        logit_indices [N] picks the positions to compute logits for ([B, N, V]):
+        the server runs many sequences as one flattened row and needs only the
+        last scheduled token of each.
+        """
         hidden = self.model(input_ids, positions, kv)  # [B, T, hidden]
         if last_only:  # generation needs one row: skip the [T, V] matmul for the prompt
             hidden = hidden[:, -1:]  # [B, 1, hidden]
+        elif logit_indices is not None:
+            hidden = hidden[:, logit_indices]  # [B, N, hidden]
         logits = self.lm_head(hidden)  # [B, T, V]
         cap = self.config.final_logit_softcapping
         if cap is not None:  # Gemma 2
