@@ -8,7 +8,8 @@ post-processor from `add_bos_token` / `add_eos_token`. We do the same.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -48,9 +49,27 @@ class SpecialTokens:
                    _content(config.get("pad_token")), _content(config.get("unk_token")),
                    flag("add_bos_token"), flag("add_eos_token"))
 
+    def with_model_ids(self, config: dict[str, Any], model_config: dict[str, Any],
+                       id_to_token: Callable[[int], str | None]) -> SpecialTokens:
+        """Fill BOS/EOS/PAD the tokenizer `config` leaves out from config.json's ids.
 
-def read_pretrained(model_dir: Path) -> tuple[dict[str, Any], dict[str, Any], str | None]:
-    """(tokenizer.json, tokenizer config, chat template) of a model folder."""
+        GPT-2's tokenizer_config.json names no tokens at all; its model
+        config says bos_token_id = eos_token_id = 50256. A token the
+        tokenizer config sets to null (Qwen's BOS) stays None."""
+        found = {}
+        for name in ("bos", "eos", "pad"):
+            if f"{name}_token" in config:
+                continue
+            token_id = model_config.get(f"{name}_token_id")
+            if isinstance(token_id, list) and token_id:
+                token_id = token_id[0]  # several EOS ids: the first is the canonical one
+            if isinstance(token_id, int):
+                found[f"{name}_token"] = id_to_token(token_id)
+        return replace(self, **found) if found else self
+
+
+def read_pretrained(model_dir: Path) -> tuple[dict[str, Any], dict[str, Any], str | None, dict[str, Any]]:
+    """(tokenizer.json, tokenizer config, chat template, model config) of a model folder."""
     spec = _read_json(model_dir / "tokenizer.json")
     if spec is None:
         raise FileNotFoundError(f"{model_dir / 'tokenizer.json'} not found")
@@ -64,7 +83,8 @@ def read_pretrained(model_dir: Path) -> tuple[dict[str, Any], dict[str, Any], st
     if config.get("tokenizer_class") in _TEMPLATE_FROM_FLAGS and (
             "add_bos_token" in config or "add_eos_token" in config):
         spec = dict(spec, post_processor=_flag_template(spec, config))
-    return spec, config, template if isinstance(template, str) else None
+    model_config = _read_json(model_dir / "config.json") or {}
+    return spec, config, template if isinstance(template, str) else None, model_config
 
 
 def _read_json(path: Path) -> Any:

@@ -68,10 +68,11 @@ class Tokenizer:
 
         The config supplies bos/eos/pad/unk tokens, `add_bos_token` /
         `add_eos_token` and the chat template; it stays available raw as
-        `.config`."""
-        spec, config, chat_template = read_pretrained(Path(model_dir))
+        `.config`. Tokens it leaves out come from config.json's ids."""
+        spec, config, chat_template, model_config = read_pretrained(Path(model_dir))
         tok = cls(spec, config)
         tok.chat_template = chat_template
+        tok.specials = tok.specials.with_model_ids(config, model_config, tok.id_to_token)
         return tok
 
     # -- encoding -----------------------------------------------------------
