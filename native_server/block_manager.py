@@ -1,0 +1,257 @@
+"""KV-cache block allocation: fixed-size blocks, reference counts, prefix caching.
+
+The paged KV cache is cut into blocks of `block_size` token slots. A sequence
+owns a block table (block ids in position order); several sequences may hold
+the same block, counted by its `ref_cnt`:
+  * prefix caching: every *full* block whose KV has been computed is entered in
+    a table under a hash chained over all the tokens up to and including it,
+    so a later sequence with the same prefix reuses the block instead of
+    recomputing it. A cached block whose last holder lets go stays in the
+    table, reusable, until the free queue hands it out again (LRU eviction);
+  * forking (n > 1 samples): the children share the parent's table; a child
+    about to write into a shared, partly filled block gets a private copy
+    first (copy-on-write: the caller copies the device memory).
+
+Pure Python (no torch): the scheduler and these tests run anywhere.
+"""
+from __future__ import annotations
+
+from collections.abc import Hashable
+from dataclasses import dataclass
+from typing import NamedTuple, Sequence
+
+SeqId = Hashable
+
+
+class BlockHash(NamedTuple):
+    """Identity of one full block: a hash chained over the whole prefix, and the block's own tokens.
+
+    Keeping token_ids in the key means two blocks collide only if both their
+    tokens and their parents' 64-bit values are equal, never on tokens alone.
+    """
+
+    value: int
+    token_ids: tuple[int, ...]
+
+
+def hash_block(parent: BlockHash | None, token_ids: Sequence[int]) -> BlockHash:
+    """hash(parent's value, tuple(ids)); Python hashes ints and tuples the same in every process."""
+    ids = tuple(token_ids)
+    return BlockHash(hash((0 if parent is None else parent.value, ids)), ids)
+
+
+def extend_block_hashes(hashes: list[BlockHash], new_token_ids: Sequence[int], block_size: int) -> list[BlockHash]:
+    """Append the hashes of the full blocks of new_token_ids, the tokens that follow the hashed blocks."""
+    for start in range(0, len(new_token_ids) - block_size + 1, block_size):
+        hashes.append(hash_block(hashes[-1] if hashes else None, new_token_ids[start:start + block_size]))
+    return hashes
+
+
+@dataclass(eq=False)
+class KVBlock:
+    block_id: int
+    ref_cnt: int = 0
+    block_hash: BlockHash | None = None  # set once the block is full, computed and cached
+    prev: KVBlock | None = None  # links of the free queue; None while the block is in use
+    next: KVBlock | None = None
+
+
+class FreeBlockQueue:
+    """The blocks nobody holds, in the order they will be handed out (head first).
+
+    A doubly linked list threaded through the blocks themselves, not a deque:
+    a prefix-cache hit revives a free block from anywhere in the queue, and
+    removing from the middle of a deque costs O(n); unlinking here is O(1).
+    """
+
+    def __init__(self, blocks: Sequence[KVBlock]) -> None:
+        self._head, self._tail = KVBlock(-1), KVBlock(-1)  # sentinels: no edge cases at the ends
+        self._head.next, self._tail.prev = self._tail, self._head
+        self.num_free = 0
+        for block in blocks:
+            self.append(block)
+
+    def __len__(self) -> int:
+        return self.num_free
+
+    def popleft(self) -> KVBlock:
+        if self.num_free == 0:
+            raise IndexError("no free KV blocks")
+        block = self._head.next
+        assert block is not None
+        self.remove(block)
+        return block
+
+    def remove(self, block: KVBlock) -> None:
+        assert block.prev is not None and block.next is not None, f"block {block.block_id} is not free"
+        block.prev.next, block.next.prev = block.next, block.prev
+        block.prev = block.next = None
+        self.num_free -= 1
+
+    def append(self, block: KVBlock) -> None:
+        self._insert(block, self._tail.prev)
+
+    def appendleft(self, block: KVBlock) -> None:
+        self._insert(block, self._head)
+
+    def _insert(self, block: KVBlock, after: KVBlock | None) -> None:
+        assert after is not None and after.next is not None
+        block.prev, block.next = after, after.next
+        after.next.prev = block
+        after.next = block
+        self.num_free += 1
+
+    def block_ids(self) -> list[int]:
+        """Head to tail; for tests and debugging."""
+        out, block = [], self._head.next
+        while block is not self._tail and block is not None:
+            out.append(block.block_id)
+            block = block.next
+        return out
+
+
+class BlockManager:
+    """Owns every KV block: block tables per sequence, refcounts, the prefix cache and the free queue."""
+
+    def __init__(self, num_blocks: int, block_size: int = 16, enable_prefix_caching: bool = True) -> None:
+        if num_blocks < 1 or block_size < 1:
+            raise ValueError(f"need num_blocks >= 1 and block_size >= 1, got {num_blocks} and {block_size}")
+        self.num_blocks, self.block_size = num_blocks, block_size
+        self.enable_prefix_caching = enable_prefix_caching
+        self.blocks = [KVBlock(i) for i in range(num_blocks)]
+        self.free_queue = FreeBlockQueue(self.blocks)
+        self.cached: dict[BlockHash, KVBlock] = {}
+        self._tables: dict[SeqId, list[KVBlock]] = {}
+        self._num_hashed: dict[SeqId, int] = {}  # leading blocks of a table already in the cache
+        self._num_cached_free = 0  # free blocks still holding a reusable prefix
+        self.prefix_queries = 0  # tokens looked up in the prefix cache
+        self.prefix_hits = 0  # of those, tokens found
+
+    # --- accounting -------------------------------------------------------------------------------
+    @property
+    def num_free_blocks(self) -> int:
+        """Blocks that can be handed out now, cached ones included (they are evicted on demand)."""
+        return len(self.free_queue)
+
+    @property
+    def num_cached_blocks(self) -> int:
+        """Free blocks that still hold a cached prefix."""
+        return self._num_cached_free
+
+    @property
+    def num_used_blocks(self) -> int:
+        """Blocks held by at least one sequence."""
+        return self.num_blocks - len(self.free_queue)
+
+    def block_table(self, seq_id: SeqId) -> list[int]:
+        return [b.block_id for b in self._tables.get(seq_id, ())]
+
+    def record_prefix_lookup(self, num_query_tokens: int, num_hit_tokens: int) -> None:
+        self.prefix_queries += num_query_tokens
+        self.prefix_hits += num_hit_tokens
+
+    # --- prefix cache -----------------------------------------------------------------------------
+    def cached_prefix(self, block_hashes: Sequence[BlockHash], num_tokens: int) -> list[KVBlock]:
+        """The longest run of leading blocks already cached; no side effects.
+
+        At most (num_tokens - 1) tokens are taken from the cache: the last token
+        must run through the model to give the logits of the next one.
+        """
+        if not self.enable_prefix_caching:
+            return []
+        hit: list[KVBlock] = []
+        for h in block_hashes[:(num_tokens - 1) // self.block_size]:
+            block = self.cached.get(h)
+            if block is None:
+                break
+            hit.append(block)
+        return hit
+
+    def cache_blocks(self, seq_id: SeqId, block_hashes: Sequence[BlockHash], num_computed_tokens: int) -> None:
+        """Enter the sequence's full, computed blocks in the prefix cache."""
+        if not self.enable_prefix_caching:
+            return
+        table = self._tables[seq_id]
+        end = min(num_computed_tokens // self.block_size, len(block_hashes), len(table))
+        for i in range(self._num_hashed[seq_id], end):
+            block, h = table[i], block_hashes[i]
+            # Another sequence may have computed the same block at the same time: keep the first.
+            if block.block_hash is None and h not in self.cached:
+                block.block_hash = h
+                self.cached[h] = block
+        self._num_hashed[seq_id] = max(self._num_hashed[seq_id], end)
+
+    # --- allocation -------------------------------------------------------------------------------
+    def allocate(self, seq_id: SeqId, num_computed_tokens: int, num_new_tokens: int,
+                 cached: Sequence[KVBlock] = ()) -> list[tuple[int, int]] | None:
+        """Grow seq_id's table to hold num_computed_tokens + num_new_tokens slots.
+
+        `cached` (from cached_prefix, for a sequence with no table yet) becomes
+        the head of the table. Returns the (src, dst) block copies to make before
+        the new tokens are written (copy-on-write), or None, changing nothing,
+        when there are not enough free blocks.
+        """
+        table = self._tables.get(seq_id, [])
+        if cached:
+            assert not table and num_computed_tokens == len(cached) * self.block_size
+        num_needed = -(-(num_computed_tokens + num_new_tokens) // self.block_size) - len(table) - len(cached)
+        first_write = num_computed_tokens // self.block_size
+        shared = [i for i in range(first_write, len(table)) if table[i].ref_cnt > 1]
+        revived = sum(1 for b in cached if b.ref_cnt == 0)  # they leave the free queue
+        if max(num_needed, 0) + len(shared) > len(self.free_queue) - revived:
+            return None
+        for block in cached:
+            self._hold(block)
+        table = self._tables.setdefault(seq_id, table)
+        table.extend(cached)
+        self._num_hashed.setdefault(seq_id, len(cached))
+        copies = []
+        for i in shared:  # the other holders keep the original
+            table[i].ref_cnt -= 1
+            fresh = self._take_free()
+            copies.append((table[i].block_id, fresh.block_id))
+            table[i] = fresh
+        table.extend(self._take_free() for _ in range(num_needed))
+        return copies
+
+    def fork(self, parent_id: SeqId, child_id: SeqId) -> None:
+        """The child shares every block of the parent (copy-on-write at its first write)."""
+        table = self._tables[parent_id]
+        for block in table:
+            block.ref_cnt += 1
+        self._tables[child_id] = list(table)
+        self._num_hashed[child_id] = self._num_hashed[parent_id]
+
+    def free(self, seq_id: SeqId) -> None:
+        """Release the sequence's blocks.
+
+        In reverse order, so a sequence's tail blocks are evicted before its
+        head, which is the part other prompts are likeliest to share. Blocks
+        with no hash hold nothing reusable and go to the front: they are handed
+        out before any cached block is evicted.
+        """
+        table = self._tables.pop(seq_id, [])
+        self._num_hashed.pop(seq_id, None)
+        for block in reversed(table):
+            block.ref_cnt -= 1
+            if block.ref_cnt == 0:
+                if block.block_hash is None:
+                    self.free_queue.appendleft(block)
+                else:
+                    self.free_queue.append(block)
+                    self._num_cached_free += 1
+
+    def _hold(self, block: KVBlock) -> None:
+        if block.ref_cnt == 0:  # a cached block coming back from the free queue
+            self.free_queue.remove(block)
+            self._num_cached_free -= 1
+        block.ref_cnt += 1
+
+    def _take_free(self) -> KVBlock:
+        block = self.free_queue.popleft()
+        if block.block_hash is not None:  # evict: its prefix is no longer reusable
+            del self.cached[block.block_hash]
+            block.block_hash = None
+            self._num_cached_free -= 1
+        block.ref_cnt = 1
+        return block
