@@ -21,7 +21,7 @@ from py_engine.chat import ChatConfig, load_chat_config, render_chat
 from py_engine.config import ConfigError, GenerationConfig, ModelConfig
 from py_engine.generate import Completion, GenerationChunk, complete, start_ids, stream
 from py_engine.hub import resolve_model
-from py_engine.models import CausalLM, DenseKVCache, load_model
+from py_engine.models import CausalLM, DenseKVCache, load_model, longrope_switch_length
 from py_engine.sampling_params import SamplingParams
 from py_engine.tokenizer import Tokenizer
 
@@ -50,6 +50,10 @@ class TorchBackend:
         self.dtype, self.device = weight.dtype, weight.device
         self.kv: DenseKVCache | None = None
         self.length = 0
+        self.tokens: list[int] = []
+        # Phi-3 LongRoPE switches from short to long factors past this length; transformers then
+        # recomputes the whole cache with the long factors, and so do we.
+        self.switch_length = longrope_switch_length(config)
 
     def _reserve(self, length: int) -> None:
         """Make room for `length` positions, copying the filled prefix into a larger cache."""
@@ -74,9 +78,13 @@ class TorchBackend:
 
     def prefill(self, token_ids: Sequence[int]) -> torch.Tensor:
         self.length = 0
+        self.tokens = list(token_ids)
         return self._forward(token_ids)
 
     def decode(self, token_id: int) -> torch.Tensor:
+        self.tokens.append(token_id)
+        if self.switch_length is not None and len(self.tokens) == self.switch_length + 1:
+            return self.prefill(self.tokens)
         return self._forward([token_id])
 
     @staticmethod

@@ -125,3 +125,18 @@ def test_logprobs_are_raw_log_softmax(llm, hf):
     first = out.logprobs[0]
     assert first.logprob == pytest.approx(float(ref[out.token_ids[0]]), abs=1e-4)
     assert [t.token_id for t in first.top_logprobs] == torch.topk(ref, 2).indices.tolist()
+
+
+def test_phi3_longrope_switch_matches_transformers(tmp_path):
+    """Past original_max_position_embeddings Phi-3 recomputes its cache with the long factors, like HF."""
+    from py_engine.engine import LLM
+
+    folder = build_tiny_model(tmp_path / "phi3", "phi3", initializer_range=0.5, num_key_value_heads=4,
+                              original_max_position_embeddings=16, max_position_embeddings=64,
+                              rope_scaling={"type": "longrope", "short_factor": [1.0, 1.1, 1.3, 1.5, 1.7, 1.9, 2.1, 2.3],
+                                            "long_factor": [1.0, 2.0, 4.0, 8.0, 9.0, 10.0, 11.0, 12.0]})
+    llm = LLM(str(folder), device="cpu")
+    hf = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()
+    ids = llm.encode("To be, or not")
+    out = llm.generate(ids, SamplingParams(temperature=0, max_tokens=24, ignore_eos=True))
+    assert out.token_ids == hf_greedy(hf, ids, 24)
