@@ -12,11 +12,16 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cache
 from typing import Any
 
 from . import _unicode as uni
 
-_WORD = re.compile("[%s]" % uni.class_body(uni.escape_ranges("w"), bmp_only=False))
+
+@cache
+def _word_re() -> re.Pattern[str]:
+    # Compiled on first use: only `single_word` tokens need it.
+    return re.compile("[%s]" % uni.class_body(uni.escape_ranges("w"), bmp_only=False))
 
 
 @dataclass(frozen=True)
@@ -97,6 +102,7 @@ class _Matcher:
 
 def _alone(text: str, start: int, stop: int) -> bool:
     """No word character touches the match on either side."""
-    before = start == 0 or not _WORD.match(text, start - 1)
-    after = stop == len(text) or not _WORD.match(text, stop)
+    word = _word_re()
+    before = start == 0 or not word.match(text, start - 1)
+    after = stop == len(text) or not word.match(text, stop)
     return before and after
