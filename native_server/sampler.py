@@ -1,0 +1,173 @@
+"""Batched sampling in torch with the exact semantics of the reference sampler (py_engine.sampling).
+
+Same pipeline, same order, same float64 arithmetic for the penalties; the
+caller draws each row's uniform u from that row's own random.Random exactly
+as the reference `Sampler` does (one rng.random() per non-greedy token), so
+a seeded sequence yields the reference's tokens. The only differences are in
+the last bits of exp() and of the sums of weights (torch's vs math.fsum), which
+change a token only when u lands within ~1e-15 of a boundary.
+
+Every filter the reference applies (top-k, top-p, min-p) keeps a prefix of the
+canonical order (z descending, ties by ascending id), so a row reduces to a
+prefix length m and one inverse-CDF walk. Sorting a 150k vocabulary per row
+is the cost to avoid: the walk first runs over the 64 largest values (topk),
+where peaked LM distributions end, and only rows it cannot settle are
+sorted in full; ids are recovered from (position, value) afterwards, which
+makes ties come out in ascending-id order whatever order topk returned.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple, Sequence
+
+import torch
+from torch import Tensor
+
+from py_engine.sampling import SampleOutput, TokenLogprob
+from py_engine.sampling_params import SamplingParams
+
+_PREFIX = 64  # canonical positions walked before falling back to a full sort
+
+
+class SamplingRow(NamedTuple):
+    params: SamplingParams
+    u: float | None  # the row's uniform draw in [0, 1); None when greedy
+    prompt_token_ids: Sequence[int]
+    output_token_ids: Sequence[int]
+
+
+def _edits_logits(params: SamplingParams) -> bool:
+    return bool(params.logit_bias) or params.repetition_penalty != 1.0 or bool(
+        params.presence_penalty or params.frequency_penalty)
+
+
+def sample(logits: Tensor, rows: Sequence[SamplingRow]) -> list[SampleOutput]:
+    """logits [R, V] (one row per entry of rows) -> one SampleOutput per row."""
+    tokens = torch.empty(len(rows), dtype=torch.long)
+    # Greedy with untouched logits: argmax of the float32 row is the reference's (float64 is exact).
+    plain = [i for i, r in enumerate(rows) if r.params.is_greedy and not _edits_logits(r.params)]
+    if plain:
+        tokens[plain] = logits[plain].argmax(-1).cpu()
+    rest = [i for i, r in enumerate(rows) if not (r.params.is_greedy and not _edits_logits(r.params))]
+    if rest:
+        x = apply_penalties(logits[rest].double(), [rows[i] for i in rest])  # [Rr, V]
+        greedy = [j for j, i in enumerate(rest) if rows[i].params.is_greedy]
+        drawn = [j for j, i in enumerate(rest) if not rows[i].params.is_greedy]
+        if greedy:
+            tokens[[rest[j] for j in greedy]] = x[greedy].argmax(-1).cpu()
+        if drawn:
+            tokens[[rest[j] for j in drawn]] = _draw_rows(x[drawn], [rows[rest[j]] for j in drawn]).cpu()
+    out = []
+    for i, (row, token) in enumerate(zip(rows, tokens.tolist())):
+        k = row.params.logprobs
+        out.append(SampleOutput(token) if k is None else with_logprobs(logits[i], token, k))
+    return out
+
+
+def apply_penalties(x: Tensor, rows: Sequence[SamplingRow]) -> Tensor:
+    """Steps 1-4 in place on float64 rows x [R, V], with the reference's operations in its order."""
+    vocab = x.shape[1]
+    for j, row in enumerate(rows):
+        p = row.params
+        if p.logit_bias:
+            ids = torch.tensor(list(p.logit_bias), device=x.device)
+            x[j, ids] += torch.tensor(list(p.logit_bias.values()), dtype=x.dtype, device=x.device)
+        if p.repetition_penalty != 1.0:
+            seen = torch.tensor(sorted(set(row.prompt_token_ids) | set(row.output_token_ids)), dtype=torch.long,
+                                device=x.device)
+            values = x[j, seen]
+            r = p.repetition_penalty
+            x[j, seen] = torch.where(values < 0, values * r, values / r)
+        if (p.frequency_penalty or p.presence_penalty) and row.output_token_ids:
+            out_ids = torch.tensor(list(row.output_token_ids), device=x.device)
+            counts = torch.bincount(out_ids, minlength=vocab).to(x.dtype)  # [V]
+            # Two subtractions, as the reference (and vLLM) round them.
+            penalized = (x[j] - p.frequency_penalty * counts) - p.presence_penalty
+            x[j] = torch.where(counts > 0, penalized, x[j])
+    return x
+
+
+def _draw_rows(x: Tensor, rows: Sequence[SamplingRow]) -> Tensor:
+    """Steps 5-9 for penalized float64 rows x [R, V] -> token ids [R]."""
+    dev, f64 = x.device, torch.float64
+    temperature = torch.tensor([r.params.temperature for r in rows], dtype=f64, device=dev)
+    z = x / temperature[:, None]  # [R, V]; x / 1.0 is x exactly, as the reference's skip
+    top_k = torch.tensor([r.params.top_k for r in rows], device=dev)
+    top_p = torch.tensor([r.params.top_p for r in rows], dtype=f64, device=dev)
+    min_p = torch.tensor([r.params.min_p for r in rows], dtype=f64, device=dev)
+    u = torch.tensor([r.u for r in rows], dtype=f64, device=dev)
+    vocab = z.shape[1]
+    width = min(vocab, max(_PREFIX, int(top_k.max())))
+    pos, val, done = _draw_positions(z, top_k, top_p, min_p, u, width)
+    if width < vocab and not bool(done.all()):
+        redo = (~done).nonzero()[:, 0]
+        pos[redo], val[redo], _ = _draw_positions(z[redo], top_k[redo], top_p[redo], min_p[redo], u[redo], vocab)
+    return _ids_at(z, pos, val)
+
+
+def _draw_positions(z: Tensor, top_k: Tensor, top_p: Tensor, min_p: Tensor, u: Tensor,
+                    width: int) -> tuple[Tensor, Tensor, Tensor]:
+    """The canonical position and value of each row's token, walking the first `width` canonical
+    positions; and whether that was enough (else the row must be redone with width = V)."""
+    R, V = z.shape
+    zmax = z.amax(-1, keepdim=True)  # [R, 1]
+    w = torch.exp(z - zmax)  # [R, V]
+    vals = torch.topk(z, width).values if width < V else torch.sort(z, descending=True).values  # [R, K]
+    weights = torch.exp(vals - zmax)  # [R, K]: w in canonical order
+    sums = weights.cumsum(-1)  # [R, K]: running sums
+    held = torch.arange(width, device=z.device)[None]  # [1, K]
+
+    # 6. top-k: keep z >= the k-th largest, ties included; m is the kept prefix's length.
+    use_k = (top_k > 0) & (top_k < V)
+    kth = vals.gather(1, (top_k.clamp(1, width) - 1)[:, None])  # [R, 1]
+    kept = z >= torch.where(use_k[:, None], kth, torch.full_like(kth, -torch.inf))  # [R, V]
+    m = kept.sum(-1)
+    # 7. top-p: the shortest prefix whose running sum reaches top_p * W (W over what top-k kept).
+    use_p = top_p < 1.0
+    reach = (sums >= (top_p * _mass(w, kept, sums, m))[:, None]) & (held < m[:, None])
+    found = reach.any(-1)
+    unsettled = use_p & ~found & (m > width)  # the sum may reach it past the positions held
+    m = torch.where(use_p & found, reach.int().argmax(-1) + 1, m)
+    # 8. min-p: keep w >= min_p, again a prefix (w only falls along the canonical order).
+    big_enough = (w >= min_p[:, None]) | (min_p[:, None] <= 0)
+    m = torch.minimum(m, big_enough.sum(-1))
+    kept &= big_enough
+    # 9. the first kept position whose running sum exceeds u * W.
+    target = u * _mass(w, kept, sums, m)
+    below = ((sums <= target[:, None]) & (held < m[:, None])).sum(-1)  # sums never fall: a prefix
+    hit = below < m.clamp(max=width)
+    last_positive = ((weights > 0) & (held < m[:, None])).sum(-1) - 1  # rounding left none above u * W
+    pos = torch.where(hit, below, last_positive).clamp(0, width - 1)
+    done = ~unsettled & (hit | (m <= width))
+    return pos, vals.gather(1, pos[:, None])[:, 0], done
+
+
+def _mass(w: Tensor, kept: Tensor, sums: Tensor, m: Tensor) -> Tensor:
+    """W, the total weight of the first m canonical tokens: the running sum when held, else a masked
+    sum (then the kept set is a value threshold, so `kept` is exactly those m tokens)."""
+    width = sums.shape[1]
+    from_sums = sums.gather(1, (m.clamp(1, width) - 1)[:, None])[:, 0]
+    return torch.where(m <= width, from_sums, (w * kept).sum(-1))
+
+
+def _ids_at(z: Tensor, pos: Tensor, val: Tensor) -> Tensor:
+    """The id at canonical position pos, whose value is val: the (pos - #above)-th of the ids equal
+    to val, counted in ascending order."""
+    above = (z > val[:, None]).sum(-1)  # [R]
+    ties = z == val[:, None]  # [R, V]
+    rank = ties.cumsum(-1)  # [R, V]
+    return ((rank == (pos - above + 1)[:, None]) & ties).int().argmax(-1)
+
+
+def with_logprobs(raw: Tensor, token: int, k: int) -> SampleOutput:
+    """Raw logprobs (log_softmax of the model's row in float64) of token, its rank, and the top k."""
+    x = raw.double()  # [V]
+    log_z = torch.logsumexp(x, 0)
+    rank = 1 + int((x > x[token]).sum())
+    top: tuple[TokenLogprob, ...] = ()
+    if k:
+        kth = torch.topk(x, min(k, x.numel())).values[-1]
+        candidates = (x >= kth).nonzero()[:, 0]  # ascending ids, ties at the k-th included
+        order = torch.sort(x[candidates], descending=True, stable=True).indices[:k]
+        best = candidates[order]
+        top = tuple(TokenLogprob(int(i), float(v)) for i, v in zip(best.tolist(), (x[best] - log_z).tolist()))
+    return SampleOutput(token, float(x[token] - log_z), rank, top)
