@@ -1,0 +1,81 @@
+"""One forward pass per step: the scheduled tokens of every sequence flattened into one row.
+
+Like vLLM, the batch is B = 1 and T = all scheduled tokens: a decode step
+contributes one token, a prompt chunk many, and no padding is run through the
+model. Logits are computed only at each sequence's last scheduled token, and
+only for sequences whose KV has then caught up with all their tokens (those
+sample a token this step; a prompt chunk in the middle does not).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from itertools import accumulate
+
+import torch
+from torch import Tensor
+
+from native_server.kv_cache import PagedKVCache
+from native_server.paged_attention import PagedMetadata, decode_kv_positions
+from native_server.scheduler import SchedulerOutput
+from py_engine.models import CausalLM
+
+
+@dataclass
+class StepInputs:
+    input_ids: Tensor  # [1, N]
+    positions: Tensor  # [1, N]
+    meta: PagedMetadata
+    logit_indices: Tensor  # [R]: the last token of each sampling sequence
+    sampling: list[int]  # [R]: indices into the step's sequences
+
+
+def prepare_inputs(out: SchedulerOutput, block_tables: list[list[int]], block_size: int,
+                   device: torch.device) -> StepInputs:
+    """Token ids, positions, slots and per-sequence metadata of one step, built with tensor ops, not per token."""
+    ids: list[int] = []
+    starts = [seq.num_computed_tokens for seq in out.seqs]
+    for seq, start, n in zip(out.seqs, starts, out.num_new_tokens):
+        ids.extend(seq.token_ids(start, start + n))
+    query_start = [0, *accumulate(out.num_new_tokens)]
+    context_lens = [start + n for start, n in zip(starts, out.num_new_tokens)]
+    sampling = [i for i, seq in enumerate(out.seqs) if context_lens[i] == seq.num_tokens]
+
+    num_new = torch.tensor(out.num_new_tokens)
+    seq_of_token = torch.repeat_interleave(torch.arange(len(out.seqs)), num_new)  # [N]
+    offsets = torch.tensor(starts) - torch.tensor(query_start[:-1])  # [S]: position minus batch index
+    positions = torch.arange(len(ids)) + offsets[seq_of_token]  # [N]
+    width = max(map(len, block_tables))
+    tables = torch.tensor([t + [0] * (width - len(t)) for t in block_tables])  # [S, max_blocks]
+    slots = tables[seq_of_token, positions // block_size] * block_size + positions % block_size  # [N]
+    decode = [i for i, n in enumerate(out.num_new_tokens) if n == 1]
+    lens = torch.tensor(context_lens)
+    meta = PagedMetadata(
+        slot_mapping=slots.to(device), positions=positions.to(device), query_start=query_start,
+        context_lens=context_lens, block_tables=tables.to(device),
+        decode_seqs=torch.tensor(decode, dtype=torch.long, device=device),
+        decode_tokens=torch.tensor([query_start[i] for i in decode], dtype=torch.long, device=device),
+        decode_kv_positions=decode_kv_positions(lens[decode], block_size).to(device),
+        prefill_seqs=[i for i, n in enumerate(out.num_new_tokens) if n > 1])
+    logit_indices = torch.tensor([query_start[i + 1] - 1 for i in sampling], dtype=torch.long, device=device)
+    return StepInputs(torch.tensor([ids], device=device), positions[None].to(device), meta, logit_indices,
+                      sampling)
+
+
+class ModelRunner:
+    """The model and its paged KV cache."""
+
+    def __init__(self, model: CausalLM, kv: PagedKVCache) -> None:
+        self.model, self.kv = model, kv
+        self.device = kv.keys[0].device
+
+    @torch.inference_mode()
+    def execute(self, out: SchedulerOutput, block_tables: list[list[int]]) -> tuple[Tensor, list[int]]:
+        """Logits [R, V] (float32) for the R sequences that sample, and their indices in out.seqs."""
+        self.kv.copy_blocks(out.block_copies)
+        inputs = prepare_inputs(out, block_tables, self.kv.block_size, self.device)
+        if not inputs.sampling:  # only middle-of-prompt chunks: run for the KV, skip the LM head
+            self.model.model(inputs.input_ids, inputs.positions, self.kv.step(inputs.meta))
+            return torch.empty(0, self.model.config.vocab_size), []
+        logits = self.model(inputs.input_ids, inputs.positions, self.kv.step(inputs.meta),
+                            logit_indices=inputs.logit_indices)  # [1, R, V]
+        return logits[0], inputs.sampling
