@@ -1,0 +1,116 @@
+"""The FastAPI app of the native server: OpenAI's endpoints over one `AsyncEngine`.
+
+    POST /v1/chat/completions   chat, streaming (SSE) or not          serving_chat.py
+    POST /v1/completions        legacy completions, prompts or ids    serving_completions.py
+    GET  /v1/models             the one served model
+    GET  /health                200 while serving, 503 once shutting down
+    GET  /metrics               Prometheus text                        metrics.py
+    GET  /openapi.json, /docs   the schema of all of the above
+    GET  /*                     web/dist (the browser demo), when it exists
+
+`create_app` builds the app around an engine it does not own the lifetime of
+loading, but does start (on startup) and stop (on shutdown). Middleware, from
+the outside in: cross-origin isolation headers on every response, the API key
+on /v1, the body-size limit. Errors are OpenAI-shaped (errors.py).
+"""
+from __future__ import annotations
+
+import logging
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any, AsyncIterator
+
+from fastapi import FastAPI, Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.staticfiles import StaticFiles
+
+from native_server.context import SHUTTING_DOWN, ServerContext
+from native_server.errors import error_response, install_error_handlers
+from native_server.middleware import DEFAULT_MAX_BODY_BYTES, APIKey, BodyLimit, IsolationHeaders
+from native_server.protocol import (ChatCompletionRequest, ChatCompletionResponse, CompletionRequest,
+                                    CompletionResponse, ErrorResponse, ModelCard, ModelList)
+from native_server.serving_chat import create_chat_completion
+from native_server.serving_completions import create_completion
+from native_server.streaming import ClientDisconnected
+
+logger = logging.getLogger("ruvllm.server")
+
+PROMETHEUS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+SHUTDOWN_TIMEOUT = 10.0
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    status: {"model": ErrorResponse, "description": text} for status, text in (
+        (400, "invalid request: bad JSON, types or values, or a prompt longer than the context"),
+        (401, "missing or wrong API key"), (404, "unknown model"), (413, "request body too large"),
+        (503, "waiting queue full, or the server is shutting down"))}
+_STREAM = {"description": "the response, or with `stream: true` server-sent events of chunks",
+           "content": {"text/event-stream": {}}}
+
+
+class DemoFiles(StaticFiles):
+    """Static files with the content types browsers insist on for wasm streaming compilation and modules."""
+
+    TYPES = {".wasm": "application/wasm", ".js": "text/javascript", ".mjs": "text/javascript"}
+
+    def file_response(self, full_path: Any, stat_result: Any, scope: Any, status_code: int = 200) -> Response:
+        response = super().file_response(full_path, stat_result, scope, status_code)
+        media_type = self.TYPES.get(Path(str(full_path)).suffix)
+        if media_type is not None:
+            response.headers["content-type"] = media_type
+        return response
+
+
+def create_app(ctx: ServerContext, *, api_key: str | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+               static_dir: Path | None = None, shutdown_timeout: float = SHUTDOWN_TIMEOUT) -> FastAPI:
+    """The app serving `ctx.engine`; the engine starts with the app and is shut down with it."""
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        ctx.engine.start()
+        yield
+        await ctx.drain(shutdown_timeout)
+
+    app = FastAPI(title="ruvllm", summary="OpenAI-compatible server of the ruvllm engine", lifespan=lifespan)
+    app.state.ctx = ctx
+    install_error_handlers(app)
+    app.add_exception_handler(ClientDisconnected, _on_client_gone)
+    _add_routes(app, ctx)
+    if static_dir is not None and static_dir.is_dir():
+        app.mount("/", DemoFiles(directory=static_dir, html=True), name="web")
+    # add_middleware wraps: the last added runs first.
+    app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
+    app.add_middleware(APIKey, api_key=api_key)
+    app.add_middleware(IsolationHeaders)
+    return app
+
+
+async def _on_client_gone(request: Request, exc: Exception) -> Response:
+    # Nobody reads this; 499 (nginx's "client closed request") keeps access logs honest.
+    return Response(status_code=499)
+
+
+def _add_routes(app: FastAPI, ctx: ServerContext) -> None:
+    @app.post("/v1/chat/completions", response_model=ChatCompletionResponse,
+              responses={**_ERRORS, 200: _STREAM}, tags=["openai"])
+    async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
+        return await create_chat_completion(ctx, body, request)
+
+    @app.post("/v1/completions", response_model=CompletionResponse,
+              responses={**_ERRORS, 200: _STREAM}, tags=["openai"])
+    async def completions(body: CompletionRequest, request: Request) -> Response:
+        return await create_completion(ctx, body, request)
+
+    @app.get("/v1/models", response_model=ModelList, tags=["openai"])
+    async def models() -> ModelList:
+        card = ModelCard(id=ctx.model_name, created=ctx.created, root=str(ctx.model_path),
+                         max_model_len=ctx.max_model_len)
+        return ModelList(data=[card])
+
+    @app.get("/health", responses={503: {"model": ErrorResponse}})
+    async def health() -> Response:
+        if ctx.draining:
+            return error_response(503, SHUTTING_DOWN)
+        return JSONResponse({"status": "ok"})
+
+    @app.get("/metrics", response_class=PlainTextResponse)
+    async def metrics() -> Response:
+        return PlainTextResponse(ctx.metrics.render(ctx.engine.stats()), media_type=PROMETHEUS_CONTENT_TYPE)

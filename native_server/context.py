@@ -1,0 +1,91 @@
+"""What the request handlers share: the engine, the served model's names and files, the metrics.
+
+Built once per app from a started-or-not `AsyncEngine`; the chat template is
+read here once (`load_chat_config`) rather than per request. Also the one
+place engine exceptions become API errors.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from native_server.errors import APIError
+from native_server.logprobs import TokenTexts
+from native_server.metrics import ServerMetrics
+from py_engine.chat import ChatConfig, ChatTemplateError, load_chat_config
+
+SHUTTING_DOWN = "the server is shutting down; retry on another replica or later"
+
+
+@dataclass
+class ServerContext:
+    engine: Any  # native_server.engine.AsyncEngine
+    model_name: str  # the id /v1/models lists and responses carry
+    accepted_names: tuple[str, ...]  # what `model` may say: the name first, then aliases and the path
+    model_path: Path
+    chat_config: ChatConfig | None  # None: the model has no chat template, /v1/chat/completions is a 400
+    metrics: ServerMetrics = field(default_factory=ServerMetrics)
+    created: int = field(default_factory=lambda: int(time.time()))
+    draining: bool = False  # set on SIGTERM: new requests get a 503 while running ones finish
+
+    def __post_init__(self) -> None:
+        self.texts = TokenTexts(self.engine.tokenizer)
+        self._shutdown: asyncio.Future[None] | None = None
+
+    def drain(self, timeout: float) -> asyncio.Future[None]:
+        """Refuse new requests and shut the engine down, once, from the event loop.
+
+        The engine lets running requests finish for up to `timeout` seconds and
+        aborts the rest, so every stream ends (with its text or an error event)
+        and the HTTP server can close its connections.
+        """
+        self.draining = True
+        if self._shutdown is None:
+            self._shutdown = asyncio.ensure_future(self.engine.shutdown(timeout))
+        return self._shutdown
+
+    @classmethod
+    def for_engine(cls, engine: Any, model_path: Path, model_name: str, aliases: tuple[str, ...] = ()
+                   ) -> ServerContext:
+        try:
+            chat_config: ChatConfig | None = load_chat_config(model_path)
+        except (ChatTemplateError, OSError):
+            chat_config = None
+        names = tuple(dict.fromkeys((model_name, *aliases, str(model_path))))
+        return cls(engine, model_name, names, model_path, chat_config)
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.engine.tokenizer
+
+    @property
+    def max_model_len(self) -> int:
+        return int(self.engine.max_model_len)
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.engine.model_config.vocab_size)
+
+    def check_accepting(self) -> None:
+        if self.draining:
+            raise APIError(503, SHUTTING_DOWN)
+
+    def check_chat(self) -> ChatConfig:
+        if self.chat_config is None:
+            raise APIError(400, f"the model `{self.model_name}` has no chat template; use /v1/completions",
+                           "messages")
+        return self.chat_config
+
+
+def engine_error(exc: BaseException) -> APIError | None:
+    """The API error for an exception the engine raises on purpose; None for anything else (a bug)."""
+    from native_server.engine import PromptTooLongError, QueueFullError
+
+    if isinstance(exc, QueueFullError):
+        return APIError(503, f"the server is busy (waiting queue full): {exc}; retry later", code="queue_full")
+    if isinstance(exc, PromptTooLongError):
+        return APIError(400, str(exc), "prompt", "context_length_exceeded")
+    return None

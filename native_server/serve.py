@@ -1,0 +1,159 @@
+"""`ruvllm serve [MODEL]`: load a model into the batching engine and serve OpenAI's API with uvicorn.
+
+Binds 127.0.0.1 unless `--host` says otherwise: the server has no TLS and,
+without `--api-key`, no authentication. The API key may also come from
+$RUVLLM_API_KEY, which keeps it out of `ps` listings.
+
+Shutdown: the first SIGTERM or SIGINT stops accepting connections and
+requests (503), lets running requests finish for up to `--shutdown-timeout`
+seconds, aborts the rest (their streams end with an error event), then exits
+with status 0. A second SIGINT exits at once.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import re
+import signal
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from py_engine.hub import BUILTIN_MODEL, load_aliases, resolve_model
+
+logger = logging.getLogger("ruvllm.server")
+
+WEB_DIST = Path(__file__).resolve().parent.parent / "web" / "dist"
+_SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)", re.IGNORECASE)
+
+
+def parse_size(text: str) -> int:
+    """Bytes from '1073741824', '512M', '1.5GiB', '64MB' (K/M/G/T are powers of 1024, as for memory)."""
+    match = _SIZE.fullmatch(text.strip())
+    if match is None:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (e.g. 536870912, 512M, 2GiB)")
+    number, unit = float(match.group(1)), match.group(2).lower()
+    return int(number * 1024 ** " kmgt".index(unit or " "))
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Register `serve` on the `ruvllm` command's subparsers."""
+    p = subparsers.add_parser("serve", help="serve a model over HTTP with OpenAI's API (chat, completions)",
+                              description=__doc__.split("\n\n")[0])
+    p.add_argument("model", nargs="?", default=BUILTIN_MODEL, metavar="MODEL",
+                   help=f"local dir, alias, cached repo id (default {BUILTIN_MODEL})")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
+    p.add_argument("--port", type=int, default=8000, help="port (default 8000)")
+    p.add_argument("--served-model-name", metavar="NAME", help="the model id clients send and see (default: MODEL)")
+    p.add_argument("--api-key", default=os.environ.get("RUVLLM_API_KEY") or None, metavar="KEY",
+                   help="require 'Authorization: Bearer KEY' on /v1 (default: $RUVLLM_API_KEY)")
+    p.add_argument("--max-concurrent", type=_positive, default=64, metavar="N",
+                   help="most sequences in the running batch (default 64)")
+    p.add_argument("--max-queue", type=_positive, default=1024, metavar="N",
+                   help="most requests waiting; beyond it new ones get a 503 (default 1024)")
+    p.add_argument("--max-context", type=_positive, metavar="N",
+                   help="context length in tokens (default: the model's max_position_embeddings)")
+    p.add_argument("--max-num-batched-tokens", type=_positive, default=2048, metavar="N",
+                   help="most tokens in one forward pass; longer prompts are prefilled in chunks (default 2048)")
+    p.add_argument("--block-size", type=_positive, default=16, metavar="N", help="tokens per KV block (default 16)")
+    p.add_argument("--kv-cache-memory", type=parse_size, metavar="BYTES",
+                   help="memory for the KV cache, e.g. 512M (default: a share of free memory)")
+    p.add_argument("--gpu-memory-fraction", type=float, default=0.9, metavar="F",
+                   help="share of GPU memory the engine may use when --kv-cache-memory is not given (default 0.9)")
+    p.add_argument("--shutdown-timeout", type=float, default=10.0, metavar="S",
+                   help="on SIGTERM, seconds running requests get to finish before being aborted (default 10)")
+    p.add_argument("--device", default="auto", help="auto (cuda, then mps, then cpu), cpu, cuda, cuda:N, mps")
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
+                   help="weights' dtype (auto: the checkpoint's)")
+    p.add_argument("--cache-dir", metavar="DIR", help="model cache (default: $RUVLLM_CACHE_DIR or ~/.cache/ruvllm)")
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    p.set_defaults(func=run_serve)
+    return p
+
+
+class GracefulServer:
+    """A uvicorn server whose first SIGTERM/SIGINT drains the engine and ends with exit status 0.
+
+    uvicorn alone would wait for streams that never end and, after shutting
+    down, re-raise the signal, so the process would die of it (status 143).
+    """
+
+    def __init__(self, config: Any, ctx: Any, shutdown_timeout: float) -> None:
+        import uvicorn
+
+        server = self
+
+        class _Server(uvicorn.Server):
+            def handle_exit(self, sig: int, frame: FrameType | None) -> None:  # noqa: ARG002
+                server.on_signal(sig)
+
+        self.uvicorn = _Server(config)
+        self.ctx, self.timeout = ctx, shutdown_timeout
+        self.loop: asyncio.AbstractEventLoop | None = None
+
+    def on_signal(self, sig: int) -> None:
+        # Runs in a signal handler: set flags and hand the rest to the event loop.
+        if self.uvicorn.should_exit and sig == signal.SIGINT:
+            self.uvicorn.force_exit = True
+        self.uvicorn.should_exit = True
+        if self.loop is not None:
+            logger.info("%s: draining (up to %gs), then exiting", signal.Signals(sig).name, self.timeout)
+            self.loop.call_soon_threadsafe(self.ctx.drain, self.timeout)
+
+    async def serve(self) -> None:
+        self.loop = asyncio.get_running_loop()
+        await self.uvicorn.serve()
+
+    def run(self) -> None:
+        asyncio.run(self.serve())
+
+
+def _aliases(model: str, path: Path) -> tuple[str, ...]:
+    """Other names a request may use for the served model: the MODEL argument, its alias's repo id."""
+    alias = load_aliases().get(model.lower())
+    return tuple(name for name in (model, alias.repo if alias else None, path.name) if name)
+
+
+def _log_configuration(args: argparse.Namespace, path: Path, engine: Any) -> None:
+    stats = engine.stats()
+    block_size = args.block_size
+    logger.info("model %s (%s), context %d tokens", args.model, path, engine.max_model_len)
+    logger.info("KV cache: %d blocks of %d tokens = %d tokens; batch: %d sequences, %d tokens per step; "
+                "queue: %d", stats.kv_blocks_total, block_size, stats.kv_blocks_total * block_size,
+                args.max_concurrent, args.max_num_batched_tokens, args.max_queue)
+    logger.info("listening on http://%s:%d (API key %s)", args.host, args.port,
+                "required" if args.api_key else "not required")
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from native_server.api import create_app
+    from native_server.context import ServerContext
+    from native_server.engine import AsyncEngine, LLMEngine
+
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    path = resolve_model(args.model, args.cache_dir)
+    engine = LLMEngine(path, dtype=args.dtype, device=args.device, block_size=args.block_size,
+                       kv_cache_memory=args.kv_cache_memory, gpu_memory_fraction=args.gpu_memory_fraction,
+                       max_num_seqs=args.max_concurrent, max_num_batched_tokens=args.max_num_batched_tokens,
+                       max_model_len=args.max_context, max_queue=args.max_queue)
+    async_engine = AsyncEngine(engine)
+    name = args.served_model_name or args.model
+    ctx = ServerContext.for_engine(async_engine, path, name, _aliases(args.model, path))
+    _log_configuration(args, path, async_engine)
+    app = create_app(ctx, api_key=args.api_key, static_dir=WEB_DIST, shutdown_timeout=args.shutdown_timeout)
+    # uvicorn's own graceful timeout is the backstop should a connection outlive the engine's drain.
+    config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
+                            timeout_graceful_shutdown=int(args.shutdown_timeout) + 5, lifespan="on")
+    GracefulServer(config, ctx, args.shutdown_timeout).run()
+    return 0

@@ -1,0 +1,109 @@
+"""POST /v1/completions: the legacy text completion API, prompts as text, token ids, or a batch.
+
+A batch of P prompts with n samples each answers P * n choices, choice
+`p * n + j` being sample j of prompt p (OpenAI's order). `echo` puts the
+prompt's text before the completion (in the first chunk when streaming); it
+cannot be combined with `logprobs`, which would need the prompt's logprobs.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from native_server.context import SHUTTING_DOWN, ServerContext, engine_error
+from native_server.errors import APIError
+from native_server.generation import Delta, Generation, Job, collect
+from native_server.logprobs import completion_logprobs
+from native_server.prompts import (check_best_of, check_choices, check_model, completion_prompts, fit_to_context,
+                                   sampling_params)
+from native_server.protocol import CompletionChoice, CompletionRequest, CompletionResponse, Usage
+from native_server.streaming import EventStream, cancel_on_disconnect, event, prime, sse_body
+
+
+def _jobs(ctx: ServerContext, request: CompletionRequest, prompts: list[list[int]], request_id: str) -> list[Job]:
+    params = sampling_params(request, ctx.vocab_size)
+    check_choices(params.n, len(prompts))
+    check_best_of(request, params.n)
+    if request.echo and params.logprobs is not None:
+        raise APIError(400, "echo: cannot be combined with logprobs (prompt logprobs are not computed)", "echo")
+    explicit = "max_tokens" in request.model_fields_set and request.max_tokens is not None
+    jobs = []
+    for p, ids in enumerate(prompts):
+        fitted = fit_to_context(params, len(ids), ctx.max_model_len, explicit_max_tokens=explicit,
+                                prompt_param="prompt")
+        jobs.append(Job(f"{request_id}-{p}", ids, fitted, p * params.n))
+    return jobs
+
+
+async def create_completion(ctx: ServerContext, request: CompletionRequest, raw: Request) -> Response:
+    ctx.check_accepting()
+    check_model(request.model, ctx.accepted_names)
+    prompts = await asyncio.to_thread(completion_prompts, request, ctx.tokenizer, ctx.vocab_size)
+    request_id = f"cmpl-{uuid.uuid4().hex}"
+    jobs = _jobs(ctx, request, prompts, request_id)
+    generation = Generation(ctx.engine, jobs, ctx.metrics)
+    n = jobs[0].params.n
+    echoes = [_prompt_text(ctx, request, p, ids) if request.echo else "" for p, ids in enumerate(prompts)]
+    echo_of = [echoes[c // n] for c in range(generation.num_choices)]  # the prompt text of each choice
+    want_logprobs = jobs[0].params.logprobs is not None
+    if request.stream:
+        include_usage = bool(request.stream_options and request.stream_options.include_usage)
+        return await _stream(ctx, generation, raw, request_id, echo_of, want_logprobs, include_usage)
+    try:
+        results = await cancel_on_disconnect(raw, collect(generation))
+    except Exception as exc:
+        raise engine_error(exc) or exc from None
+    if any(r.finish_reason == "abort" for r in results):
+        raise APIError(503, SHUTTING_DOWN)
+    choices = [CompletionChoice(index=i, text=echo_of[i] + r.text, finish_reason=r.finish_reason,
+                                logprobs=completion_logprobs(r.logprobs, ctx.texts, 0) if want_logprobs else None)
+               for i, r in enumerate(results)]
+    body = CompletionResponse(id=request_id, created=int(time.time()), model=ctx.model_name, choices=choices,
+                              usage=Usage(**generation.usage.as_dict()))
+    return JSONResponse(body.model_dump(mode="json"))
+
+
+def _prompt_text(ctx: ServerContext, request: CompletionRequest, index: int, ids: list[int]) -> str:
+    prompt: Any = request.prompt
+    if isinstance(prompt, str):
+        return prompt
+    item = prompt[index] if prompt and not isinstance(prompt[0], int) else prompt
+    return item if isinstance(item, str) else ctx.tokenizer.decode(ids, skip_special_tokens=False)
+
+
+async def _stream(ctx: ServerContext, generation: Generation, raw: Request, request_id: str, echo_of: list[str],
+                  want_logprobs: bool, include_usage: bool) -> Response:
+    created = int(time.time())
+    offsets = [0] * generation.num_choices  # text offset of each choice's next token, for legacy logprobs
+
+    def chunk(choices: list[CompletionChoice], usage: Usage | None = None) -> str:
+        return event(CompletionResponse(id=request_id, created=created, model=ctx.model_name, choices=choices,
+                                        usage=usage))
+
+    def delta_chunk(delta: Delta) -> str:
+        if delta.finish_reason == "abort":
+            raise APIError(503, SHUTTING_DOWN)
+        logprobs = None
+        if want_logprobs:
+            logprobs = completion_logprobs(delta.logprobs or [], ctx.texts, offsets[delta.choice])
+            offsets[delta.choice] += sum(len(t) for t in logprobs.tokens)
+        return chunk([CompletionChoice(index=delta.choice, text=delta.text, logprobs=logprobs,
+                                       finish_reason=delta.finish_reason)])
+
+    try:
+        first, deltas = await prime(raw, generation.deltas())
+    except Exception as exc:
+        raise engine_error(exc) or exc from None
+
+    head = [chunk([CompletionChoice(index=i, text=text, finish_reason=None)])
+            for i, text in enumerate(echo_of) if text]
+
+    def tail() -> list[str]:
+        return [chunk([], Usage(**generation.usage.as_dict()))] if include_usage else []
+
+    return EventStream(sse_body(head, first, deltas, delta_chunk, tail))
