@@ -86,6 +86,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_hub_subparsers(sub)
 
+    from native_server.serve import add_serve_parser
+    add_serve_parser(sub)
+
     from py_engine.llama2c import add_import_llama2c_arguments, run_import_llama2c
     p = sub.add_parser("import-llama2c", help="convert a llama2.c checkpoint and tokenizer.bin to a Hugging Face folder")
     add_import_llama2c_arguments(p)
