@@ -48,7 +48,8 @@ def _positive(text: str) -> int:
 def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Register `serve` on the `ruvllm` command's subparsers."""
     p = subparsers.add_parser("serve", help="serve a model over HTTP with OpenAI's API (chat, completions)",
-                              description=__doc__.split("\n\n")[0])
+                              description="Serve a model over HTTP with OpenAI's API: /v1/chat/completions, "
+                                          "/v1/completions, /v1/models, /health, /metrics.")
     p.add_argument("model", nargs="?", default=BUILTIN_MODEL, metavar="MODEL",
                    help=f"local dir, alias, cached repo id (default {BUILTIN_MODEL})")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
