@@ -217,7 +217,10 @@ def normalize(form: str, text: str) -> str:
     Characters assigned after the Unicode version of tokenizers' tables are
     starters without decompositions there, so they both stay as they are and
     block composition and reordering across them: normalizing the pieces
-    between them separately gives exactly tokenizers' result."""
+    between them separately gives exactly tokenizers' result. The list of
+    them is exact for `_data.UNIDATA_VERSION` (Python 3.11); a newer Python
+    also knows a few dozen marks from Unicode 15+ that it may reorder where
+    tokenizers does not (regenerate the table on that Python to fix)."""
     if text.isascii():
         return text
     if not _INERT_RE.search(text):

@@ -11,6 +11,13 @@ Encoding: added tokens are cut out of the text, each remaining piece is
 normalized and pre-tokenized into words, and each word goes through the BPE
 model (cached per word). `IncrementalDecoder` turns ids back into text as
 they are generated.
+
+Refused with ValueError: models other than BPE (Unigram, WordPiece,
+WordLevel) and BPE dropout; normalizers Precompiled, BertNormalizer,
+StripAccents, Nmt; pre-tokenizers UnicodeScripts and other rare ones;
+decoders WordPiece, CTC; regexes using Unicode scripts
+(`\\p{Han}`), nested classes or Ruby's `(?m)`; fixed-length padding.
+Pair encoding, offsets and `encode_special_tokens` are not offered.
 """
 from __future__ import annotations
 
