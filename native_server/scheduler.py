@@ -100,17 +100,22 @@ class Scheduler:
 
     def _admit(self, budget: int, out: SchedulerOutput) -> None:
         bm = self.block_manager
-        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+        while self.waiting and budget > 0:
             seq = self.waiting[0]
-            cached = bm.cached_prefix(seq.full_block_hashes(self.block_size), seq.num_tokens) \
-                if bm.enable_prefix_caching else []
+            # A request with n samples not yet forked will soon take n places.
+            slots = seq.params.n if seq.index == 0 and not seq.output_token_ids else 1
+            if len(self.running) + slots > self.max_num_seqs:
+                break
+            caching = bm.enable_prefix_caching
+            cached = bm.cached_prefix(seq.full_block_hashes(self.block_size), seq.num_tokens) if caching else []
             num_computed = len(cached) * self.block_size
             num_new = min(seq.num_tokens - num_computed, budget)
             copies = bm.allocate(seq.seq_id, num_computed, num_new, cached)
             if copies is None:  # wait for blocks; FCFS: nobody behind it jumps the queue
                 break
             self.waiting.popleft()
-            bm.record_prefix_lookup(seq.num_tokens, num_computed)
+            if caching:
+                bm.record_prefix_lookup(seq.num_tokens, num_computed)
             if seq.num_cached_tokens is None:
                 seq.num_cached_tokens = num_computed
             seq.num_computed_tokens = num_computed

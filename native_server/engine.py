@@ -1,0 +1,222 @@
+"""The server's engine: many requests in one forward pass per step, over a paged KV cache.
+
+    engine = LLMEngine("tiny-shakespeare", device="cpu")
+    engine.add_request("r1", prompt_ids, SamplingParams(max_tokens=16, n=2, seed=0))
+    while engine.has_unfinished_requests():
+        for out in engine.step():          # schedule -> run -> postprocess
+            ...                            # RequestOutput deltas
+
+A request with n samples is prefilled once; at its first token it forks into
+n sequences sharing the prompt's KV blocks (copy-on-write). Sample i draws
+from random.Random(seed + i), so it yields what an n=1 request with seed + i
+would. `AsyncEngine` (async_engine.py) runs `step()` in a thread of its own.
+"""
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from native_server.block_manager import BlockManager
+from native_server.kv_cache import PagedKVCache, activation_reserve, memory_budget, num_kv_blocks
+from native_server.model_runner import ModelRunner
+from native_server.outputs import (CompletionOutput, EngineError, EngineStats, Histogram, PromptTooLongError,
+                                   QueueFullError, RequestOutput, SampleStream)
+from native_server.sampler import SamplingRow, sample
+from native_server.scheduler import Scheduler
+from native_server.sequence import Sequence, SequenceStatus
+from py_engine.engine import _eos_ids, _generation_config, pick_device
+from py_engine.hub import resolve_model
+from py_engine.models import load_model
+from py_engine.sampling import SampleOutput
+from py_engine.sampling_params import SamplingParams
+from py_engine.tokenizer import Tokenizer
+
+logger = logging.getLogger("ruvllm.server")
+
+
+@dataclass(eq=False)
+class _Request:
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    arrival_time: float
+    streams: list[SampleStream]  # one per sample, made up front so each seed is fixed from the start
+    seqs: list[Sequence] = field(default_factory=list)  # grows to n at the fork
+    first_token_time: float | None = None
+
+    @property
+    def finished(self) -> bool:
+        return all(s.finish_reason is not None for s in self.streams)
+
+
+class LLMEngine:
+    def __init__(self, model_path: str, *, dtype: str = "auto", device: str = "auto", block_size: int = 16,
+                 kv_cache_memory: int | None = None, gpu_memory_fraction: float = 0.9, max_num_seqs: int = 64,
+                 max_num_batched_tokens: int = 2048, max_model_len: int | None = None, max_queue: int = 1024,
+                 enable_prefix_caching: bool = True, model_name: str | None = None) -> None:
+        path: Path = resolve_model(model_path)
+        self.model_name = model_name or model_path
+        self.device = torch.device(pick_device(device))
+        self.model, self.model_config = load_model(path, dtype=dtype, device=self.device)
+        self.tokenizer = Tokenizer.from_pretrained(path)
+        config = self.model_config
+        self.eos_token_ids = _eos_ids(_generation_config(path), config, self.tokenizer)
+        self.max_model_len = min(max_model_len or config.max_position_embeddings, config.max_position_embeddings)
+        self.max_queue, self.max_num_seqs = max_queue, max_num_seqs
+        self.kv = self._allocate_kv(block_size, kv_cache_memory, gpu_memory_fraction, max_num_seqs,
+                                    max_num_batched_tokens)
+        self.block_manager = BlockManager(self.kv.num_blocks, block_size, enable_prefix_caching)
+        self.scheduler = Scheduler(self.block_manager, max_num_seqs, max_num_batched_tokens)
+        self.runner = ModelRunner(self.model, self.kv)
+        self._requests: dict[str, _Request] = {}
+        self._seq_ids = itertools.count()
+        self.prompt_tokens = self.generation_tokens = 0
+        self.ttft, self.inter_token_latency = Histogram(), Histogram()
+        logger.info("engine: %s on %s, max_model_len %d, max_num_seqs %d, max_num_batched_tokens %d",
+                    self.model_name, self.device, self.max_model_len, max_num_seqs, max_num_batched_tokens)
+
+    def _allocate_kv(self, block_size: int, kv_cache_memory: int | None, gpu_memory_fraction: float,
+                     max_num_seqs: int, max_num_batched_tokens: int) -> PagedKVCache:
+        config, dtype = self.model_config, next(self.model.parameters()).dtype
+        reserve = activation_reserve(config, max_num_batched_tokens, max_num_seqs)
+        budget = memory_budget(self.device, kv_cache_memory, gpu_memory_fraction, reserve)
+        # On CPU without a budget, stop at what max_num_seqs full-length sequences could fill.
+        cap = -(-max_num_seqs * self.max_model_len // block_size) if (
+            kv_cache_memory is None and self.device.type == "cpu") else None
+        num_blocks = num_kv_blocks(config, block_size, dtype, max(budget, 0), cap)
+        if num_blocks * block_size < self.max_model_len:
+            raise ValueError(f"the KV cache budget holds {max(num_blocks, 0) * block_size} tokens, fewer than "
+                             f"max_model_len {self.max_model_len}: give it more memory or lower max_model_len")
+        return PagedKVCache(config, num_blocks, block_size, dtype, self.device)
+
+    # --- requests ---------------------------------------------------------------------------------
+    def check_request(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
+        """Raise PromptTooLongError or ValueError for a request that can never run."""
+        if not prompt_token_ids:
+            raise ValueError("the prompt is empty")
+        if len(prompt_token_ids) > self.max_model_len - 1:
+            raise PromptTooLongError(f"the prompt has {len(prompt_token_ids)} tokens but max_model_len is "
+                                     f"{self.max_model_len}: at most {self.max_model_len - 1} leave room to generate")
+        vocab = self.model_config.vocab_size
+        bad = [t for t in (*prompt_token_ids, *params.logit_bias) if not 0 <= t < vocab]
+        if bad:
+            raise ValueError(f"token id {bad[0]} is outside the vocabulary [0, {vocab})")
+        if params.n > self.max_num_seqs:
+            raise ValueError(f"n is {params.n} but the engine runs at most {self.max_num_seqs} sequences")
+
+    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> None:
+        self.check_request(prompt_token_ids, params)
+        if request_id in self._requests:
+            raise ValueError(f"request id {request_id!r} is already running")
+        if len(self.scheduler.waiting) >= self.max_queue:
+            raise QueueFullError(f"the waiting queue is full ({self.max_queue} requests)")
+        prompt = list(prompt_token_ids)
+        room = self.max_model_len - len(prompt)
+        streams = [SampleStream(self.tokenizer, params, i, self.eos_token_ids, room) for i in range(params.n)]
+        req = _Request(request_id, prompt, params, time.monotonic(), streams)
+        req.seqs.append(Sequence(next(self._seq_ids), request_id, 0, prompt, params))
+        self.scheduler.add(req.seqs[0])
+        self._requests[request_id] = req
+        self.prompt_tokens += len(prompt)
+
+    def abort(self, request_id: str) -> RequestOutput | None:
+        """Stop a request and free its blocks; returns its last output (finish_reason "abort"), or None
+        if the request is unknown or already finished."""
+        req = self._requests.pop(request_id, None)
+        if req is None:
+            return None
+        for seq in req.seqs:
+            if not seq.status.is_finished:
+                self.scheduler.finish(seq, SequenceStatus.FINISHED_ABORTED)
+        for stream in req.streams:
+            stream.abort()
+        return self._output(req)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self._requests)
+
+    # --- the loop ---------------------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        """Schedule, run one forward pass, sample, detokenize; the outputs of requests that moved."""
+        out = self.scheduler.schedule()
+        if not out.seqs:
+            return []
+        logits, sampling = self.runner.execute(out, [self.block_manager.block_table(s.seq_id) for s in out.seqs])
+        seqs = [out.seqs[i] for i in sampling]
+        if not seqs:  # only prompt chunks ran
+            self.scheduler.update(out, {})
+            return []
+        children = self._new_children(seqs)
+        row_of = {seq.seq_id: row for row, seq in enumerate(seqs)}
+        rows = [*range(len(seqs)), *(row_of[parent.seq_id] for parent, _ in children)]  # a child samples
+        all_seqs = seqs + [child for _, child in children]  # from its parent's logits row
+        samples = sample(logits[rows], [self._row(s) for s in all_seqs])
+        self.scheduler.update(out, {s.seq_id: x.token_id for s, x in zip(seqs, samples)})
+        for (parent, child), x in zip(children, samples[len(seqs):]):
+            child.output_token_ids.append(x.token_id)
+            self.scheduler.fork(parent, child)
+            self._requests[parent.request_id].seqs.append(child)
+        return self._postprocess(all_seqs, samples)
+
+    def _new_children(self, seqs: list[Sequence]) -> list[tuple[Sequence, Sequence]]:
+        """The n - 1 samples of each request whose prompt has just been computed."""
+        pairs = []
+        for parent in seqs:
+            if parent.index == 0 and parent.params.n > 1 and not parent.output_token_ids:
+                for i in range(1, parent.params.n):
+                    pairs.append((parent, Sequence(next(self._seq_ids), parent.request_id, i,
+                                                   parent.prompt_token_ids, parent.params)))
+        return pairs
+
+    def _row(self, seq: Sequence) -> SamplingRow:
+        stream = self._requests[seq.request_id].streams[seq.index]
+        u = None if seq.params.is_greedy else stream.rng.random()  # one draw per token, as the reference
+        return SamplingRow(seq.params, u, seq.prompt_token_ids, seq.output_token_ids)
+
+    def _postprocess(self, seqs: list[Sequence], samples: list[SampleOutput]) -> list[RequestOutput]:
+        now = time.monotonic()
+        moved: dict[str, _Request] = {}
+        for seq, x in zip(seqs, samples):
+            req = self._requests[seq.request_id]
+            stream = req.streams[seq.index]
+            if req.first_token_time is None:
+                req.first_token_time = now
+                self.ttft.observe(now - req.arrival_time)
+            if stream.last_token_time is not None:
+                self.inter_token_latency.observe(now - stream.last_token_time)
+            stream.last_token_time = now
+            self.generation_tokens += 1
+            reason = stream.append(x, len(seq.output_token_ids))
+            if reason is not None:
+                self.scheduler.finish(seq, SequenceStatus.finished_by(reason))
+            moved[req.request_id] = req
+        outputs = [self._output(req) for req in moved.values()]
+        for req in moved.values():
+            if req.finished:
+                del self._requests[req.request_id]
+        return outputs
+
+    def _output(self, req: _Request) -> RequestOutput:
+        deltas = [d for d in (s.take() for s in req.streams) if d is not None]
+        return RequestOutput(req.request_id, req.prompt_token_ids, deltas, req.finished,
+                             req.seqs[0].num_cached_tokens or 0)
+
+    def stats(self) -> EngineStats:
+        bm = self.block_manager
+        return EngineStats(
+            num_running=len(self.scheduler.running), num_waiting=len(self.scheduler.waiting),
+            kv_blocks_total=bm.num_blocks, kv_blocks_used=bm.num_used_blocks,
+            kv_blocks_cached=bm.num_cached_blocks, kv_blocks_free=bm.num_free_blocks, block_size=bm.block_size,
+            prefix_cache_hits=bm.prefix_hits, prefix_cache_queries=bm.prefix_queries,
+            prompt_tokens=self.prompt_tokens, generation_tokens=self.generation_tokens,
+            num_preemptions=self.scheduler.num_preemptions,
+            ttft=self.ttft.snapshot(), inter_token_latency=self.inter_token_latency.snapshot())
+
+
+__all__ = ["CompletionOutput", "EngineError", "EngineStats", "LLMEngine", "PromptTooLongError", "QueueFullError",
+           "RequestOutput"]
