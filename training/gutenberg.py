@@ -28,12 +28,14 @@ _FOOTER_START = re.compile(
     re.IGNORECASE | re.MULTILINE,
 )
 # "<<THIS ELECTRONIC VERSION OF THE COMPLETE WORKS ... COPYRIGHT 1990-1993 ...>>"
-_COPYRIGHT_BLOCK = re.compile(r"<<[^<>]*(ELECTRONIC VERSION|COPYRIGHT)[^<>]*>>\n?", re.IGNORECASE)
+_COPYRIGHT_BLOCK = re.compile(r"<<[^<>]*(ELECTRONIC VERSION|COPYRIGHT)[^<>]*>>(?:[ \t]*\n)*", re.IGNORECASE)
 # A paragraph (up to a blank line) that is a transcriber's or producer's note.
 # Bracketed notes may span paragraphs, so they run to the closing bracket instead.
-_BRACKETED_NOTE = re.compile(r"^\[(Transcriber|Editor)'?s'? Note[^\]]*\]\n?", re.IGNORECASE | re.MULTILINE)
+# Each removal takes the blank lines after it too, so no gap is left behind.
+_BRACKETED_NOTE = re.compile(r"^\[(Transcriber|Editor)'?s'? Note[^\]]*\](?:[ \t]*\n)*", re.IGNORECASE | re.MULTILINE)
 _NOTE_PARAGRAPH = re.compile(
-    r"^(Transcriber'?s'? Note|Produced by|E-?text prepared by|This (e-?text|ebook) was (produced|prepared)).*?(\n[ \t]*\n|\Z)",
+    r"^(Transcriber'?s'? Note|Produced by|E-?text prepared by|This (e-?text|ebook) was (produced|prepared))"
+    r".*?(\n[ \t]*\n|\Z)(?:[ \t]*\n)*",
     re.IGNORECASE | re.MULTILINE | re.DOTALL,
 )
 # Verse editions print a line number in the right margin every ten lines:

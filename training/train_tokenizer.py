@@ -56,6 +56,8 @@ def write_tokenizer_config(out: Path, context_length: int = CONTEXT_LENGTH) -> N
         "eos_token": EOS,
         "pad_token": EOS,
         "unk_token": None,
+        # Listed so skip_special_tokens and all_special_ids cover the chat markers too.
+        "additional_special_tokens": SPECIAL_TOKENS[1:],
         "add_bos_token": True,  # the post-processor in tokenizer.json does the adding
         "add_eos_token": False,
         # Decoding must be the inverse of encoding: no " ," -> "," clean-up.
