@@ -9,6 +9,8 @@ them, and show only the text past what the prefix decodes to. We hold back
 while the window's text ends in U+FFFD (an unfinished UTF-8 character) or
 its last token is a byte-fallback token (the run may go on: tokenizers
 decodes a whole run at once and a bad run becomes one U+FFFD per byte).
+Text that really ends in U+FFFD is held until a later token or `flush`, so
+a model emitting only invalid bytes grows the window (as in vLLM).
 """
 from __future__ import annotations
 
