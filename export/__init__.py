@@ -1,0 +1,13 @@
+"""Ring 2: export any model ruvllm loads to ONNX, and describe the result.
+
+    from export.exporter import export_model
+    from export.options import ExportOptions
+    export_model("path/to/hf-model", "out/", ExportOptions(precision="int4"))
+
+Modules: contract (the I/O names, shapes and format version, once),
+options (what may be asked, refusals), decoder / blocks / attention / linear
+(the graph, node by node), packing (MatMulNBits byte layout), rope_tables,
+graph (builder + external data), exporter (the folder layout), genai_config,
+cli (`ruvllm export`). Nothing here imports onnx at package import, so the
+CLI can register `export` without loading it.
+"""

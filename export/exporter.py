@@ -1,0 +1,108 @@
+"""`export_model`: a Hugging Face model folder in, an ONNX export folder out.
+
+    out/
+      config.json  generation_config.json  tokenizer.json  tokenizer_config.json
+      ruvllm_contract.json   the I/O contract (export.contract) for web/ and npm/
+      genai_config.json      onnxruntime-genai's description of the same graph
+      onnx/model.onnx | model_fp16.onnx | model_quantized.onnx (int8) | model_q4.onnx (int4)
+      onnx/<name>_data[_N]   external weights when the graph is large
+
+Everything is checked (config supported, options valid, output writable)
+before a weight is read.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import onnx
+
+from py_engine.config import ModelConfig
+from py_engine.models import load_model
+
+from . import contract as C
+from .decoder import build_decoder
+from .genai_config import write_genai_config
+from .graph import TensorStore
+from .options import ExportError, ExportOptions, check_supported
+
+COPIED_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
+                "special_tokens_map.json", "chat_template.jinja")
+INLINE_LIMIT = 1 << 30  # graphs whose weights exceed 1 GiB keep them in external data files
+
+
+@dataclass(frozen=True)
+class ExportResult:
+    model_path: Path
+    files: tuple[Path, ...]  # the .onnx file and its external data files
+    seconds: float
+
+    @property
+    def size_bytes(self) -> int:
+        return sum(f.stat().st_size for f in self.files)
+
+
+def export_model(model_dir: str | Path, out_dir: str | Path, options: ExportOptions = ExportOptions(),
+                 progress: Callable[[int, int], None] | None = None) -> ExportResult:
+    """Export the model in model_dir to out_dir/onnx/<options.file_name>, plus the shared files."""
+    start = time.perf_counter()
+    model_dir, out_dir = Path(model_dir), Path(out_dir)
+    config = ModelConfig.from_file(model_dir)
+    check_supported(config, options)
+    onnx_dir = out_dir / "onnx"
+    onnx_dir.mkdir(parents=True, exist_ok=True)
+    model, config = load_model(model_dir, dtype="float32", device="cpu")
+    path = onnx_dir / options.file_name
+    bytes_per_weight = {"fp32": 4, "fp16": 2, "int8": 1.1, "int4": 0.6}[options.precision]
+    external = config.num_parameters() * bytes_per_weight > INLINE_LIMIT
+    _remove_stale(onnx_dir, options.file_name)
+    store = TensorStore(onnx_dir, options.file_name) if external else TensorStore()
+    metadata = _metadata(model_dir, config, options)
+    try:
+        proto = build_decoder(model, config, options, metadata, store, progress)
+    finally:
+        store.close()
+    onnx.save_model(proto, path)
+    _copy_shared_files(model_dir, out_dir, config, options)
+    files = (path,) + tuple(onnx_dir / f for f in store.files)
+    return ExportResult(path, files, time.perf_counter() - start)
+
+
+def _metadata(model_dir: Path, config: ModelConfig, options: ExportOptions) -> dict[str, str]:
+    io = C.IOContract.for_config(config, "float16" if options.precision == "fp16" else "float32")
+    return {C.META_FORMAT: str(C.FORMAT_VERSION),
+            C.META_CONFIG_HASH: C.config_hash((model_dir / "config.json").read_bytes()),
+            C.META_PRECISION: options.precision, C.META_VARIANT: options.target,
+            "ruvllm.block_size": str(options.block_size), "ruvllm.symmetric": str(options.symmetric).lower(),
+            C.META_CONTRACT: C.contract_json(io).replace("\n", "")}
+
+
+def _remove_stale(onnx_dir: Path, file_name: str) -> None:
+    """Old external data of the same graph would otherwise linger next to a smaller re-export."""
+    for old in onnx_dir.glob(f"{file_name}_data*"):
+        old.unlink()
+
+
+def _copy_shared_files(model_dir: Path, out_dir: Path, config: ModelConfig, options: ExportOptions) -> None:
+    for name in COPIED_FILES:
+        if (model_dir / name).exists():
+            shutil.copyfile(model_dir / name, out_dir / name)
+    io = C.IOContract.for_config(config, "float16" if options.precision == "fp16" else "float32")
+    (out_dir / C.CONTRACT_FILE).write_text(C.contract_json(io) + "\n", encoding="utf-8")
+    write_genai_config(out_dir, config, options)
+
+
+def read_metadata(path: str | Path) -> dict[str, str]:
+    """An exported graph's metadata_props, without loading its weights."""
+    model = onnx.load(str(path), load_external_data=False)
+    return {p.key: p.value for p in model.metadata_props}
+
+
+def check_export_dir(path: Path) -> Path:
+    if not (path / "onnx").is_dir():
+        raise ExportError(f"{path} is not an export folder (no onnx/ inside)")
+    return path

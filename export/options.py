@@ -1,0 +1,78 @@
+"""What an export may be asked for, and the checks that refuse the rest before any work.
+
+precision   fp32 | fp16 | int8 | int4   (int8/int4: weights of linear layers only)
+block_size  32 | 64 | 128                quantization block along the input dimension
+symmetric   True: no zero points (code 2**(bits-1) is zero); False: per-block zero points
+target      native: onnxruntime contrib ops, quantized weights run by MatMulNBits;
+            web: the same fused ops, but quantized weights are stored packed and
+                 dequantized by plain ops that onnxruntime constant-folds when the
+                 session starts, because onnxruntime-web's wasm MatMulNBits is ~10x
+                 slower than its float MatMul;
+            plain: standard ONNX operators only, for runtimes without contrib ops.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from py_engine.config import ModelConfig
+
+PRECISIONS = ("fp32", "fp16", "int8", "int4")
+BLOCK_SIZES = (32, 64, 128)
+TARGETS = ("native", "web", "plain")
+# Files of the export layout, by precision (transformers.js names).
+FILE_NAMES = {"fp32": "model.onnx", "fp16": "model_fp16.onnx", "int8": "model_quantized.onnx",
+              "int4": "model_q4.onnx"}
+
+
+class ExportError(ValueError):
+    """An export that cannot be done, with the reason and what is supported."""
+
+
+@dataclass(frozen=True)
+class ExportOptions:
+    precision: str = "fp32"
+    block_size: int = 32
+    symmetric: bool = True
+    accuracy_level: int = 4  # MatMulNBits: 4 = int8 activations (fastest on CPU), 0 = as the weights
+    target: str = "native"
+    quantize_lm_head: bool = True  # int4/int8: the LM head (and a tied embedding) quantized too
+
+    def __post_init__(self) -> None:
+        if self.precision not in PRECISIONS:
+            raise ExportError(f"unsupported precision {self.precision!r}; choose from {', '.join(PRECISIONS)}")
+        if self.block_size not in BLOCK_SIZES:
+            raise ExportError(f"unsupported block size {self.block_size}; choose from "
+                              f"{', '.join(map(str, BLOCK_SIZES))}")
+        if self.target not in TARGETS:
+            raise ExportError(f"unsupported target {self.target!r}; choose from {', '.join(TARGETS)}")
+        if self.accuracy_level not in (0, 1, 2, 3, 4):
+            raise ExportError(f"accuracy level must be 0-4 (MatMulNBits), got {self.accuracy_level}")
+        if self.target == "plain" and self.quantized:
+            raise ExportError(f"precision {self.precision} needs onnxruntime's MatMulNBits or 4-bit "
+                              "DequantizeLinear; the plain target supports fp32 and fp16")
+
+    @property
+    def quantized(self) -> bool:
+        return self.precision in ("int8", "int4")
+
+    @property
+    def bits(self) -> int:
+        return {"int8": 8, "int4": 4}.get(self.precision, 32)
+
+    @property
+    def contrib_ops(self) -> bool:
+        return self.target != "plain"
+
+    @property
+    def file_name(self) -> str:
+        return FILE_NAMES[self.precision]
+
+
+def check_supported(config: ModelConfig, options: ExportOptions) -> None:
+    """Refuse what the exporter cannot reproduce exactly, before any weights are read."""
+    rope = config.rope_parameters
+    rot = int(config.head_dim * rope.partial_rotary_factor)
+    if rot % 2:
+        raise ExportError(f"rotary dimension {rot} is odd; rope needs channel pairs")
+    if config.head_dim % 2:
+        raise ExportError(f"head_dim {config.head_dim} is odd")

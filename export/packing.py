@@ -1,0 +1,77 @@
+"""Pack a `QuantizedWeight` into the byte layouts of onnxruntime's quantized ops.
+
+MatMulNBits (com.microsoft) computes Y = A @ W^T for W [N, K] held as
+    B            [N, blocks, block_size * bits / 8] uint8: the codes of row n,
+                 block b, packed low bits first (4 bits: two codes a byte,
+                 the earlier k in the low nibble);
+    scales       [N, blocks] float;
+    zero_points  [N, ceil(blocks * bits / 8)] uint8, packed the same way
+                 along the blocks of a row; omitted when every zero point is
+                 2**(bits-1), the op's default (symmetric quantization).
+GatherBlockQuantized uses the same codes for an embedding table E [V, H]
+(rows are tokens, blocks run along H), so a tied embedding and LM head can
+share one packed initializer.
+
+Only numpy here: the codes come from any quantizer (RTN, AWQ, GPTQ).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from py_engine.quant import QuantizedWeight
+
+
+@dataclass(frozen=True)
+class PackedNBits:
+    """MatMulNBits inputs and attributes for one weight."""
+
+    B: np.ndarray  # [N, blocks, blob] uint8
+    scales: np.ndarray  # [N, blocks] float32
+    zero_points: np.ndarray | None  # [N, ceil(blocks * bits / 8)] uint8, None when symmetric
+    K: int
+    N: int
+    bits: int
+    block_size: int
+
+
+def pack_codes(codes: np.ndarray, bits: int, pad: int = 0) -> np.ndarray:
+    """uint8 codes [..., M] -> bytes [..., ceil(M * bits / 8)], low bits first; an odd M gets `pad`."""
+    if bits == 8:
+        return codes.astype(np.uint8)
+    if bits != 4:
+        raise ValueError(f"cannot pack {bits}-bit codes")
+    if codes.shape[-1] % 2:  # an odd count of zero points fills the last byte with `pad`
+        codes = np.concatenate([codes, np.full(codes.shape[:-1] + (1,), pad, np.uint8)], axis=-1)
+    pairs = codes.astype(np.uint8).reshape(codes.shape[:-1] + (-1, 2))  # [..., M/2, 2]
+    return (pairs[..., 0] & 0x0F) | (pairs[..., 1] << 4)
+
+
+def unpack_codes(packed: np.ndarray, bits: int, count: int) -> np.ndarray:
+    """Inverse of pack_codes: bytes [..., B] -> codes [..., count]."""
+    if bits == 8:
+        return packed[..., :count]
+    low, high = packed & 0x0F, packed >> 4
+    return np.stack([low, high], axis=-1).reshape(packed.shape[:-1] + (-1,))[..., :count]
+
+
+def pack_matmul_nbits(q: QuantizedWeight) -> PackedNBits:
+    """The MatMulNBits tensors of a weight quantized in blocks along K."""
+    n, blocks, block = q.out_features, q.blocks, q.block_size
+    codes = q.codes.numpy().reshape(n, blocks, block)  # [N, blocks, block]
+    zero = q.zero_points.numpy()
+    default = 1 << (q.bits - 1)
+    symmetric = bool((zero == default).all())
+    return PackedNBits(
+        B=pack_codes(codes, q.bits),
+        scales=q.scales.numpy().astype(np.float32),
+        # onnxruntime fills the spare nibble of an odd block count with the default zero point
+        zero_points=None if symmetric else pack_codes(zero, q.bits, pad=default),
+        K=q.in_features, N=n, bits=q.bits, block_size=block)
+
+
+def check_block_size(block_size: int) -> None:
+    """MatMulNBits needs a power of two of at least 16."""
+    if block_size < 16 or block_size & (block_size - 1):
+        raise ValueError(f"MatMulNBits block_size must be a power of two >= 16, got {block_size}")
