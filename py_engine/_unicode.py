@@ -35,7 +35,7 @@ _ALIASES = {
     "letter": "L", "mark": "M", "number": "N", "punctuation": "P", "symbol": "S",
     "separator": "Z", "other": "C", "uppercaseletter": "Lu", "lowercaseletter": "Ll",
     "decimalnumber": "Nd", "digit": "Nd", "spaceseparator": "Zs", "control": "Cc",
-    "cntrl": "Cc", "alpha": "L", "any": "any",
+    "cntrl": "Cc", "any": "any",
 }
 
 Ranges = tuple[tuple[int, int], ...]
