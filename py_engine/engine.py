@@ -96,10 +96,19 @@ class LLM:
     """A loaded model with its tokenizer, chat template and generation defaults."""
 
     def __init__(self, model: str = "tiny-shakespeare", *, dtype: str = "auto", device: str = "auto",
-                 cache_dir: str | None = None, max_context: int | None = None) -> None:
+                 cache_dir: str | None = None, max_context: int | None = None, backend: str = "torch") -> None:
         self.path: Path = resolve_model(model, cache_dir)
-        self.device = pick_device(device)
-        self.model, self.config = load_model(self.path, dtype=dtype, device=self.device)
+        self.backend = backend
+        if backend == "onnx":  # an export folder; dtype picks its graph (auto, fp32, fp16, int8, int4)
+            from py_engine.onnx_backend import OnnxModel
+            precision = {"float32": "fp32", "float16": "fp16"}.get(dtype, dtype)
+            self.model, self.device = OnnxModel(self.path, precision=precision, device=device), "onnx"
+            self.config = self.model.config
+        elif backend == "torch":
+            self.device = pick_device(device)
+            self.model, self.config = load_model(self.path, dtype=dtype, device=self.device)
+        else:
+            raise ValueError(f"unknown backend {backend!r}; use torch or onnx")
         self.tokenizer = Tokenizer.from_pretrained(self.path)
         self.generation_config = _generation_config(self.path)
         self.max_context = min(max_context or self.config.max_position_embeddings,
@@ -115,15 +124,20 @@ class LLM:
     def stream(self, prompt: str | Sequence[int], params: SamplingParams | None = None,
                *, add_special_tokens: bool = True) -> Iterator[GenerationChunk]:
         """Yield text chunks as they are generated; the last one has a finish_reason."""
-        backend = TorchBackend(self.model, self.config, self.max_context)
+        backend = self._new_backend()
         ids = self.encode(prompt, add_special_tokens)
         return stream(backend, self.tokenizer, ids, params or SamplingParams(), self.eos_token_ids)
 
     def generate(self, prompt: str | Sequence[int], params: SamplingParams | None = None,
                  *, add_special_tokens: bool = True) -> Completion:
-        backend = TorchBackend(self.model, self.config, self.max_context)
+        backend = self._new_backend()
         ids = self.encode(prompt, add_special_tokens)
         return complete(backend, self.tokenizer, ids, params or SamplingParams(), self.eos_token_ids)
+
+    def _new_backend(self):
+        if self.backend == "onnx":
+            return self.model.backend(self.max_context)
+        return TorchBackend(self.model, self.config, self.max_context)
 
     def chat_prompt(self, messages: Sequence[Mapping[str, Any]], **template_kwargs: Any) -> str:
         """The model's chat template applied to messages, ending with the assistant's turn."""
