@@ -52,7 +52,8 @@ def sampling_params(args: argparse.Namespace, defaults: Any) -> SamplingParams:
 def cmd_generate(args: argparse.Namespace) -> int:
     from py_engine.engine import LLM
 
-    llm = LLM(args.model, dtype=args.dtype, device=args.device, cache_dir=args.cache_dir)
+    dtype = args.precision if args.backend == "onnx" and args.precision != "auto" else args.dtype
+    llm = LLM(args.model, dtype=dtype, device=args.device, cache_dir=args.cache_dir, backend=args.backend)
     params = sampling_params(args, llm.generation_config)
     if args.json:
         out = llm.generate(args.prompt, params)
@@ -79,12 +80,19 @@ def build_parser() -> argparse.ArgumentParser:
     _model_options(p)
     p.add_argument("--json", action="store_true",
                    help='print one object {"text", "prompt_token_ids", "token_ids", "finish_reason"}')
+    p.add_argument("--backend", choices=["torch", "onnx"], default="torch",
+                   help="torch, or onnx: onnxruntime over an export folder (--model DIR from `ruvllm export`)")
+    p.add_argument("--precision", choices=["auto", "fp32", "fp16", "int8", "int4"], default="auto",
+                   help="onnx backend: which graph of the export folder (auto: fp32, else the one there)")
     p.set_defaults(func=cmd_generate)
 
     from py_engine.cli_chat import add_chat_parser
     add_chat_parser(sub, _model_options, _sampling_options)
 
     add_hub_subparsers(sub)
+
+    from export.cli import add_export_parser
+    add_export_parser(sub)
 
     from native_server.serve import add_serve_parser
     add_serve_parser(sub)
