@@ -15,6 +15,7 @@ from typing import Any
 from native_server.errors import APIError
 from native_server.logprobs import TokenTexts
 from native_server.metrics import ServerMetrics
+from native_server.outputs import EngineError, EngineShutdownError, PromptTooLongError, QueueFullError
 from py_engine.chat import ChatConfig, ChatTemplateError, load_chat_config
 
 SHUTTING_DOWN = "the server is shutting down; retry on another replica or later"
@@ -82,10 +83,12 @@ class ServerContext:
 
 def engine_error(exc: BaseException) -> APIError | None:
     """The API error for an exception the engine raises on purpose; None for anything else (a bug)."""
-    from native_server.engine import PromptTooLongError, QueueFullError
-
+    if not isinstance(exc, EngineError):
+        return None
     if isinstance(exc, QueueFullError):
-        return APIError(503, f"the server is busy (waiting queue full): {exc}; retry later", code="queue_full")
+        return APIError(exc.status_code, f"the server is busy: {exc}; retry later", code="queue_full")
     if isinstance(exc, PromptTooLongError):
-        return APIError(400, str(exc), "prompt", "context_length_exceeded")
-    return None
+        return APIError(exc.status_code, str(exc), "prompt", "context_length_exceeded")
+    if isinstance(exc, EngineShutdownError):
+        return APIError(exc.status_code, SHUTTING_DOWN, code="shutting_down")
+    return APIError(exc.status_code, f"the engine failed: {exc}")

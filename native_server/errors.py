@@ -47,27 +47,35 @@ def error_response(status: int, message: str, param: str | None = None, code: An
     return JSONResponse(error_body(status, message, param, code), status_code=status, headers=headers)
 
 
-def _location(loc: tuple[Any, ...]) -> str | None:
-    """pydantic's error location as a dotted field path: ("body", "messages", 0, "role") -> "messages.0.role"."""
-    parts = [str(p) for p in loc if p != "body"]
-    return ".".join(parts) or None
+def _field_path(errors: list[dict[str, Any]]) -> tuple[Any, ...]:
+    """Where the first error is, as a path under the body; for a union field (stop, prompt, content)
+    pydantic reports one error per member, tagged with the member's type, so take their common prefix."""
+    locs = [tuple(p for p in e.get("loc", ()) if p != "body") for e in errors]
+    same_field = [loc for loc in locs if loc[:1] == locs[0][:1]]
+    path = same_field[0]
+    for loc in same_field[1:]:
+        n = next((i for i, (a, b) in enumerate(zip(path, loc)) if a != b), min(len(path), len(loc)))
+        path = path[:n]
+    return path
 
 
 def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
-    errors = exc.errors()
+    errors = list(exc.errors())
     if not errors:
         return "invalid request", None
     first = errors[0]
     if first.get("type") == "json_invalid":
         return f"the body is not valid JSON: {first.get('ctx', {}).get('error', first.get('msg'))}", None
-    param = _location(tuple(first.get("loc", ())))
+    path = _field_path(errors)
+    param = ".".join(str(p) for p in path) or None
     if param is None and first.get("type") in ("model_attributes_type", "dict_type", "missing"):
         # A form-encoded or empty body (curl -d without a JSON Content-Type) lands here.
         return "the body must be a JSON object, sent with 'Content-Type: application/json'", None
-    # Unions (prompt, stop, content) report one error per branch; the first names the field well enough.
-    more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
     detail = first.get("msg", "invalid value")
-    return f"{param or 'body'}: {detail}{more}", param
+    members = sum(1 for e in errors if tuple(p for p in e.get("loc", ()) if p != "body")[:len(path)] == path)
+    if members > 1 and len(first.get("loc", ())) > len(path) + 1:
+        detail = f"matches none of the accepted types (first: {detail})"
+    return f"{param or 'body'}: {detail}", param
 
 
 async def _on_validation_error(request: Request, exc: Exception) -> JSONResponse:

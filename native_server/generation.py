@@ -18,7 +18,9 @@ from typing import Any, AsyncIterator
 
 import anyio
 
+from native_server.errors import APIError
 from native_server.metrics import ServerMetrics
+from native_server.outputs import EngineError
 from py_engine.sampling import SampleOutput
 from py_engine.sampling_params import SamplingParams
 
@@ -73,7 +75,6 @@ class Generation:
     async def deltas(self) -> AsyncIterator[Delta]:
         for job in self.jobs:
             self.usage.prompt_tokens += len(job.prompt_ids)
-            self.metrics.record_prompt(len(job.prompt_ids))
         # aclosing: `async for` alone leaves the inner generator suspended (its
         # engine request alive) when this one is closed early.
         inner = self._run(self.jobs[0]) if len(self.jobs) == 1 else self._merged()
@@ -114,30 +115,35 @@ class Generation:
     async def _run(self, job: Job) -> AsyncIterator[Delta]:
         outputs = self.engine.generate(job.request_id, job.prompt_ids, job.params)
         finished = False
-        last = self.arrival
-        first = True
         try:
-            async for out in outputs:
-                now = time.monotonic()
-                new_tokens = sum(len(o.token_ids) for o in out.outputs)
-                if new_tokens:
-                    self.metrics.record_tokens(new_tokens, first=first, seconds=now - last)
-                    first, last = False, now
-                self.usage.completion_tokens += new_tokens
+            out = await _first(outputs)
+            while out is not None:
                 for o in out.outputs:
+                    self.usage.completion_tokens += len(o.token_ids)
                     if o.finish_reason is not None:
-                        self.metrics.record_finish(o.finish_reason, now - self.arrival)
+                        self.metrics.record_finish(o.finish_reason, time.monotonic() - self.arrival)
                     if o.text or o.token_ids or o.finish_reason is not None:
                         yield Delta(job.first_choice + o.index, o.text, list(o.token_ids), o.logprobs,
                                     o.finish_reason)
                 if out.finished:
                     self.usage.cached_tokens += out.num_cached_tokens
                     finished = True
+                out = await anext(outputs, None)
         finally:
             if not finished:
                 with anyio.CancelScope(shield=True):
                     await outputs.aclose()
                     await self.engine.abort(job.request_id)
+
+
+async def _first(outputs: AsyncIterator[Any]) -> Any:
+    """The first output; a ValueError before it is the engine refusing the request (its contract): a 400."""
+    try:
+        return await anext(outputs, None)
+    except EngineError:
+        raise
+    except ValueError as exc:
+        raise APIError(400, f"invalid request: {exc}") from None
 
 
 @dataclass

@@ -1,11 +1,11 @@
 """Server metrics in the Prometheus text exposition format (version 0.0.4), written by hand.
 
-Two sources. Gauges of the engine's state (requests running and waiting, KV
-blocks used / cached / free) and its prefix-cache counters are read from
-`AsyncEngine.stats()` when /metrics is scraped. Per-request latencies and
-token counts are measured here, in the API layer, as each output reaches the
-client: time to first token then includes queueing and detokenization, which
-is what a user waits for.
+Most numbers are the engine's, read from `AsyncEngine.stats()` when /metrics
+is scraped: requests running and waiting, KV blocks used / cached / free,
+prefix-cache hits and queries, prompt and generation tokens, preemptions,
+and the time-to-first-token and inter-token latency histograms (measured in
+the engine, where tokens are made). The API layer adds what only it sees:
+requests by finish reason and their end-to-end latency as the client saw it.
 
 Why not prometheus_client: its registry is process-global (a second app in
 one process, as tests make, registers every metric twice) and the format is
@@ -19,10 +19,6 @@ import math
 from typing import Any, Iterable
 
 PREFIX = "ruvllm_"
-TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
-                20.0, 40.0, 80.0)
-ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0,
-               2.5, 5.0, 7.5, 10.0, 20.0)
 E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0)
 
 
@@ -41,86 +37,83 @@ def _labels(labels: dict[str, str]) -> str:
 
 
 class Histogram:
-    """Cumulative buckets, a sum and a count, as Prometheus histograms expose them."""
+    """Latency samples: counts[i] holds values in (buckets[i-1], buckets[i]]; the last count is the overflow.
+
+    The engine's histograms have the same layout, so `histogram_lines` renders both.
+    """
 
     def __init__(self, buckets: Iterable[float]) -> None:
-        self.bounds = tuple(sorted(buckets))
-        self.counts = [0] * (len(self.bounds) + 1)  # the last slot is (largest bound, +Inf)
+        self.buckets = tuple(sorted(buckets))
+        self.counts = [0] * (len(self.buckets) + 1)
         self.sum, self.count = 0.0, 0
 
     def observe(self, value: float) -> None:
-        self.counts[bisect.bisect_left(self.bounds, value)] += 1  # le: a value equal to a bound falls in it
+        self.counts[bisect.bisect_left(self.buckets, value)] += 1  # le: a value equal to a bound falls in it
         self.sum += value
         self.count += 1
 
-    def lines(self, name: str) -> list[str]:
-        out, running = [], 0
-        for bound, n in zip((*self.bounds, math.inf), self.counts):
-            running += n
-            out.append(f'{name}_bucket{{le="{_number(bound)}"}} {running}')
-        return out + [f"{name}_sum {_number(self.sum)}", f"{name}_count {self.count}"]
+
+def histogram_lines(name: str, hist: Any) -> list[str]:
+    """Cumulative `_bucket{le=...}` lines, then `_sum` and `_count`, of a histogram with the layout above."""
+    out, running = [], 0
+    for bound, n in zip((*hist.buckets, math.inf), hist.counts):
+        running += n
+        out.append(f'{name}_bucket{{le="{_number(bound)}"}} {running}')
+    return out + [f"{name}_sum {_number(hist.sum)}", f"{name}_count {hist.count}"]
 
 
 class ServerMetrics:
-    """What the API layer measures per request; `render(stats)` adds the engine's state and writes the text."""
+    """What the API layer measures; `render(stats)` adds the engine's numbers and writes the text."""
 
     def __init__(self) -> None:
-        self.prompt_tokens = 0
-        self.generation_tokens = 0
-        self.finished: dict[str, int] = {}  # finish_reason -> requests (choices) that ended so
-        self.ttft = Histogram(TTFT_BUCKETS)
-        self.itl = Histogram(ITL_BUCKETS)
+        self.finished: dict[str, int] = {}  # finish_reason -> choices that ended so
         self.e2e = Histogram(E2E_BUCKETS)
 
-    def record_prompt(self, num_tokens: int) -> None:
-        self.prompt_tokens += num_tokens
-
-    def record_tokens(self, num_tokens: int, *, first: bool, seconds: float) -> None:
-        """New tokens of one request: `seconds` since arrival (first) or since its previous output."""
-        self.generation_tokens += num_tokens
-        (self.ttft if first else self.itl).observe(seconds)
-
     def record_finish(self, reason: str, seconds: float) -> None:
+        """A choice ended, `seconds` after its request reached the API."""
         self.finished[reason] = self.finished.get(reason, 0) + 1
         self.e2e.observe(seconds)
 
     def render(self, stats: Any) -> str:
-        """The exposition text; `stats` is the engine's EngineStats (read by attribute name)."""
+        """The exposition text; `stats` is the engine's EngineStats."""
         lines: list[str] = []
 
-        def metric(name: str, kind: str, help_text: str, samples: list[tuple[dict[str, str], float]]) -> None:
-            full = PREFIX + name
-            lines.extend([f"# HELP {full} {help_text}", f"# TYPE {full} {kind}"])
-            lines.extend(f"{full}{_labels(labels)} {_number(value)}" for labels, value in samples)
-
-        def histogram(name: str, help_text: str, hist: Histogram) -> None:
-            full = PREFIX + name
-            lines.extend([f"# HELP {full} {help_text}", f"# TYPE {full} histogram", *hist.lines(full)])
+        def header(name: str, kind: str, help_text: str) -> str:
+            lines.extend([f"# HELP {name} {help_text}", f"# TYPE {name} {kind}"])
+            return name
 
         for name, kind, help_text, value in engine_samples(stats):
-            metric(name, kind, help_text, [({}, value)])
-        metric("prompt_tokens_total", "counter", "Prompt tokens of requests accepted by the API.",
-               [({}, self.prompt_tokens)])
-        metric("generation_tokens_total", "counter", "Tokens generated and sent to clients.",
-               [({}, self.generation_tokens)])
-        metric("request_success_total", "counter", "Finished completions (choices) by finish reason.",
-               [({"finished_reason": r}, n) for r, n in sorted(self.finished.items())])
-        histogram("time_to_first_token_seconds", "Seconds from a request's arrival to its first token.", self.ttft)
-        histogram("inter_token_latency_seconds", "Seconds between consecutive outputs of a request.", self.itl)
-        histogram("e2e_request_latency_seconds", "Seconds from a request's arrival to its end.", self.e2e)
+            lines.append(f"{header(PREFIX + name, kind, help_text)} {_number(value)}")
+        name = header(PREFIX + "request_success_total", "counter", "Finished choices by finish reason.")
+        lines.extend(f'{name}{_labels({"finished_reason": r})} {n}' for r, n in sorted(self.finished.items()))
+        for name, help_text, hist in (
+                ("time_to_first_token_seconds", "Seconds from a request's arrival in the engine to its first "
+                                                "token.", stats.ttft),
+                ("inter_token_latency_seconds", "Seconds between consecutive tokens of one sample.",
+                 stats.inter_token_latency),
+                ("e2e_request_latency_seconds", "Seconds from a request's arrival at the API to the end of "
+                                                "a choice.", self.e2e)):
+            lines.extend(histogram_lines(header(PREFIX + name, "histogram", help_text), hist))
         return "\n".join(lines) + "\n"
 
 
 # (metric name, type, help, EngineStats attribute)
 _ENGINE_FIELDS = (
-    ("num_requests_running", "gauge", "Requests in the running batch.", "running"),
-    ("num_requests_waiting", "gauge", "Requests waiting to be scheduled.", "waiting"),
+    ("num_requests_running", "gauge", "Sequences in the running batch (a request with n samples counts n).",
+     "num_running"),
+    ("num_requests_waiting", "gauge", "Sequences waiting to be scheduled, preempted ones included.", "num_waiting"),
     ("kv_cache_blocks_total", "gauge", "KV cache blocks in the pool.", "kv_blocks_total"),
-    ("kv_cache_blocks_used", "gauge", "KV cache blocks held by live requests.", "kv_blocks_used"),
+    ("kv_cache_blocks_used", "gauge", "KV cache blocks held by live sequences.", "kv_blocks_used"),
     ("kv_cache_blocks_cached", "gauge", "Free KV blocks still holding a reusable prefix.", "kv_blocks_cached"),
-    ("kv_cache_blocks_free", "gauge", "KV cache blocks not held by any request.", "kv_blocks_free"),
-    ("prefix_cache_queries_total", "counter", "Prompt tokens looked up in the prefix cache.", "prefix_queries"),
-    ("prefix_cache_hits_total", "counter", "Prompt tokens found in the prefix cache.", "prefix_hits"),
+    ("kv_cache_blocks_free", "gauge", "KV cache blocks that can be handed out (cached ones included).",
+     "kv_blocks_free"),
+    ("prefix_cache_queries_total", "counter", "Prompt tokens looked up in the prefix cache.",
+     "prefix_cache_queries"),
+    ("prefix_cache_hits_total", "counter", "Prompt tokens found in the prefix cache.", "prefix_cache_hits"),
+    ("prompt_tokens_total", "counter", "Prompt tokens of the requests the engine took.", "prompt_tokens"),
+    ("generation_tokens_total", "counter", "Tokens sampled.", "generation_tokens"),
+    ("num_preemptions_total", "counter", "Sequences preempted (their KV freed, to be recomputed).",
+     "num_preemptions"),
 )
 
 

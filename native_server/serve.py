@@ -126,7 +126,7 @@ def _aliases(model: str, path: Path) -> tuple[str, ...]:
 
 def _log_configuration(args: argparse.Namespace, path: Path, engine: Any) -> None:
     stats = engine.stats()
-    block_size = args.block_size
+    block_size = stats.block_size
     logger.info("model %s (%s), context %d tokens", args.model, path, engine.max_model_len)
     logger.info("KV cache: %d blocks of %d tokens = %d tokens; batch: %d sequences, %d tokens per step; "
                 "queue: %d", stats.kv_blocks_total, block_size, stats.kv_blocks_total * block_size,
@@ -140,16 +140,17 @@ def run_serve(args: argparse.Namespace) -> int:
 
     from native_server.api import create_app
     from native_server.context import ServerContext
-    from native_server.engine import AsyncEngine, LLMEngine
+    from native_server.async_engine import AsyncEngine
+    from native_server.engine import LLMEngine
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     path = resolve_model(args.model, args.cache_dir)
-    engine = LLMEngine(path, dtype=args.dtype, device=args.device, block_size=args.block_size,
+    name = args.served_model_name or args.model
+    engine = LLMEngine(str(path), model_name=name, dtype=args.dtype, device=args.device, block_size=args.block_size,
                        kv_cache_memory=args.kv_cache_memory, gpu_memory_fraction=args.gpu_memory_fraction,
                        max_num_seqs=args.max_concurrent, max_num_batched_tokens=args.max_num_batched_tokens,
                        max_model_len=args.max_context, max_queue=args.max_queue)
     async_engine = AsyncEngine(engine)
-    name = args.served_model_name or args.model
     ctx = ServerContext.for_engine(async_engine, path, name, _aliases(args.model, path))
     _log_configuration(args, path, async_engine)
     app = create_app(ctx, api_key=args.api_key, static_dir=WEB_DIST, shutdown_timeout=args.shutdown_timeout)

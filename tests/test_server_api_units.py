@@ -19,8 +19,10 @@ from starlette.routing import Route
 from native_server.api import create_app
 from native_server.context import ServerContext
 from native_server.errors import APIError
-from native_server.metrics import Histogram, ServerMetrics
+from native_server.metrics import Histogram, ServerMetrics, histogram_lines
 from native_server.middleware import APIKey, BodyLimit, IsolationHeaders
+from native_server.outputs import EngineStats
+from native_server.outputs import Histogram as EngineHistogram
 from native_server.prompts import check_model, completion_prompts, fit_to_context, sampling_params
 from native_server.protocol import ChatCompletionRequest, CompletionRequest
 from native_server.serve import parse_size
@@ -117,29 +119,30 @@ def test_histogram_buckets_are_cumulative_with_le_inclusive():
     hist = Histogram([0.1, 1.0])
     for value in (0.05, 0.1, 0.5, 5.0):
         hist.observe(value)
-    assert hist.lines("h") == ['h_bucket{le="0.1"} 2', 'h_bucket{le="1"} 3', 'h_bucket{le="+Inf"} 4',
-                               "h_sum 5.65", "h_count 4"]
+    assert histogram_lines("h", hist) == ['h_bucket{le="0.1"} 2', 'h_bucket{le="1"} 3', 'h_bucket{le="+Inf"} 4',
+                                          "h_sum 5.65", "h_count 4"]
 
 
-class _Stats:
-    running, waiting, kv_blocks_total, kv_blocks_used, kv_blocks_cached, kv_blocks_free = 1, 2, 10, 4, 3, 6
-    prefix_queries, prefix_hits = 64, 16
+def _stats() -> EngineStats:
+    ttft = EngineHistogram()
+    ttft.observe(0.02)
+    return EngineStats(num_running=1, num_waiting=2, kv_blocks_total=10, kv_blocks_used=4, kv_blocks_cached=3,
+                       kv_blocks_free=6, block_size=16, prefix_cache_hits=16, prefix_cache_queries=64,
+                       prompt_tokens=5, generation_tokens=2, num_preemptions=1, ttft=ttft,
+                       inter_token_latency=EngineHistogram())
 
 
 def test_metrics_text():
     metrics = ServerMetrics()
-    metrics.record_prompt(5)
-    metrics.record_tokens(1, first=True, seconds=0.02)
-    metrics.record_tokens(1, first=False, seconds=0.01)
     metrics.record_finish('st"op', 0.5)
-    text = metrics.render(_Stats())
-    lines = set(text.splitlines())
+    lines = set(metrics.render(_stats()).splitlines())
     for line in ("# TYPE ruvllm_num_requests_running gauge", "ruvllm_num_requests_waiting 2",
                  "ruvllm_kv_cache_usage_perc 0.4", "ruvllm_prefix_cache_hit_rate 0.25",
-                 "ruvllm_prompt_tokens_total 5", "ruvllm_generation_tokens_total 2",
+                 "ruvllm_prompt_tokens_total 5", "ruvllm_generation_tokens_total 2", "ruvllm_num_preemptions_total 1",
                  'ruvllm_request_success_total{finished_reason="st\\"op"} 1',
-                 "ruvllm_time_to_first_token_seconds_count 1", "ruvllm_inter_token_latency_seconds_count 1",
-                 "# TYPE ruvllm_e2e_request_latency_seconds histogram"):
+                 'ruvllm_time_to_first_token_seconds_bucket{le="0.025"} 1',
+                 "ruvllm_time_to_first_token_seconds_count 1", "ruvllm_inter_token_latency_seconds_count 0",
+                 "# TYPE ruvllm_e2e_request_latency_seconds histogram", "ruvllm_e2e_request_latency_seconds_count 1"):
         assert line in lines, line
 
 
