@@ -11,9 +11,10 @@ Every filter the reference applies (top-k, top-p, min-p) keeps a prefix of the
 canonical order (z descending, ties by ascending id), so a row reduces to a
 prefix length m and one inverse-CDF walk. Sorting a 150k vocabulary per row
 is the cost to avoid: the walk first runs over the 64 largest values (topk),
-where peaked LM distributions end, and only rows it cannot settle are
-sorted in full; ids are recovered from (position, value) afterwards, which
-makes ties come out in ascending-id order whatever order topk returned.
+where peaked LM distributions end, then over 2048, and only rows still not
+settled are sorted in full; ids are recovered from (position, value)
+afterwards, which makes ties come out in ascending-id order whatever order
+topk returned.
 """
 from __future__ import annotations
 
@@ -25,7 +26,9 @@ from torch import Tensor
 from py_engine.sampling import SampleOutput, TokenLogprob
 from py_engine.sampling_params import SamplingParams
 
-_PREFIX = 64  # canonical positions walked before falling back to a full sort
+# Canonical positions walked per pass: the top 64 settle peaked rows, 2048 most top-p cuts of
+# natural text; only rows still unsettled then pay for a sort of the whole vocabulary.
+_WIDTHS = (64, 2048, 1 << 62)
 
 
 class SamplingRow(NamedTuple):
@@ -45,7 +48,9 @@ def sample(logits: Tensor, rows: Sequence[SamplingRow]) -> list[SampleOutput]:
     tokens = torch.empty(len(rows), dtype=torch.long)
     # Greedy with untouched logits: argmax of the float32 row is the reference's (float64 is exact).
     plain = [i for i, r in enumerate(rows) if r.params.is_greedy and not _edits_logits(r.params)]
-    if plain:
+    if len(plain) == len(rows):  # the common all-greedy batch: no row copies
+        tokens = logits.argmax(-1).cpu()
+    elif plain:
         tokens[plain] = logits[plain].argmax(-1).cpu()
     rest = [i for i, r in enumerate(rows) if not (r.params.is_greedy and not _edits_logits(r.params))]
     if rest:
@@ -96,11 +101,17 @@ def _draw_rows(x: Tensor, rows: Sequence[SamplingRow]) -> Tensor:
     min_p = torch.tensor([r.params.min_p for r in rows], dtype=f64, device=dev)
     u = torch.tensor([r.u for r in rows], dtype=f64, device=dev)
     vocab = z.shape[1]
-    width = min(vocab, max(_PREFIX, int(top_k.max())))
-    pos, val, done = _draw_positions(z, top_k, top_p, min_p, u, width)
-    if width < vocab and not bool(done.all()):
-        redo = (~done).nonzero()[:, 0]
-        pos[redo], val[redo], _ = _draw_positions(z[redo], top_k[redo], top_p[redo], min_p[redo], u[redo], vocab)
+    least = int(torch.where(top_k < vocab, top_k, 0).max())  # a pass must hold every row's k-th value
+    pos = torch.zeros(len(rows), dtype=torch.long, device=dev)
+    val = torch.zeros(len(rows), dtype=f64, device=dev)
+    todo = torch.arange(len(rows), device=dev)
+    for width in sorted({min(vocab, max(w, least)) for w in _WIDTHS}):
+        every = len(todo) == len(rows)  # the first pass: no row copies
+        p, v, done = _draw_positions(z if every else z[todo], top_k[todo], top_p[todo], min_p[todo], u[todo], width)
+        pos[todo], val[todo] = p, v
+        todo = todo[~done]
+        if not len(todo):
+            break
     return _ids_at(z, pos, val)
 
 
@@ -110,29 +121,30 @@ def _draw_positions(z: Tensor, top_k: Tensor, top_p: Tensor, min_p: Tensor, u: T
     positions; and whether that was enough (else the row must be redone with width = V)."""
     R, V = z.shape
     zmax = z.amax(-1, keepdim=True)  # [R, 1]
-    w = torch.exp(z - zmax)  # [R, V]
     vals = torch.topk(z, width).values if width < V else torch.sort(z, descending=True).values  # [R, K]
     weights = torch.exp(vals - zmax)  # [R, K]: w in canonical order
     sums = weights.cumsum(-1)  # [R, K]: running sums
     held = torch.arange(width, device=z.device)[None]  # [1, K]
+    # Masses past the held prefix need every w; a full-width pass holds them all, sorted.
+    w = torch.exp(z - zmax) if width < V else weights  # [R, V]
 
     # 6. top-k: keep z >= the k-th largest, ties included; m is the kept prefix's length.
     use_k = (top_k > 0) & (top_k < V)
-    kth = vals.gather(1, (top_k.clamp(1, width) - 1)[:, None])  # [R, 1]
-    kept = z >= torch.where(use_k[:, None], kth, torch.full_like(kth, -torch.inf))  # [R, V]
-    m = kept.sum(-1)
+    kth = vals.gather(1, (top_k.clamp(1, width) - 1)[:, None])[:, 0].masked_fill(~use_k, -torch.inf)  # [R]
+    m = torch.full((R,), V, dtype=torch.long, device=z.device)
+    for rows in _where(use_k):
+        m[rows] = (z[rows] >= kth[rows, None]).sum(-1)
     # 7. top-p: the shortest prefix whose running sum reaches top_p * W (W over what top-k kept).
     use_p = top_p < 1.0
-    reach = (sums >= (top_p * _mass(w, kept, sums, m))[:, None]) & (held < m[:, None])
+    reach = (sums >= (top_p * _mass(z, w, kth, None, sums, m))[:, None]) & (held < m[:, None])
     found = reach.any(-1)
     unsettled = use_p & ~found & (m > width)  # the sum may reach it past the positions held
     m = torch.where(use_p & found, reach.int().argmax(-1) + 1, m)
     # 8. min-p: keep w >= min_p, again a prefix (w only falls along the canonical order).
-    big_enough = (w >= min_p[:, None]) | (min_p[:, None] <= 0)
-    m = torch.minimum(m, big_enough.sum(-1))
-    kept &= big_enough
+    for rows in _where(min_p > 0):
+        m[rows] = torch.minimum(m[rows], (w[rows] >= min_p[rows, None]).sum(-1))
     # 9. the first kept position whose running sum exceeds u * W.
-    target = u * _mass(w, kept, sums, m)
+    target = u * _mass(z, w, kth, min_p, sums, m, skip=unsettled)
     below = ((sums <= target[:, None]) & (held < m[:, None])).sum(-1)  # sums never fall: a prefix
     hit = below < m.clamp(max=width)
     last_positive = ((weights > 0) & (held < m[:, None])).sum(-1) - 1  # rounding left none above u * W
@@ -141,12 +153,25 @@ def _draw_positions(z: Tensor, top_k: Tensor, top_p: Tensor, min_p: Tensor, u: T
     return pos, vals.gather(1, pos[:, None])[:, 0], done
 
 
-def _mass(w: Tensor, kept: Tensor, sums: Tensor, m: Tensor) -> Tensor:
-    """W, the total weight of the first m canonical tokens: the running sum when held, else a masked
-    sum (then the kept set is a value threshold, so `kept` is exactly those m tokens)."""
+def _where(mask: Tensor) -> list[Tensor]:
+    """[the indices where mask holds], or [] when it holds nowhere: skips work no row asked for."""
+    return [mask.nonzero()[:, 0]] if bool(mask.any()) else []
+
+
+def _mass(z: Tensor, w: Tensor, kth: Tensor, min_p: Tensor | None, sums: Tensor, m: Tensor,
+          skip: Tensor | None = None) -> Tensor:
+    """W, the total weight of the first m canonical tokens: the running sum when it is held, else a
+    sum over the kept set, which is then a value threshold (z >= kth and w >= min_p). Rows in skip
+    are left at a placeholder."""
     width = sums.shape[1]
-    from_sums = sums.gather(1, (m.clamp(1, width) - 1)[:, None])[:, 0]
-    return torch.where(m <= width, from_sums, (w * kept).sum(-1))
+    mass = sums.gather(1, (m.clamp(1, width) - 1)[:, None])[:, 0]  # [R]
+    beyond = m > width if skip is None else (m > width) & ~skip
+    if not bool(beyond.any()):
+        return mass
+    kept = z >= kth[:, None]  # [R, V]; all rows at once: cheaper than gathering some
+    if min_p is not None:
+        kept &= w >= min_p[:, None]
+    return torch.where(beyond, torch.where(kept, w, 0.0).sum(-1), mass)
 
 
 def _ids_at(z: Tensor, pos: Tensor, val: Tensor) -> Tensor:

@@ -37,7 +37,7 @@ def random_logits(rng: torch.Generator, rows: int, vocab: int) -> torch.Tensor:
     return torch.where((torch.arange(rows) % 4 == 3)[:, None], ties, x)
 
 
-@pytest.mark.parametrize("vocab", [50, 300])  # 300 > the 64-position fast path: exercises the full sort
+@pytest.mark.parametrize("vocab", [50, 300, 5000])  # past each walk width: 64, then 2048, then a full sort
 def test_same_u_gives_the_reference_token(vocab):
     rng, gen = random.Random(vocab), torch.Generator().manual_seed(vocab)
     for _ in range(12):
