@@ -59,7 +59,9 @@ def unpack_codes(packed: np.ndarray, bits: int, count: int) -> np.ndarray:
 def pack_matmul_nbits(q: QuantizedWeight) -> PackedNBits:
     """The MatMulNBits tensors of a weight quantized in blocks along K."""
     n, blocks, block = q.out_features, q.blocks, q.block_size
-    codes = q.codes.numpy().reshape(n, blocks, block)  # [N, blocks, block]
+    codes = q.codes.numpy().copy()
+    codes[:, q.in_features:] = 0  # padding past K is never read; onnxruntime leaves it 0
+    codes = codes.reshape(n, blocks, block)  # [N, blocks, block]
     zero = q.zero_points.numpy()
     default = 1 << (q.bits - 1)
     symmetric = bool((zero == default).all())
