@@ -31,7 +31,7 @@ from native_server.scheduler import Scheduler
 from native_server.sequence import Sequence, SequenceStatus
 from py_engine.engine import _eos_ids, _generation_config, pick_device
 from py_engine.hub import resolve_model
-from py_engine.models import load_model
+from py_engine.models import load_model, longrope_switch_length
 from py_engine.sampling import SampleOutput
 from py_engine.sampling_params import SamplingParams
 from py_engine.tokenizer import Tokenizer
@@ -66,7 +66,7 @@ class LLMEngine:
         self.tokenizer = Tokenizer.from_pretrained(path)
         config = self.model_config
         self.eos_token_ids = _eos_ids(_generation_config(path), config, self.tokenizer)
-        self.max_model_len = min(max_model_len or config.max_position_embeddings, config.max_position_embeddings)
+        self.max_model_len = self._context_limit(max_model_len)
         self.max_queue, self.max_num_seqs = max_queue, max_num_seqs
         self.kv = self._allocate_kv(block_size, kv_cache_memory, gpu_memory_fraction, max_num_seqs,
                                     max_num_batched_tokens)
@@ -79,6 +79,18 @@ class LLMEngine:
         self.ttft, self.inter_token_latency = Histogram(), Histogram()
         logger.info("engine: %s on %s, max_model_len %d, max_num_seqs %d, max_num_batched_tokens %d",
                     self.model_name, self.device, self.max_model_len, max_num_seqs, max_num_batched_tokens)
+
+    def _context_limit(self, max_model_len: int | None) -> int:
+        config = self.model_config
+        limit = min(max_model_len or config.max_position_embeddings, config.max_position_embeddings)
+        switch = longrope_switch_length(config)
+        if switch is not None and limit > switch:
+            # Past the switch every sequence of the flattened batch would get the long factors, and
+            # keys cached with the short ones would need recomputing (transformers does it per sequence).
+            logger.warning("LongRoPE model: max_model_len lowered from %d to %d, where it switches factors",
+                           limit, switch)
+            limit = switch
+        return limit
 
     def _allocate_kv(self, block_size: int, kv_cache_memory: int | None, gpu_memory_fraction: float,
                      max_num_seqs: int, max_num_batched_tokens: int) -> PagedKVCache:

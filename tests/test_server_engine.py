@@ -100,6 +100,30 @@ def test_a_batch_of_32_prompts_equals_each_prompt_alone(model_dir, reference, co
     assert_all_blocks_free(eng)
 
 
+SLIDING = {"mistral": {"sliding_window": 8},
+           "gemma2": {"head_dim": 16, "sliding_window": 8, "query_pre_attn_scalar": 24,
+                      "attn_logit_softcapping": 5.0, "final_logit_softcapping": 3.0}}
+
+
+@pytest.mark.parametrize("family", sorted(SLIDING))
+def test_sliding_window_families_batched_equal_alone(tmp_path, corpus, family):
+    folder = build_tiny_model(tmp_path / family, family, seed=4, **SLIDING[family])
+    reference = LLM(str(folder), dtype="float32", device="cpu")
+    eng = engine(folder, block_size=4, max_num_batched_tokens=24)
+    batch = [(f"r{i}", p, mixed_params(i)) for i, p in enumerate(prompts(corpus, 8, seed=5, lengths=(3, 30)))]
+    results = run(eng, batch)
+    for request_id, prompt, params in batch:
+        assert results[request_id][0] == expect(reference, prompt, params), request_id
+    assert_all_blocks_free(eng)
+
+
+def test_longrope_models_stop_at_the_factor_switch(tmp_path):
+    rope = {"type": "longrope", "short_factor": [1.0] * 4, "long_factor": [2.0] * 4}
+    folder = build_tiny_model(tmp_path / "phi3", "phi3", partial_rotary_factor=0.5, max_position_embeddings=64,
+                              original_max_position_embeddings=16, rope_scaling=rope)
+    assert engine(folder).max_model_len == 16
+
+
 def test_chunked_prefill_leaves_outputs_unchanged(model_dir, reference, corpus):
     eng = engine(model_dir, max_num_batched_tokens=8, block_size=4)
     batch = [(f"r{i}", p, mixed_params(i)) for i, p in enumerate(prompts(corpus, 6, seed=1, lengths=(10, 30)))]
