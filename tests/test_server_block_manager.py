@@ -205,12 +205,12 @@ def test_chained_hash_depends_on_the_whole_prefix():
     assert hashes([1, 2, 3, 4, 5, 6, 7]) == a[:1]
 
 
-def test_scheduler_and_block_manager_import_without_torch():
+def test_scheduler_block_manager_and_outputs_import_without_torch():
     code = textwrap.dedent("""
         import sys
         sys.modules['torch'] = None
         sys.modules['numpy'] = None
-        import native_server.block_manager, native_server.scheduler, native_server.sequence
+        import native_server.block_manager, native_server.scheduler, native_server.sequence, native_server.outputs
         assert not [m for m in sys.modules if m.split('.')[0] in ('torch', 'numpy') and sys.modules[m]]
         print('ok')
     """)

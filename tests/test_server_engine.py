@@ -14,6 +14,7 @@ import torch
 
 from native_server.async_engine import AsyncEngine
 from native_server.engine import LLMEngine, PromptTooLongError, QueueFullError
+from native_server.outputs import EngineDeadError, EngineShutdownError
 from native_server.kv_cache import kv_bytes_per_block
 from py_engine.engine import LLM
 from py_engine.sampling_params import SamplingParams
@@ -265,5 +266,30 @@ def test_async_engine_streams_cancels_and_refuses(model_dir, reference, corpus):
         await engine_.shutdown(timeout=1.0)
         stats = engine_.stats()
         assert stats.ttft.count == 7 and stats.inter_token_latency.count > 0
+
+    asyncio.run(main())
+
+
+def test_async_engine_failure_reaches_every_stream_and_shutdown_refuses(model_dir):
+    async def main():
+        eng = engine(model_dir)
+
+        def broken_step():
+            raise RuntimeError("kaput")
+
+        eng.step = broken_step
+        async_engine = AsyncEngine(eng)
+        async_engine.start()
+        with pytest.raises(EngineDeadError, match="kaput"):
+            async for _ in async_engine.generate("x", [1, 2], SamplingParams()):
+                pass
+        with pytest.raises(EngineDeadError):
+            await async_engine.generate("y", [1], SamplingParams()).__anext__()
+
+        healthy = AsyncEngine(engine(model_dir))
+        healthy.start()
+        await healthy.shutdown(timeout=0.1)
+        with pytest.raises(EngineShutdownError):
+            await healthy.generate("z", [1], SamplingParams()).__anext__()
 
     asyncio.run(main())
