@@ -29,7 +29,9 @@ from native_server.outputs import (CompletionOutput, EngineError, EngineStats, H
 from native_server.sampler import SamplingRow, sample
 from native_server.scheduler import Scheduler
 from native_server.sequence import Sequence, SequenceStatus
-from py_engine.engine import _eos_ids, _generation_config, pick_device
+from py_engine.config import GenerationConfig
+from py_engine.engine import pick_device
+from py_engine.generate import eos_token_ids
 from py_engine.hub import resolve_model
 from py_engine.models import load_model, longrope_switch_length
 from py_engine.sampling import SampleOutput
@@ -65,7 +67,7 @@ class LLMEngine:
         self.model, self.model_config = load_model(path, dtype=dtype, device=self.device)
         self.tokenizer = Tokenizer.from_pretrained(path)
         config = self.model_config
-        self.eos_token_ids = _eos_ids(_generation_config(path), config, self.tokenizer)
+        self.eos_token_ids = eos_token_ids(GenerationConfig.from_model_dir(path), config, self.tokenizer)
         self.max_model_len = self._context_limit(max_model_len)
         self.max_queue, self.max_num_seqs = max_queue, max_num_seqs
         self.kv = self._allocate_kv(block_size, kv_cache_memory, gpu_memory_fraction, max_num_seqs,

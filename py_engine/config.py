@@ -374,6 +374,12 @@ class GenerationConfig:
         return cls(**kwargs)
 
     @classmethod
+    def from_model_dir(cls, folder: str | Path) -> "GenerationConfig":
+        """A model folder's generation_config.json, or the defaults when it has none."""
+        path = Path(folder) / "generation_config.json"
+        return cls.from_file(path) if path.is_file() else cls()
+
+    @classmethod
     def from_file(cls, path: str | Path) -> "GenerationConfig":
         """Parse a `generation_config.json` (or a model directory holding one)."""
         path = Path(path)

@@ -18,8 +18,8 @@ from typing import Any, Iterator, Mapping, Sequence
 import torch
 
 from py_engine.chat import ChatConfig, load_chat_config, render_chat
-from py_engine.config import ConfigError, GenerationConfig, ModelConfig
-from py_engine.generate import Completion, GenerationChunk, complete, start_ids, stream
+from py_engine.config import GenerationConfig, ModelConfig
+from py_engine.generate import Completion, GenerationChunk, complete, eos_token_ids, start_ids, stream
 from py_engine.hub import resolve_model
 from py_engine.models import CausalLM, DenseKVCache, load_model, longrope_switch_length
 from py_engine.sampling_params import SamplingParams
@@ -110,10 +110,10 @@ class LLM:
         else:
             raise ValueError(f"unknown backend {backend!r}; use torch or onnx")
         self.tokenizer = Tokenizer.from_pretrained(self.path)
-        self.generation_config = _generation_config(self.path)
+        self.generation_config = GenerationConfig.from_model_dir(self.path)
         self.max_context = min(max_context or self.config.max_position_embeddings,
                                self.config.max_position_embeddings)
-        self.eos_token_ids = _eos_ids(self.generation_config, self.config, self.tokenizer)
+        self.eos_token_ids = eos_token_ids(self.generation_config, self.config, self.tokenizer)
         self._chat_config: ChatConfig | None = None
 
     def encode(self, prompt: str | Sequence[int], add_special_tokens: bool = True) -> list[int]:
@@ -149,19 +149,3 @@ class LLM:
              **template_kwargs: Any) -> Iterator[GenerationChunk]:
         """Stream the assistant's reply; the template adds its own special tokens."""
         return self.stream(self.chat_prompt(messages, **template_kwargs), params, add_special_tokens=False)
-
-
-def _generation_config(path: Path) -> GenerationConfig:
-    try:
-        return GenerationConfig.from_file(path)
-    except ConfigError:
-        return GenerationConfig()
-
-
-def _eos_ids(gen: GenerationConfig, config: ModelConfig, tokenizer: Tokenizer) -> tuple[int, ...]:
-    """Stop ids: generation_config's, else config.json's, else the tokenizer's EOS."""
-    if gen.eos_token_id:
-        return gen.eos_token_id
-    if config.eos_token_id:
-        return config.eos_token_id
-    return (tokenizer.eos_token_id,) if tokenizer.eos_token_id is not None else ()

@@ -69,6 +69,15 @@ def start_ids(tokenizer: Any, text: str, add_special_tokens: bool = True) -> lis
     raise ValueError("the prompt is empty and the tokenizer has no BOS or EOS token to start from")
 
 
+def eos_token_ids(gen: Any, config: Any, tokenizer: Any) -> tuple[int, ...]:
+    """Stop ids of a model: generation_config.json's, else config.json's, else the tokenizer's EOS."""
+    if gen.eos_token_id:
+        return tuple(gen.eos_token_id)
+    if config.eos_token_id:
+        return tuple(config.eos_token_id)
+    return (tokenizer.eos_token_id,) if tokenizer.eos_token_id is not None else ()
+
+
 def _fast_greedy(params: SamplingParams) -> bool:
     """Greedy with nothing that edits logits: the backend's own argmax gives the same token."""
     return (params.is_greedy and params.logprobs is None and not params.logit_bias
