@@ -115,12 +115,14 @@ class Generation:
     async def _run(self, job: Job) -> AsyncIterator[Delta]:
         outputs = self.engine.generate(job.request_id, job.prompt_ids, job.params)
         finished = False
+        running = set(range(job.params.n))  # samples without a finish_reason yet
         try:
             out = await _first(outputs)
             while out is not None:
                 for o in out.outputs:
                     self.usage.completion_tokens += len(o.token_ids)
                     if o.finish_reason is not None:
+                        running.discard(o.index)
                         self.metrics.record_finish(o.finish_reason, time.monotonic() - self.arrival)
                     if o.text or o.token_ids or o.finish_reason is not None:
                         yield Delta(job.first_choice + o.index, o.text, list(o.token_ids), o.logprobs,
@@ -130,7 +132,9 @@ class Generation:
                     finished = True
                 out = await anext(outputs, None)
         finally:
-            if not finished:
+            if not finished:  # the client left (or an error): the engine's "abort" output reaches nobody
+                for _ in running:
+                    self.metrics.record_finish("abort", time.monotonic() - self.arrival)
                 with anyio.CancelScope(shield=True):
                     await outputs.aclose()
                     await self.engine.abort(job.request_id)
