@@ -26,7 +26,6 @@ from py_engine.config import ModelConfig
 
 from .graph import MS_DOMAIN, GraphBuilder
 
-NEG = np.finfo(np.float32).min  # masked scores: finite, so an all-masked row cannot make NaN
 
 
 @dataclass(frozen=True)
@@ -40,6 +39,7 @@ class AttentionInputs:
     masks: dict[int | None, str] | None = None  # plain: bool [B, 1, G*T, S] per sliding window (None: full)
     rot_dim: int = 0  # rotated channels of each head
     rope_in_kernel: bool = True  # GQA rotates q and k itself; else cos/sin are per position, as in plain
+    float_dtype: type = np.float32  # activations (float16 for fp16 exports)
 
 
 def group_query_attention(g: GraphBuilder, config: ModelConfig, layer: int, q: str, k: str | None,
@@ -62,7 +62,9 @@ def group_query_attention(g: GraphBuilder, config: ModelConfig, layer: int, q: s
 
 def plain_attention(g: GraphBuilder, config: ModelConfig, layer: int, q: str, k: str, v: str,
                     past: tuple[str, str], shared: AttentionInputs, name: str) -> tuple[str, str, str]:
-    """Standard-ops attention: rope, cache concat, grouped scores, mask, softmax."""
+    """Standard-ops attention: rope, cache concat, grouped scores, mask, softmax.
+
+    Masked scores become the dtype's lowest finite value, so an all-masked row cannot make NaN."""
     h, kv, d = config.num_attention_heads, config.num_key_value_heads, config.head_dim
     q = _heads(g, q, h, d, f"{name}/q")  # [B, H, T, D]
     k = _heads(g, k, kv, d, f"{name}/k")  # [B, KV, T, D]
@@ -74,14 +76,15 @@ def plain_attention(g: GraphBuilder, config: ModelConfig, layer: int, q: str, k:
     q = g.node("Reshape", [q, g.const([0, kv, -1, d])], f"{name}/q_groups")
     kt = g.node("Transpose", [present_k], f"{name}/kT", perm=[0, 1, 3, 2])  # [B, KV, D, S]
     scores = g.node("MatMul", [q, kt], f"{name}/scores")  # [B, KV, G*T, S]
-    scores = g.node("Mul", [scores, g.const(config.attention_scale, np.float32)], f"{name}/scale")
+    dtype = shared.float_dtype
+    scores = g.node("Mul", [scores, g.const(config.attention_scale, dtype)], f"{name}/scale")
     cap = config.attn_logit_softcapping
     if cap:
-        c = g.const(cap, np.float32)
+        c = g.const(cap, dtype)
         scores = g.node("Mul", [g.node("Tanh", [g.node("Div", [scores, c], f"{name}/cap_div")], f"{name}/cap_tanh"),
                                 c], f"{name}/cap_mul")
     window = config.sliding_window if config.is_sliding(layer) else None
-    scores = g.node("Where", [shared.masks[window], scores, g.const(NEG, np.float32)], f"{name}/mask")
+    scores = g.node("Where", [shared.masks[window], scores, g.const(np.finfo(dtype).min, dtype)], f"{name}/mask")
     probs = g.node("Softmax", [scores], f"{name}/softmax", axis=-1)  # [B, KV, G*T, S]
     out = g.node("MatMul", [probs, present_v], f"{name}/context")  # [B, KV, G*T, D]
     out = g.node("Reshape", [out, g.const([0, h, -1, d])], f"{name}/context_heads")  # [B, H, T, D]

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+from onnx import TensorProto
 from torch import nn
 
 from py_engine.config import ModelConfig
@@ -32,21 +33,26 @@ class BlockEmitter:
     options: ExportOptions
     linear: Linear
 
-    def norm_weight(self, norm: RMSNorm, name: str) -> str:
+    def norm_weight(self, norm: RMSNorm, name: str, dtype: type | None = None) -> str:
         w = norm.weight.detach().float()
         if norm.unit_offset:  # Gemma scales by (1 + w), in float32 like the torch model
             w = 1.0 + w
-        return self.g.initializer(f"{name}.weight", w.numpy().astype(self.linear.float_dtype))
+        return self.g.initializer(f"{name}.weight", w.numpy().astype(dtype or self.linear.float_dtype))
 
     def rms_norm(self, x: str, norm: RMSNorm, name: str) -> str:
-        g, w = self.g, self.norm_weight(norm, name)
-        if self.options.contrib_ops:
-            return g.node("SimplifiedLayerNormalization", [x, w], f"{name}/SimplifiedLayerNorm", axis=-1,
-                          epsilon=float(norm.eps), stash_type=1)
+        g = self.g
+        if self.options.contrib_ops:  # stash_type 1: float32 inside, whatever the activations' type
+            return g.node("SimplifiedLayerNormalization", [x, self.norm_weight(norm, name)],
+                          f"{name}/SimplifiedLayerNorm", axis=-1, epsilon=float(norm.eps), stash_type=1)
+        half = self.linear.float_dtype == np.float16
+        if half:  # x * x overflows float16 for activations past 256: normalise in float32
+            x = g.node("Cast", [x], f"{name}/to_float", to=TensorProto.FLOAT)
         mean = g.node("ReduceMean", [g.node("Mul", [x, x], f"{name}/square"), g.const([-1])], f"{name}/mean",
                       keepdims=1)
         rms = g.node("Sqrt", [g.node("Add", [mean, g.const(norm.eps, np.float32)], f"{name}/eps")], f"{name}/sqrt")
-        return g.node("Mul", [g.node("Div", [x, rms], f"{name}/normalize"), w], f"{name}/weight")
+        out = g.node("Mul", [g.node("Div", [x, rms], f"{name}/normalize"), self.norm_weight(norm, name, np.float32)],
+                     f"{name}/weight")
+        return g.node("Cast", [out], f"{name}/to_half", to=TensorProto.FLOAT16) if half else out
 
     def add_norm(self, x: str, delta: str | None, norm: RMSNorm, name: str) -> tuple[str, str]:
         """(norm(x + delta), x + delta); delta None normalizes x alone."""
@@ -98,7 +104,7 @@ class BlockEmitter:
         top, chosen = g.node("TopK", [probs, g.const([moe.top_k])], f"{name}/topk", outputs=2, axis=-1)
         top = g.node("Div", [top, g.node("ReduceSum", [top, g.const([-1])], f"{name}/topk_sum", keepdims=1)],
                      f"{name}/renormalise")
-        zeros = g.node("Mul", [probs, g.const(0.0, np.float32)], f"{name}/zeros")
+        zeros = g.node("Mul", [probs, g.const(0.0, self.linear.float_dtype)], f"{name}/zeros")
         weights = g.node("ScatterElements", [zeros, chosen, top], f"{name}/weights", axis=-1)  # [B, T, E]
         out = None
         for e, expert in enumerate(moe.experts):

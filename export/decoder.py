@@ -92,18 +92,19 @@ def attention_inputs(g: GraphBuilder, config: ModelConfig, options: ExportOption
     rot = 2 * cos_t.shape[1]
     if not options.contrib_ops:
         cos, sin = _rope_by_position(g, config, cos, sin, switch)
-        return AttentionInputs(cos, sin, masks=_masks(g, config, total), rot_dim=rot)
+        return AttentionInputs(cos, sin, masks=_masks(g, config, total), rot_dim=rot, float_dtype=float_dtype)
     valid = g.node("ReduceSum", [C.ATTENTION_MASK, g.const([1])], "mask/valid", keepdims=0)
     seqlens = g.node("Cast", [g.node("Sub", [valid, g.const(1)], "mask/seqlens")], "mask/seqlens_k",
                      to=TensorProto.INT32)
     total32 = g.node("Cast", [total], "mask/total_seq_len", to=TensorProto.INT32)
     if not gqa_rotates(config):  # rope by position outside the kernel, GroupQueryAttention without it
         cos, sin = _rope_by_position(g, config, cos, sin, switch)
-        return AttentionInputs(cos, sin, seqlens_k=seqlens, total_len=total32, rot_dim=rot, rope_in_kernel=False)
+        return AttentionInputs(cos, sin, seqlens_k=seqlens, total_len=total32, rot_dim=rot, rope_in_kernel=False,
+                               float_dtype=float_dtype)
     if switch is not None:  # LongRoPE: the long table once the sequence passes `switch`
         max_pos = config.max_position_embeddings
         cos, sin = (_pick_variant(g, t, total, switch, max_pos, n) for t, n in ((cos, "cos"), (sin, "sin")))
-    return AttentionInputs(cos, sin, seqlens_k=seqlens, total_len=total32, rot_dim=rot)
+    return AttentionInputs(cos, sin, seqlens_k=seqlens, total_len=total32, rot_dim=rot, float_dtype=float_dtype)
 
 
 def gqa_rotates(config: ModelConfig) -> bool:

@@ -16,10 +16,10 @@ def session(path):
     return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
 
-def onnx_decode_logits(sess, config, ids: torch.Tensor, prefill: int) -> np.ndarray:
+def onnx_decode_logits(sess, config, ids: torch.Tensor, prefill: int, kv_dtype=np.float32) -> np.ndarray:
     """Prefill `prefill` tokens, then feed the rest one at a time: logits [1, T, V] (as decode_logits)."""
     layers, kv, d = config.num_hidden_layers, config.num_key_value_heads, config.head_dim
-    past = {f"past_key_values.{i}.{t}": np.zeros((1, kv, 0, d), np.float32)
+    past = {f"past_key_values.{i}.{t}": np.zeros((1, kv, 0, d), kv_dtype)
             for i in range(layers) for t in ("key", "value")}
     names = [o.name for o in sess.get_outputs()]
     steps = [(0, prefill)] + [(t, t + 1) for t in range(prefill, ids.shape[1])]

@@ -79,3 +79,20 @@ def test_fp32_logits_and_greedy_match_torch(family, target):
     got_ids = greedy_ids(OnnxModel(out, precision="fp32", device="cpu", threads=1).backend(context), ids_list, GREEDY)
     assert got_ids == expected
     assert len(got_ids) == min(GREEDY, context - prefill)
+
+
+@pytest.mark.parametrize("target", ["native", "plain"])
+def test_fp16_export_tracks_fp32(tmp_path, target):
+    """fp16 weights, activations and cache (logits float32): close to the fp32 torch model."""
+    from export_helpers import onnx_decode_logits as run
+
+    save_hf_model(FAMILIES["gemma2"], tmp_path / "hf")  # softcaps, sandwich norms, sliding windows
+    model, config = load_model(tmp_path / "hf", dtype="float32")
+    export_model(tmp_path / "hf", tmp_path / "out", ExportOptions(precision="fp16", target=target))
+    ids = prompt(PREFILL + 12)
+    with torch.no_grad():
+        ref = decode_logits(model, ids, PREFILL).numpy()
+    got = run(session(tmp_path / "out" / "onnx" / "model_fp16.onnx"), config, ids, PREFILL, np.float16)
+    diff = float(np.abs(ref - got).max())
+    print(f"\nfp16 {target}: max abs diff {diff:.1e}, argmax agreement {(ref.argmax(-1) == got.argmax(-1)).mean():.2f}")
+    assert diff < 3e-2
