@@ -8,10 +8,11 @@
     GET  /openapi.json, /docs   the schema of all of the above
     GET  /*                     web/dist (the browser demo), when it exists
 
-`create_app` builds the app around an engine it does not own the lifetime of
-loading, but does start (on startup) and stop (on shutdown). Middleware, from
-the outside in: cross-origin isolation headers on every response, the API key
-on /v1, the body-size limit. Errors are OpenAI-shaped (errors.py).
+`create_app` builds the app around a loaded engine (wrapped in a
+`ServerContext`); the app starts the engine's loop on startup and drains it
+on shutdown. Middleware, from the outside in: cross-origin isolation headers
+on every response, the API key on /v1, the body-size limit. Errors are
+OpenAI-shaped (errors.py).
 """
 from __future__ import annotations
 

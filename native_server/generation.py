@@ -119,17 +119,20 @@ class Generation:
         try:
             out = await _first(outputs)
             while out is not None:
+                deltas = []
                 for o in out.outputs:
                     self.usage.completion_tokens += len(o.token_ids)
                     if o.finish_reason is not None:
                         running.discard(o.index)
                         self.metrics.record_finish(o.finish_reason, time.monotonic() - self.arrival)
                     if o.text or o.token_ids or o.finish_reason is not None:
-                        yield Delta(job.first_choice + o.index, o.text, list(o.token_ids), o.logprobs,
-                                    o.finish_reason)
-                if out.finished:
+                        deltas.append(Delta(job.first_choice + o.index, o.text, list(o.token_ids), o.logprobs,
+                                            o.finish_reason))
+                if out.finished:  # before yielding: the consumer may stop at the last delta
                     self.usage.cached_tokens += out.num_cached_tokens
                     finished = True
+                for delta in deltas:
+                    yield delta
                 out = await anext(outputs, None)
         finally:
             if not finished:  # the client left (or an error): the engine's "abort" output reaches nobody

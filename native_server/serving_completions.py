@@ -106,4 +106,4 @@ async def _stream(ctx: ServerContext, generation: Generation, raw: Request, requ
     def tail() -> list[str]:
         return [chunk([], Usage(**generation.usage.as_dict()))] if include_usage else []
 
-    return EventStream(sse_body(head, first, deltas, delta_chunk, tail))
+    return EventStream(sse_body(head, first, deltas, delta_chunk, tail), deltas)

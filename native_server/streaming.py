@@ -46,20 +46,23 @@ def error_event(exc: BaseException) -> str:
 
 
 class EventStream(StreamingResponse):
-    """text/event-stream whose body generator is always closed, even when the client left mid-way."""
+    """text/event-stream that always closes its body and the generation behind it, even when the
+    client left before the first event (Starlette then never starts the body, so its own cleanup
+    would never run)."""
 
     media_type = "text/event-stream"
 
-    def __init__(self, body: AsyncIterator[str]) -> None:
+    def __init__(self, body: AsyncIterator[str], upstream: AsyncIterator[Any]) -> None:
         super().__init__(body, headers=SSE_HEADERS)
-        self._body = body
+        self._closers = (body, upstream)
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         try:
             await super().__call__(scope, receive, send)
         finally:
             with anyio.CancelScope(shield=True):
-                await self._body.aclose()  # type: ignore[attr-defined]
+                for stream in self._closers:
+                    await stream.aclose()  # type: ignore[attr-defined]
 
 
 class ClientDisconnected(Exception):

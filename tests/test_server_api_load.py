@@ -174,8 +174,8 @@ def test_sigterm_during_load_exits_cleanly(small_kv_server: Server):
     for thread in threads:
         thread.join(30)
         assert not thread.is_alive(), "a client stream hung after SIGTERM"
+    # Which streams finish within the 1 s drain depends on the machine's speed; none may hang or vanish.
     assert len(outcomes) == 8 and set(outcomes) <= {"complete", "error"}
-    assert "error" in outcomes  # 100 tokens each do not finish within the 1 s drain on this machine
     log = small_kv_server.log()
     assert "SIGTERM: draining" in log and no_traceback(log), log[-3000:]
     with pytest.raises(httpx.ConnectError):

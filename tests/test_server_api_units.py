@@ -6,8 +6,11 @@ same paths with the engine; these pin the rules at the boundary exactly.
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
+from types import SimpleNamespace
 
+import httpx
 import pytest
 from fastapi.testclient import TestClient
 from pydantic import ValidationError
@@ -21,7 +24,8 @@ from native_server.context import ServerContext
 from native_server.errors import APIError
 from native_server.metrics import Histogram, ServerMetrics, histogram_lines
 from native_server.middleware import APIKey, BodyLimit, IsolationHeaders
-from native_server.outputs import EngineStats
+from native_server.outputs import (CompletionOutput, EngineShutdownError, EngineStats, PromptTooLongError,
+                                   QueueFullError, RequestOutput)
 from native_server.outputs import Histogram as EngineHistogram
 from native_server.prompts import check_model, completion_prompts, fit_to_context, sampling_params
 from native_server.protocol import ChatCompletionRequest, CompletionRequest
@@ -214,3 +218,65 @@ def test_app_shell_static_files_headers_and_lifecycle(tmp_path: Path):
         chat = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}]})
         assert chat.status_code == 400 and "chat template" in chat.json()["error"]["message"]
     assert engine.stopped == 3 and ctx.draining
+
+
+# --- how engine outcomes reach the client -----------------------------------------------------------
+class _ScriptedEngine(_StubEngine):
+    """Yields a fixed list of RequestOutputs, raising any exception in it where it stands."""
+
+    model_config = SimpleNamespace(vocab_size=100)
+
+    def __init__(self, script: list) -> None:
+        super().__init__()
+        self.script, self.aborted = script, []
+
+    async def generate(self, request_id, prompt_token_ids, params):
+        for item in self.script:
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+
+    async def abort(self, request_id: str) -> None:
+        self.aborted.append(request_id)
+
+
+def _out(text: str, reason: str | None) -> RequestOutput:
+    return RequestOutput("r", [1], [CompletionOutput(0, text, [5] if text else [], reason, None)],
+                         reason is not None, 0)
+
+
+def _post(script: list, stream: bool) -> tuple[httpx.Response, _ScriptedEngine]:
+    engine = _ScriptedEngine(script)
+    with TestClient(create_app(ServerContext(engine, "m", ("m",), Path("."), None))) as client:
+        return client.post("/v1/completions", json={"prompt": [1, 2], "stream": stream}), engine
+
+
+def _events(response: httpx.Response) -> list:
+    lines = [line[6:] for line in response.text.splitlines() if line.startswith("data: ")]
+    assert lines[-1] == "[DONE]"
+    return [json.loads(line) for line in lines[:-1]]
+
+
+@pytest.mark.parametrize("failure,status", [(_out("", "abort"), 503), (RuntimeError("boom"), 500),
+                                            (EngineShutdownError("closing"), 503)])
+def test_a_failure_mid_stream_ends_with_an_error_event_then_done(failure, status):
+    response, engine = _post([_out("Hi", None), failure], stream=True)
+    assert response.status_code == 200
+    events = _events(response)
+    assert events[0]["choices"][0]["text"] == "Hi"
+    assert events[-1]["error"]["code"] in (status, "shutting_down") and len(events) == 2
+    assert len(engine.aborted) == (0 if isinstance(failure, RequestOutput) else 1)  # aborted only if still live
+
+
+@pytest.mark.parametrize("failure,status", [(QueueFullError("full"), 503), (ValueError("n is 9"), 400),
+                                            (PromptTooLongError("200 > 128"), 400)])
+def test_a_refusal_before_the_first_token_is_a_plain_error_response(failure, status):
+    for stream in (False, True):
+        response, _ = _post([failure], stream)
+        assert response.status_code == status and response.headers["content-type"] == "application/json"
+        assert "error" in response.json()
+
+
+def test_an_abort_without_streaming_is_503():
+    response, _ = _post([_out("Hi", None), _out("", "abort")], stream=False)
+    assert response.status_code == 503 and "shutting down" in response.json()["error"]["message"]
