@@ -12,7 +12,6 @@ before a weight is read.
 """
 from __future__ import annotations
 
-import json
 import shutil
 import time
 from dataclasses import dataclass

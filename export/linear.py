@@ -18,7 +18,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-import torch
 from torch import Tensor
 
 from py_engine.quant import QuantizedWeight, quantize_rtn
