@@ -4,21 +4,18 @@ Binds 127.0.0.1 unless `--host` says otherwise: the server has no TLS and,
 without `--api-key`, no authentication. The API key may also come from
 $RUVLLM_API_KEY, which keeps it out of `ps` listings.
 
-Shutdown: the first SIGTERM or SIGINT stops accepting connections and
-requests (503), lets running requests finish for up to `--shutdown-timeout`
-seconds, aborts the rest (their streams end with an error event), then exits
-with status 0. A second SIGINT exits at once.
+Shutdown (http_server.py): the first SIGTERM or SIGINT stops accepting
+connections and requests (503), lets running requests finish for up to
+`--shutdown-timeout` seconds, aborts the rest (their streams end with an
+error event), then exits with status 0. A second SIGINT exits at once.
 """
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
 import os
 import re
-import signal
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 from py_engine.hub import BUILTIN_MODEL, load_aliases, resolve_model
@@ -81,43 +78,6 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
     return p
 
 
-class GracefulServer:
-    """A uvicorn server whose first SIGTERM/SIGINT drains the engine and ends with exit status 0.
-
-    uvicorn alone would wait for streams that never end and, after shutting
-    down, re-raise the signal, so the process would die of it (status 143).
-    """
-
-    def __init__(self, config: Any, ctx: Any, shutdown_timeout: float) -> None:
-        import uvicorn
-
-        server = self
-
-        class _Server(uvicorn.Server):
-            def handle_exit(self, sig: int, frame: FrameType | None) -> None:  # noqa: ARG002
-                server.on_signal(sig)
-
-        self.uvicorn = _Server(config)
-        self.ctx, self.timeout = ctx, shutdown_timeout
-        self.loop: asyncio.AbstractEventLoop | None = None
-
-    def on_signal(self, sig: int) -> None:
-        # Runs in a signal handler: set flags and hand the rest to the event loop.
-        if self.uvicorn.should_exit and sig == signal.SIGINT:
-            self.uvicorn.force_exit = True
-        self.uvicorn.should_exit = True
-        if self.loop is not None:
-            logger.info("%s: draining (up to %gs), then exiting", signal.Signals(sig).name, self.timeout)
-            self.loop.call_soon_threadsafe(self.ctx.drain, self.timeout)
-
-    async def serve(self) -> None:
-        self.loop = asyncio.get_running_loop()
-        await self.uvicorn.serve()
-
-    def run(self) -> None:
-        asyncio.run(self.serve())
-
-
 def _aliases(model: str, path: Path) -> tuple[str, ...]:
     """Other names a request may use for the served model: the MODEL argument, its alias's repo id."""
     alias = load_aliases().get(model.lower())
@@ -136,11 +96,15 @@ def _log_configuration(args: argparse.Namespace, path: Path, engine: Any) -> Non
 
 
 def run_serve(args: argparse.Namespace) -> int:
-    import uvicorn
+    try:  # the server's dependencies are an extra: the rest of the CLI runs without them
+        import uvicorn
 
-    from native_server.api import create_app
-    from native_server.context import ServerContext
+        from native_server.api import create_app
+        from native_server.http_server import GracefulServer
+    except ImportError as exc:
+        raise ImportError(f"`ruvllm serve` needs the server extra: pip install 'ruvllm[server]' ({exc})") from exc
     from native_server.async_engine import AsyncEngine
+    from native_server.context import ServerContext
     from native_server.engine import LLMEngine
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
