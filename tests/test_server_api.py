@@ -112,7 +112,8 @@ def test_completions_greedy_equals_reference_for_text_ids_and_batches(client, re
 
 
 def test_completions_default_max_tokens_is_16(client, reference):
-    response = client.completions.create(model="tiny", prompt=PROMPTS[0], temperature=0, extra_body={"ignore_eos": True})
+    response = client.completions.create(model="tiny", prompt=PROMPTS[0], temperature=0,
+                                         extra_body={"ignore_eos": True})
     assert response.usage.completion_tokens == 16 and response.choices[0].finish_reason == "length"
 
 
@@ -171,8 +172,8 @@ def test_completion_logprobs_legacy_shape(client):
 
 def test_stop_string_cuts_the_text(client):
     full = client.completions.create(model="tiny", prompt=PROMPTS[1], max_tokens=24, temperature=0).choices[0].text
-    stop = next((full[i:i + 2] for i in range(3, len(full) - 2) if full[i:i + 2].strip() and "\ufffd" not in full[i:i + 2]),
-                None)
+    pairs = (full[i:i + 2] for i in range(3, len(full) - 2))
+    stop = next((pair for pair in pairs if pair.strip() and "\ufffd" not in pair), None)
     if stop is None:
         pytest.skip(f"no usable stop string in {full!r}")
     cut = client.completions.create(model="tiny", prompt=PROMPTS[1], max_tokens=24, temperature=0, stop=[stop])

@@ -97,11 +97,12 @@ def test_completion_invalid_requests_are_400(http, body, param):
 
 
 def test_malformed_and_non_json_bodies(http):
-    assert_error(http.post("/v1/chat/completions", content=b'{"messages": [', headers={"content-type": "application/json"}),
+    json_type = {"content-type": "application/json"}
+    assert_error(http.post("/v1/chat/completions", content=b'{"messages": [', headers=json_type),
                  400, None, "not valid JSON")
     assert_error(http.post("/v1/completions", content=b"prompt=hi", headers={"content-type": "text/plain"}),
                  400, None, "JSON object")
-    assert_error(http.post("/v1/completions", content=b"[1, 2]", headers={"content-type": "application/json"}),
+    assert_error(http.post("/v1/completions", content=b"[1, 2]", headers=json_type),
                  400, None, "JSON object")
 
 

@@ -151,7 +151,8 @@ def _read_stream(url: str, body: dict, outcome: list) -> None:
                     return
                 data = json.loads(line[6:])
                 error = error or data.get("error")
-                reason = reason or next((c["finish_reason"] for c in data.get("choices", []) if c["finish_reason"]), None)
+                reasons = [c["finish_reason"] for c in data.get("choices", []) if c["finish_reason"]]
+                reason = reason or (reasons[0] if reasons else None)
         outcome.append("error")  # the connection ended without [DONE]
     except httpx.HTTPError:
         outcome.append("error")
