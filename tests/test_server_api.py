@@ -132,6 +132,18 @@ def test_n_choices_greedy_and_seeded(client):
     assert texts == [c.text for c in first.choices]
 
 
+def test_chat_n_choices_stream(client):
+    kwargs = dict(model="tiny", messages=CONVERSATIONS[0], max_tokens=10, temperature=1.0, seed=3, n=2)
+    whole = client.chat.completions.create(**kwargs)
+    chunks = list(client.chat.completions.create(**kwargs, stream=True))
+    assert [c.choices[0].delta.role for c in chunks[:2]] == ["assistant", "assistant"]
+    texts = ["", ""]
+    for chunk in chunks:
+        texts[chunk.choices[0].index] += chunk.choices[0].delta.content or ""
+    assert texts == [c.message.content for c in whole.choices]
+    assert whole.usage.completion_tokens == 20 or any(c.finish_reason == "stop" for c in whole.choices)
+
+
 def test_seeded_sampling_equals_reference(client, reference):
     params = SamplingParams(temperature=0.8, top_p=0.9, top_k=40, seed=123, max_tokens=20)
     expected = reference.generate(PROMPTS[2], params)
