@@ -280,3 +280,13 @@ def test_a_refusal_before_the_first_token_is_a_plain_error_response(failure, sta
 def test_an_abort_without_streaming_is_503():
     response, _ = _post([_out("Hi", None), _out("", "abort")], stream=False)
     assert response.status_code == 503 and "shutting down" in response.json()["error"]["message"]
+
+
+def test_draining_refuses_new_requests_and_fails_health():
+    ctx = ServerContext(_ScriptedEngine([]), "m", ("m",), Path("."), None)
+    with TestClient(create_app(ctx)) as client:
+        assert client.get("/health").status_code == 200
+        ctx.draining = True
+        assert client.get("/health").status_code == 503
+        refused = client.post("/v1/completions", json={"prompt": "x"})
+        assert refused.status_code == 503 and refused.json()["error"]["type"] == "service_unavailable"
