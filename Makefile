@@ -1,5 +1,5 @@
 # ruvllm: every target sets up what it needs on a fresh machine.
-#   make run    create .venv, install, run the main job on the built-in model
+#   make run    create .venv, install, generate, then serve the built-in model
 #   make test   install everything the tests need, then run the whole suite
 #   make bench  run the benchmarks (see benchmarks/README.md)
 
@@ -25,8 +25,12 @@ $(STAMP): $(VENV)/bin/python pyproject.toml constraints.txt
 
 setup: $(STAMP)
 
+# A short generation from the command line, then the OpenAI-compatible server
+# on the built-in model (Ctrl-C stops it); it prints the URL it listens on.
+PORT ?= 8000
 run: setup
-	$(VENV)/bin/ruvllm generate --max-tokens 80 --seed 0 "ROMEO:"
+	$(VENV)/bin/ruvllm generate --max-tokens 60 --seed 0 "ROMEO:"
+	$(VENV)/bin/ruvllm serve tiny-shakespeare --port $(PORT)
 
 # pytest exit codes: 0 ok, 1 failures, 5 nothing collected (reported, not fatal).
 test: setup
