@@ -6,6 +6,8 @@ query at position p sees keys at positions k with k <= p, and, in a sliding
 window layer of width W, k > p - W (the window holds W tokens, itself
 included, as in transformers). `scaled_dot_product_attention` does the work
 unless the layer softcaps its scores (Gemma 2), which needs explicit scores.
+`single_query_attention` is the decode step's case: one query over keys it
+may all see, so no mask at all.
 """
 from __future__ import annotations
 
@@ -56,6 +58,25 @@ def attention(q: Tensor, k: Tensor, v: Tensor, q_positions: Tensor, kv_positions
     scores = scores.masked_fill(~mask, float("-inf"))
     weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
     return weights @ v
+
+
+def single_query_attention(q: Tensor, k: Tensor, v: Tensor, spec: AttentionSpec) -> Tensor:
+    """One query per row over every key given (the caller has cut them to what it may see).
+
+    q [B, H, 1, D], k and v [B, KV, S, D] -> [B, H, 1, D]. Plain matmuls in
+    float32: on CPU, scaled_dot_product_attention takes ~10 ms here (a flash
+    kernel with a parallel region per head for a few thousand multiply-adds),
+    and bf16 matmuls have no fast path without AVX-512 BF16. Cutting k and v
+    to the window replaces the mask.
+    """
+    B, H, _, D = q.shape
+    kv_heads = k.shape[1]
+    qg = q.float().view(B, kv_heads, H // kv_heads, D)  # [B, KV, G, D]: the G query heads of each KV head
+    scores = torch.matmul(qg, k.float().transpose(2, 3)) * spec.scale  # [B, KV, G, S]
+    if spec.softcap is not None:
+        scores = torch.tanh(scores / spec.softcap) * spec.softcap
+    weights = torch.softmax(scores, dim=-1)
+    return torch.matmul(weights, v.float()).to(q.dtype).view(B, H, 1, D)  # [B, KV, G, D] -> [B, H, 1, D]
 
 
 class NoCache:

@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 from ..config import ModelConfig
-from .attention import AttentionSpec, attention
+from .attention import AttentionSpec, attention, single_query_attention
 
 
 class KVCache(Protocol):
@@ -58,6 +58,8 @@ class DenseKVCache:
         if length > self.max_len or positions.shape[0] != self.batch:
             raise ValueError(f"positions {tuple(positions.shape)} up to {length - 1} do not fit a cache of "
                              f"batch {self.batch} and max_len {self.max_len}")
+        if positions.shape == (1, 1):  # one sequence decoding: it sees all it has, no mask needed
+            return self._decode_one(layer, q, k, v, length, spec)
         index = positions[:, None, :, None].expand(k.shape)  # [B, KV, T, D]
         self.keys[layer].scatter_(2, index, k.to(self.keys[layer].dtype))
         self.values[layer].scatter_(2, index, v.to(self.values[layer].dtype))
@@ -65,3 +67,13 @@ class DenseKVCache:
         values = self.values[layer][:, :, :length]  # [B, KV, length, D]
         kv_positions = torch.arange(length, device=positions.device)  # [length]
         return attention(q, keys.to(q.dtype), values.to(q.dtype), positions, kv_positions, spec)
+
+    def _decode_one(self, layer: int, q: Tensor, k: Tensor, v: Tensor, length: int,
+                    spec: AttentionSpec) -> Tensor:
+        """Write k, v [1, KV, 1, D] at position length - 1, attend over the prefix (or window)."""
+        self.keys[layer][:, :, length - 1] = k[:, :, 0]
+        self.values[layer][:, :, length - 1] = v[:, :, 0]
+        start = 0 if spec.sliding_window is None else max(0, length - spec.sliding_window)
+        keys = self.keys[layer][:, :, start:length]  # [1, KV, seen, D]
+        values = self.values[layer][:, :, start:length]  # [1, KV, seen, D]
+        return single_query_attention(q, keys, values, spec)
