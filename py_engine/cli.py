@@ -1,4 +1,4 @@
-"""The `ruvllm` command line: generate, chat, download, list, info, import-llama2c.
+"""The `ruvllm` command line: generate, chat, download, list, info, import-llama2c, serve, benchmark.
 
 Every subcommand is registered by the module that owns it; this file only
 builds the parser and turns expected failures (unknown model, bad option,
@@ -96,6 +96,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     from native_server.serve import add_serve_parser
     add_serve_parser(sub)
+
+    from native_server.bench.cli import add_benchmark_parser
+    add_benchmark_parser(sub)
 
     from py_engine.llama2c import add_import_llama2c_arguments, run_import_llama2c
     p = sub.add_parser("import-llama2c", help="convert a llama2.c checkpoint and tokenizer.bin to a Hugging Face folder")
