@@ -208,15 +208,7 @@ class ModelConfig:
     @classmethod
     def from_file(cls, path: str | Path) -> "ModelConfig":
         """Parse a `config.json` (or a model directory that holds one)."""
-        path = Path(path)
-        if path.is_dir():
-            path = path / "config.json"
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            raise ConfigError(f"no config.json at {path}") from None
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise ConfigError(f"{path} is not valid JSON: {e}") from None
+        path, data = _read_json(path, "config.json")
         try:
             return cls.from_dict(data)
         except ConfigError as e:
@@ -279,6 +271,19 @@ ACTIVATIONS = ("silu", "swish", "gelu", "gelu_pytorch_tanh", "gelu_new", "gelu_f
 # Keys for which an explicit JSON null means "none", not "use the default"
 # (Mistral v0.3 sets sliding_window to null to turn Mistral v0.1's 4096 off).
 _NULL_MEANS_NONE = frozenset({"sliding_window", "attn_logit_softcapping", "final_logit_softcapping"})
+
+
+def _read_json(path: str | Path, name: str) -> tuple[Path, Any]:
+    """A JSON file (or `name` inside a directory), with one ConfigError for missing or malformed."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / name
+    try:
+        return path, json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"no {name} at {path}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{path} is not valid JSON: {e}") from None
 
 
 def _getter(d: Mapping[str, Any], defaults: Mapping[str, Any]):
@@ -382,12 +387,4 @@ class GenerationConfig:
     @classmethod
     def from_file(cls, path: str | Path) -> "GenerationConfig":
         """Parse a `generation_config.json` (or a model directory holding one)."""
-        path = Path(path)
-        if path.is_dir():
-            path = path / "generation_config.json"
-        try:
-            return cls.from_dict(json.loads(path.read_text(encoding="utf-8")))
-        except FileNotFoundError:
-            raise ConfigError(f"no generation_config.json at {path}") from None
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise ConfigError(f"{path} is not valid JSON: {e}") from None
+        return cls.from_dict(_read_json(path, "generation_config.json")[1])

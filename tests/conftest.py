@@ -26,3 +26,13 @@ def shared_fixture_dirs(*parts: str) -> list[Path]:
     """Sub-folders of a shared fixture folder, sorted; [] when it is absent."""
     root = SHARED_FIXTURES.joinpath(*parts)
     return sorted(p for p in root.iterdir() if p.is_dir()) if root.is_dir() else []
+
+
+@pytest.fixture(scope="module")
+def torch_one_thread():
+    """Tiny models, token-at-a-time forwards: thread hand-offs cost more than the math (and CI's 2 cores are shared)."""
+    torch = pytest.importorskip("torch")
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

@@ -41,12 +41,7 @@ def greedy_ids(backend, prompt_ids: list[int], n: int) -> list[int]:
     return out
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("torch_one_thread")
 
 
 @pytest.fixture(scope="module", params=sorted(FAMILIES))

@@ -43,13 +43,7 @@ SPECIAL_TEXT = "<s>Hi</s> <unk>"
 STORIES = ("checkpoints", "stories260K")
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Token-at-a-time forwards of a 260K model: thread hand-offs cost more than the math."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("torch_one_thread")
 
 
 # --- the real model ------------------------------------------------------

@@ -20,13 +20,7 @@ from py_engine.models import load_model  # noqa: E402
 
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny matrices: more threads only add synchronisation (and the CI box is shared)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("torch_one_thread")
 
 TOL = 1e-4
 LENGTHS = (1, 7, 33)
