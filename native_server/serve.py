@@ -65,6 +65,8 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--block-size", type=_positive, default=16, metavar="N", help="tokens per KV block (default 16)")
     p.add_argument("--kv-cache-memory", type=parse_size, metavar="BYTES",
                    help="memory for the KV cache, e.g. 512M (default: a share of free memory)")
+    p.add_argument("--no-prefix-caching", action="store_true",
+                   help="do not reuse the KV blocks of prompt prefixes computed before (for A/B measurements)")
     p.add_argument("--gpu-memory-fraction", type=float, default=0.9, metavar="F",
                    help="share of GPU memory the engine may use when --kv-cache-memory is not given (default 0.9)")
     p.add_argument("--shutdown-timeout", type=float, default=10.0, metavar="S",
@@ -113,7 +115,8 @@ def run_serve(args: argparse.Namespace) -> int:
     engine = LLMEngine(str(path), model_name=name, dtype=args.dtype, device=args.device, block_size=args.block_size,
                        kv_cache_memory=args.kv_cache_memory, gpu_memory_fraction=args.gpu_memory_fraction,
                        max_num_seqs=args.max_concurrent, max_num_batched_tokens=args.max_num_batched_tokens,
-                       max_model_len=args.max_context, max_queue=args.max_queue)
+                       max_model_len=args.max_context, max_queue=args.max_queue,
+                       enable_prefix_caching=not args.no_prefix_caching)
     async_engine = AsyncEngine(engine)
     ctx = ServerContext.for_engine(async_engine, path, name, _aliases(args.model, path))
     _log_configuration(args, path, async_engine)
