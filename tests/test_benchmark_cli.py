@@ -186,3 +186,18 @@ def test_server_benchmark_drives_concurrency_levels(model_dir, tmp_path, capsys)
         == [(1, 1, 0, 4), (4, 4, 0, 16)]
     assert all(r["ttft_ms_count"] == r["num_requests"] and r["itl_ms_count"] == 3 * r["num_requests"]
                for r in data["runs"])
+
+
+def test_serve_no_prefix_caching_recomputes_a_repeated_prompt(model_dir, tmp_path):
+    """The B side of the prefix-caching A/B (with the cache on, the second request would reuse 32 tokens:
+    tests/test_server_api.py covers that side)."""
+    import httpx
+
+    prompt = list(range(10, 10 + 40))  # two full 16-token blocks, then a partial one
+    with running_server(model_dir, "--no-prefix-caching", log_dir=tmp_path) as server:
+        usages = [httpx.post(f"{server.url}/v1/completions", timeout=60,
+                             json={"prompt": prompt, "max_tokens": 2, "temperature": 0}).json()["usage"]
+                  for _ in range(2)]
+        metrics = server.metrics()
+    assert [u["prompt_tokens_details"]["cached_tokens"] for u in usages] == [0, 0]
+    assert metrics.get("ruvllm_prefix_cache_hits_total", 0) == 0
