@@ -1,0 +1,116 @@
+"""Ring 1: native CPU kernels, compiled on first use with the system C compiler.
+
+    from py_engine.kernels import cpu_kernels
+    k = cpu_kernels()          # None where they cannot be had: callers keep plain torch
+    y = k.linear(x, w, bias)   # x [..., K] with at most MAX_ROWS rows, w [N, K]
+
+Only Linux on x86-64 with AVX2 and FMA is supported. The C source is small
+and plain (no torch headers, which take minutes to compile), so building it
+takes a second; the shared object is cached under
+`$RUVLLM_CACHE/kernels` (default `~/.cache/ruvllm/kernels`), named by a hash
+of the source and flags, and written atomically so processes may race.
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+import threading
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+SOURCE = Path(__file__).with_name("cpu_linear.c")
+FLAGS = ["-O3", "-mavx2", "-mfma", "-shared", "-fPIC", "-pthread"]
+MAX_ROWS = 8  # RK_MAX_M in the C source
+_lock = threading.Lock()
+_loaded: "CpuKernels | None | bool" = False  # False: not tried yet
+
+
+class CpuKernels:
+    """The compiled library with torch-facing wrappers."""
+
+    def __init__(self, lib: ctypes.CDLL) -> None:
+        self.lib = lib
+        p, i, i64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64
+        lib.rk_linear.argtypes = [p, i, p, i, p, i, p, i, i64, i64, i64]
+        lib.rk_linear.restype = i
+        lib.rk_set_threads.argtypes = [i]
+        lib.rk_set_threads.restype = i
+        self.threads = 0
+
+    def set_threads(self, n: int) -> None:
+        """Run linear() on n threads in all (the caller's plus n - 1 pool workers)."""
+        if n != self.threads:
+            self.threads = self.lib.rk_set_threads(n)
+
+    def supports(self, x: Tensor, weight: Tensor) -> bool:
+        """Whether linear() takes these: CPU, same dtype, fp32 or bf16, K % 8 == 0, few rows."""
+        k = weight.shape[-1]
+        return (x.device.type == "cpu" and x.dtype == weight.dtype
+                and weight.dtype in (torch.float32, torch.bfloat16) and k % 8 == 0
+                and x.numel() <= MAX_ROWS * k and weight.is_contiguous())
+
+    def linear(self, x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+        """F.linear(x, weight, bias) for x of at most MAX_ROWS rows (see supports())."""
+        if not self.threads:
+            self.set_threads(torch.get_num_threads())
+        n, k = weight.shape
+        x = x.contiguous()
+        y = torch.empty(*x.shape[:-1], n, dtype=x.dtype)
+        bf16 = x.dtype == torch.bfloat16
+        if bias is not None:
+            bias = bias.contiguous()
+        status = self.lib.rk_linear(x.data_ptr(), bf16, weight.data_ptr(), bf16,
+                                    None if bias is None else bias.data_ptr(), bf16,
+                                    y.data_ptr(), bf16, x.numel() // k, n, k)
+        if status != 0:
+            raise RuntimeError(f"rk_linear failed ({status}) for x {tuple(x.shape)}, weight {tuple(weight.shape)}")
+        return y
+
+
+def cpu_kernels() -> CpuKernels | None:
+    """The kernels, built and loaded once per process; None where unsupported."""
+    global _loaded
+    with _lock:
+        if _loaded is False:
+            _loaded = _load()
+        return _loaded  # type: ignore[return-value]
+
+
+def _supported_cpu() -> bool:
+    if platform.system() != "Linux" or platform.machine() not in ("x86_64", "AMD64"):
+        return False
+    try:
+        flags = next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags"))
+    except (OSError, StopIteration):
+        return False
+    return {"avx2", "fma"} <= set(flags.split())
+
+
+def _load() -> CpuKernels | None:
+    if os.environ.get("RUVLLM_NO_KERNELS") or not _supported_cpu():
+        return None
+    compiler = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
+    if compiler is None:
+        return None
+    source = SOURCE.read_bytes()
+    digest = hashlib.sha256(source + " ".join(FLAGS).encode()).hexdigest()[:16]
+    cache = Path(os.environ.get("RUVLLM_CACHE", Path.home() / ".cache" / "ruvllm")) / "kernels"
+    target = cache / f"cpu_linear-{digest}.so"
+    try:
+        if not target.exists():
+            cache.mkdir(parents=True, exist_ok=True)
+            with tempfile.TemporaryDirectory(dir=cache) as tmp:
+                built = Path(tmp) / target.name
+                subprocess.run([compiler, *FLAGS, str(SOURCE), "-o", str(built)],
+                               check=True, capture_output=True, timeout=120)
+                os.replace(built, target)  # atomic: a racing process sees all of it or none
+        return CpuKernels(ctypes.CDLL(str(target)))
+    except (OSError, subprocess.SubprocessError):
+        return None

@@ -1,0 +1,120 @@
+"""Transforms that make a loaded `CausalLM` fast on CPU; the model code stays as it is.
+
+    model, config = load_model(path, dtype="bfloat16")
+    applied = optimize_for_cpu(model)  # e.g. ["fuse_projections", "cpu_kernels"]
+
+- `fuse_projections`: q/k/v become one `qkv_proj` and gate/up one
+  `gate_up_proj` (the layout Phi-3 checkpoints already use, so the model's
+  fused branch runs them). Decode is a chain of small GEMVs; one call instead
+  of three (or two) saves the per-call overhead and gives the thread pool
+  longer runs.
+- `use_cpu_kernels`: each `nn.Linear` becomes a `KernelLinear`, which sends
+  products of a few rows (decode) to py_engine.kernels and runs bf16 products
+  of many rows (prefill) in float32, because torch's bf16 matmul has no fast
+  path on CPUs without AVX-512 BF16 (see benchmarks/README.md for numbers).
+
+Both keep the parameters (a tied LM head stays tied) and the arithmetic:
+float32 accumulation with one rounding at the end, as torch does.
+
+A decode step should run inside `kernel_step(kernels)`: torch single-threaded,
+the kernels' pool on torch's thread count. What torch does in a decode step
+is tiny (norms, rope, one query's attention, an argmax), and on a busy machine
+each of its OpenMP regions can wait a whole scheduler slice for its second
+thread: a 150k-element argmax measured ~11 ms with 2 threads, ~0.05 ms with 1.
+"""
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Iterator
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ..kernels import CpuKernels, cpu_kernels
+from .layers import MLP, Attention
+from .transformer import CausalLM
+
+
+def optimize_for_cpu(model: CausalLM) -> list[str]:
+    """Apply every CPU transform that fits this model and machine; return their names."""
+    if next(model.parameters()).device.type != "cpu":
+        return []
+    applied = ["fuse_projections"] if fuse_projections(model) else []
+    kernels = cpu_kernels()
+    if kernels is not None and use_cpu_kernels(model, kernels):
+        kernels.set_threads(torch.get_num_threads())
+        applied.append("cpu_kernels")
+    return applied
+
+
+def _fused_linear(parts: list[nn.Linear]) -> nn.Linear:
+    """One Linear whose output is the parts' outputs concatenated, in order."""
+    weight = torch.cat([p.weight for p in parts])  # [sum of out_features, in_features]
+    fused = nn.Linear(weight.shape[1], weight.shape[0], bias=parts[0].bias is not None, device="meta")
+    fused.weight = nn.Parameter(weight, requires_grad=False)
+    if fused.bias is not None:
+        fused.bias = nn.Parameter(torch.cat([p.bias for p in parts]), requires_grad=False)
+    return fused
+
+
+def fuse_projections(model: CausalLM) -> int:
+    """Fuse q/k/v and gate/up projections in place; return how many modules changed."""
+    changed = 0
+    for module in model.modules():
+        if isinstance(module, Attention) and not module.fused:
+            module.qkv_proj = _fused_linear([module.q_proj, module.k_proj, module.v_proj])
+            del module.q_proj, module.k_proj, module.v_proj
+        elif isinstance(module, MLP) and not module.fused:
+            module.gate_up_proj = _fused_linear([module.gate_proj, module.up_proj])  # gate first, as forward chunks
+            del module.gate_proj, module.up_proj
+        else:
+            continue
+        module.fused = True
+        changed += 1
+    return changed
+
+
+class KernelLinear(nn.Linear):
+    """nn.Linear that runs few-row products with the CPU kernels and bf16 prefill in float32."""
+
+    kernels: CpuKernels
+
+    def forward(self, x: Tensor) -> Tensor:
+        grad = torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad)
+        if not grad and self.kernels.supports(x, self.weight):
+            return self.kernels.linear(x, self.weight, self.bias)
+        if x.dtype == torch.bfloat16 and x.device.type == "cpu":
+            bias = None if self.bias is None else self.bias.float()
+            return F.linear(x.float(), self.weight.float(), bias).to(x.dtype)
+        return F.linear(x, self.weight, self.bias)
+
+
+def use_cpu_kernels(model: nn.Module, kernels: CpuKernels) -> int:
+    """Swap each nn.Linear (sharing its parameters) for a KernelLinear; return how many."""
+    swaps = [(parent, name, child) for parent in model.modules() for name, child in parent.named_children()
+             if type(child) is nn.Linear]
+    for parent, name, old in swaps:
+        new = KernelLinear(old.in_features, old.out_features, bias=old.bias is not None, device="meta")
+        new.weight, new.bias, new.kernels = old.weight, old.bias, kernels
+        setattr(parent, name, new)
+    if isinstance(model, CausalLM):
+        model.tie_weights()
+    return len(swaps)
+
+
+def model_kernels(model: nn.Module) -> CpuKernels | None:
+    """The kernels a model's KernelLinears use, or None if use_cpu_kernels was not applied."""
+    return next((m.kernels for m in model.modules() if isinstance(m, KernelLinear)), None)
+
+
+@contextmanager
+def kernel_step(kernels: CpuKernels) -> Iterator[None]:
+    """Run torch single-threaded and the kernels on torch's thread count (see the module docstring)."""
+    threads = torch.get_num_threads()
+    kernels.set_threads(threads)
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
