@@ -12,6 +12,7 @@ with every other backend.
 """
 from __future__ import annotations
 
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
@@ -21,7 +22,9 @@ from py_engine.chat import ChatConfig, load_chat_config, render_chat
 from py_engine.config import GenerationConfig, ModelConfig
 from py_engine.generate import Completion, GenerationChunk, complete, eos_token_ids, start_ids, stream
 from py_engine.hub import resolve_model
+from py_engine.kernels import MAX_ROWS
 from py_engine.models import CausalLM, DenseKVCache, load_model, longrope_switch_length
+from py_engine.models.cpu_transforms import kernel_step, model_kernels, optimize_for_cpu
 from py_engine.sampling_params import SamplingParams
 from py_engine.tokenizer import Tokenizer
 
@@ -54,6 +57,11 @@ class TorchBackend:
         # Phi-3 LongRoPE switches from short to long factors past this length; transformers then
         # recomputes the whole cache with the long factors, and so do we.
         self.switch_length = longrope_switch_length(config)
+        self.kernels = model_kernels(model)  # set when optimize_for_cpu swapped in the CPU kernels
+
+    def _step(self, n: int) -> Any:
+        """Decode-sized steps on the CPU kernels run torch single-threaded (see cpu_transforms)."""
+        return kernel_step(self.kernels) if self.kernels is not None and n <= MAX_ROWS else nullcontext()
 
     def _reserve(self, length: int) -> None:
         """Make room for `length` positions, copying the filled prefix into a larger cache."""
@@ -72,7 +80,8 @@ class TorchBackend:
         self._reserve(self.length + n)
         ids = torch.tensor([list(token_ids)], dtype=torch.long, device=self.device)  # [1, n]
         positions = torch.arange(self.length, self.length + n, device=self.device)[None]  # [1, n]
-        logits = self.model(ids, positions, self.kv, last_only=True)  # [1, 1, V]
+        with self._step(n):
+            logits = self.model(ids, positions, self.kv, last_only=True)  # [1, 1, V]
         self.length += n
         return logits[0, -1]  # [V], float32
 
@@ -87,16 +96,17 @@ class TorchBackend:
             return self.prefill(self.tokens)
         return self._forward([token_id])
 
-    @staticmethod
-    def argmax(logits: torch.Tensor) -> int:
-        return int(torch.argmax(logits))  # first index of the max, like the reference sampler
+    def argmax(self, logits: torch.Tensor) -> int:
+        with self._step(1):
+            return int(torch.argmax(logits))  # first index of the max, like the reference sampler
 
 
 class LLM:
     """A loaded model with its tokenizer, chat template and generation defaults."""
 
     def __init__(self, model: str = "tiny-shakespeare", *, dtype: str = "auto", device: str = "auto",
-                 cache_dir: str | None = None, max_context: int | None = None, backend: str = "torch") -> None:
+                 cache_dir: str | None = None, max_context: int | None = None, backend: str = "torch",
+                 optimize: bool = True) -> None:
         self.path: Path = resolve_model(model, cache_dir)
         self.backend = backend
         if backend == "onnx":  # an export folder; dtype picks its graph (auto, fp32, fp16, int8, int4)
@@ -107,6 +117,8 @@ class LLM:
         elif backend == "torch":
             self.device = pick_device(device)
             self.model, self.config = load_model(self.path, dtype=dtype, device=self.device)
+            if optimize:  # on CPU: fused projections and native GEMV kernels (no-op elsewhere)
+                optimize_for_cpu(self.model)
         else:
             raise ValueError(f"unknown backend {backend!r}; use torch or onnx")
         self.tokenizer = Tokenizer.from_pretrained(self.path)
