@@ -139,6 +139,24 @@ def test_occupancy_at_peak_pools_the_steps_with_most_running():
     assert occupancy_at_peak([]) is None
 
 
+def test_capacity_paged_blocks_against_contiguous_slabs(model_dir):
+    import torch
+
+    from native_server.bench.capacity import admit_all, kv_capacity
+    from native_server.engine import LLMEngine
+    from py_engine.config import ModelConfig
+
+    config = ModelConfig.from_file(model_dir)  # 2 layers x (k, v) x 2 kv heads x head_dim 16 x 4 bytes
+    budget = 2 * 128 * 512  # two contiguous max-length (128-token) sequences
+    cap = kv_capacity(config, torch.float32, 16, 32, budget)
+    assert (cap.bytes_per_token, cap.blocks, cap.paged_seqs, cap.contiguous_seqs, cap.ratio) == (512, 16, 8, 2, 4)
+    assert kv_capacity(config, torch.float32, 16, 33, budget).paged_seqs == 5  # 3 blocks each
+    engine = LLMEngine(str(model_dir), device="cpu", kv_cache_memory=budget, max_num_seqs=10,
+                       max_num_batched_tokens=10 * 32)
+    assert admit_all(engine, 32, 10, config.vocab_size) == (8, 2)
+    assert not engine.has_unfinished_requests() and engine.block_manager.num_used_blocks == 0
+
+
 # --- end to end -------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory) -> Path:
