@@ -26,10 +26,11 @@ def add_export_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--accuracy-level", type=int, default=4, choices=range(5), metavar="N",
                    help="MatMulNBits accuracy_level: 4 computes with int8 activations (fastest on CPU), "
                         "0 in the activations' float type (default 4)")
-    p.add_argument("--target", choices=TARGETS, default=None,
-                   help="native: MatMulNBits kernels; web: 4/8-bit weights stored packed, dequantized once at "
-                        "session start (fastest in onnxruntime-web); plain: standard ONNX ops only "
-                        "(default: native)")
+    p.add_argument("--target", choices=("auto",) + TARGETS, default="auto",
+                   help="native: MatMulNBits kernels (fastest in onnxruntime, -node, -genai); web: 4/8-bit weights "
+                        "stored packed, dequantized once at session start (fastest in onnxruntime-web's wasm); "
+                        "plain: standard ONNX ops only; auto (default): native, plus web for int4/int8, and "
+                        "ruvllm_contract.json says which file each runtime loads")
     p.add_argument("--cache-dir", metavar="DIR", help="model cache (default: $RUVLLM_CACHE_DIR or ~/.cache/ruvllm)")
     p.set_defaults(func=run_export)
     return p
@@ -42,16 +43,24 @@ def run_export(args: argparse.Namespace) -> int:
     from .exporter import export_model
     from .options import check_supported
 
-    options = ExportOptions(precision=args.precision, block_size=args.block_size, symmetric=args.symmetric,
-                            accuracy_level=args.accuracy_level, target=args.target or "native")
+    targets = auto_targets(args.precision) if args.target == "auto" else (args.target,)
+    all_options = [ExportOptions(precision=args.precision, block_size=args.block_size, symmetric=args.symmetric,
+                                 accuracy_level=args.accuracy_level, target=t) for t in targets]
     path = resolve_model(args.model, args.cache_dir)
-    check_supported(ModelConfig.from_file(path), options)
-    bar = ProgressBar(f"export {options.precision}")
-    result = export_model(path, args.out, options, progress=bar)
-    bar.close()
-    print(f"wrote {result.model_path} ({result.size_bytes / 1e6:.1f} MB in {len(result.files)} file(s), "
-          f"{result.seconds:.1f} s)")
+    for options in all_options:
+        check_supported(ModelConfig.from_file(path), options)
+    for options in all_options:
+        bar = ProgressBar(f"export {options.precision} {options.target}")
+        result = export_model(path, args.out, options, progress=bar)
+        bar.close()
+        print(f"wrote {result.model_path} ({result.size_bytes / 1e6:.1f} MB in {len(result.files)} file(s), "
+              f"{result.seconds:.1f} s)")
     return 0
+
+
+def auto_targets(precision: str) -> tuple[str, ...]:
+    """Native for every runtime with fast MatMulNBits; int4/int8 also as web for onnxruntime-web."""
+    return ("native", "web") if precision in ("int4", "int8") else ("native",)
 
 
 class ProgressBar:

@@ -2,9 +2,11 @@
 
     out/
       config.json  generation_config.json  tokenizer.json  tokenizer_config.json
-      ruvllm_contract.json   the I/O contract (export.contract) for web/ and npm/
-      genai_config.json      onnxruntime-genai's description of the same graph
+      ruvllm_contract.json   the I/O contract (export.contract) for web/ and npm/, with the graphs
+                             of the folder and which one each runtime loads (export.manifest)
+      genai_config.json      onnxruntime-genai's description of its graph
       onnx/model.onnx | model_fp16.onnx | model_quantized.onnx (int8) | model_q4.onnx (int4)
+      onnx/model_quantized_web.onnx | model_q4_web.onnx   the web target's int8 / int4
       onnx/<name>_data[_N]   external weights when the graph is large
 
 Everything is checked (config supported, options valid, output writable)
@@ -12,6 +14,7 @@ before a weight is read.
 """
 from __future__ import annotations
 
+import json
 import shutil
 import time
 from dataclasses import dataclass
@@ -24,6 +27,7 @@ from py_engine.config import ModelConfig
 from py_engine.models import load_model
 
 from . import contract as C
+from . import manifest
 from .decoder import build_decoder
 from .genai_config import write_genai_config
 from .graph import TensorStore
@@ -66,8 +70,8 @@ def export_model(model_dir: str | Path, out_dir: str | Path, options: ExportOpti
     finally:
         store.close()
     onnx.save_model(proto, path)
-    _copy_shared_files(model_dir, out_dir, config, options)
     files = (path,) + tuple(onnx_dir / f for f in store.files)
+    _copy_shared_files(model_dir, out_dir, config, options, sum(f.stat().st_size for f in files))
     return ExportResult(path, files, time.perf_counter() - start)
 
 
@@ -86,13 +90,23 @@ def _remove_stale(onnx_dir: Path, file_name: str) -> None:
         old.unlink()
 
 
-def _copy_shared_files(model_dir: Path, out_dir: Path, config: ModelConfig, options: ExportOptions) -> None:
+def _copy_shared_files(model_dir: Path, out_dir: Path, config: ModelConfig, options: ExportOptions,
+                       size: int) -> None:
     for name in COPIED_FILES:
         if (model_dir / name).exists():
             shutil.copyfile(model_dir / name, out_dir / name)
-    io = C.IOContract.for_config(config, "float16" if options.precision == "fp16" else "float32")
-    (out_dir / C.CONTRACT_FILE).write_text(C.contract_json(io) + "\n", encoding="utf-8")
-    write_genai_config(out_dir, config, options)
+    kv_dtype = "float16" if options.precision == "fp16" else "float32"
+    sha = C.config_hash((model_dir / "config.json").read_bytes())
+    files = manifest.merged_files(out_dir, {f"onnx/{options.file_name}": manifest.file_entry(options, kv_dtype, sha,
+                                                                                              size)})
+    runtimes = manifest.runtime_files(files)
+    # The top-level inputs/outputs describe float32 caches whenever such a graph is here; an fp16
+    # graph's entry in `files` says float16.
+    any_fp32 = any(e["kv_dtype"] == "float32" for e in files.values())
+    io = C.IOContract.for_config(config, "float32" if any_fp32 else "float16")
+    text = json.dumps(io.to_dict() | {"files": files, "runtimes": runtimes}, indent=1)
+    (out_dir / C.CONTRACT_FILE).write_text(text + "\n", encoding="utf-8")
+    write_genai_config(out_dir, config, options, runtimes["onnxruntime-genai"][options.precision])
 
 
 def read_metadata(path: str | Path) -> dict[str, str]:

@@ -3,8 +3,10 @@
 onnxruntime-genai reads the model folder (this export folder: tokenizer files
 at the top, the graph under onnx/) and drives the graph itself. Our graph
 concatenates past and new keys (the Optimum contract), so
-`past_present_share_buffer` is false. The file names the graph written last;
-re-export the precision you want genai to run, or edit `decoder.filename`.
+`past_present_share_buffer` is false. The file names the graph of the
+precision written last, in the target genai runs best (export.manifest:
+MatMulNBits, not the web variant); re-export the precision you want genai to
+run, or edit `decoder.filename`.
 """
 from __future__ import annotations
 
@@ -20,7 +22,8 @@ from .options import ExportOptions
 GENAI_FILE = "genai_config.json"
 
 
-def genai_config(out_dir: Path, config: ModelConfig, options: ExportOptions) -> dict[str, Any]:
+def genai_config(out_dir: Path, config: ModelConfig, options: ExportOptions,
+                 filename: str | None = None) -> dict[str, Any]:
     gen = GenerationConfig()
     if (out_dir / "generation_config.json").exists():
         gen = GenerationConfig.from_file(out_dir)
@@ -28,7 +31,7 @@ def genai_config(out_dir: Path, config: ModelConfig, options: ExportOptions) -> 
     pad = gen.pad_token_id if gen.pad_token_id is not None else config.pad_token_id
     decoder = {
         "session_options": {"log_id": "onnxruntime-genai", "provider_options": []},
-        "filename": f"onnx/{options.file_name}",
+        "filename": filename or f"onnx/{options.file_name}",
         "head_size": config.head_dim, "hidden_size": config.hidden_size,
         "inputs": {"input_ids": C.INPUT_IDS, "attention_mask": C.ATTENTION_MASK, "position_ids": C.POSITION_IDS,
                    "past_key_names": "past_key_values.%d.key", "past_value_names": "past_key_values.%d.value"},
@@ -49,6 +52,7 @@ def genai_config(out_dir: Path, config: ModelConfig, options: ExportOptions) -> 
     return {"model": model, "search": search}
 
 
-def write_genai_config(out_dir: Path, config: ModelConfig, options: ExportOptions) -> None:
-    text = json.dumps(genai_config(out_dir, config, options), indent=4)
+def write_genai_config(out_dir: Path, config: ModelConfig, options: ExportOptions,
+                       filename: str | None = None) -> None:
+    text = json.dumps(genai_config(out_dir, config, options, filename), indent=4)
     (out_dir / GENAI_FILE).write_text(text + "\n", encoding="utf-8")

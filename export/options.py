@@ -65,7 +65,14 @@ class ExportOptions:
 
     @property
     def file_name(self) -> str:
-        return FILE_NAMES[self.precision]
+        """The graph's file under onnx/: the transformers.js name, `_web` added for packed web weights.
+
+        Float weights make the same graph for native and web (only quantized linears differ), and
+        plain replaces native under the same name: only int4/int8 web needs a name of its own, so
+        both int4 graphs can sit in one folder (export.manifest says which runtime loads which).
+        """
+        name = FILE_NAMES[self.precision]
+        return name.replace(".onnx", "_web.onnx") if self.quantized and self.target == "web" else name
 
 
 def check_supported(config: ModelConfig, options: ExportOptions) -> None:

@@ -34,7 +34,12 @@ def test_layout_metadata_and_contract(exported):
     assert meta["ruvllm.format_version"] == "1"
     assert meta["ruvllm.config_sha256"] == hashlib.sha256((model / "config.json").read_bytes()).hexdigest()
     contract = json.loads((out / "ruvllm_contract.json").read_text())
+    runtimes, files = contract.pop("runtimes"), contract.pop("files")
     assert json.loads(meta["ruvllm.contract"]) == contract
+    assert files["onnx/model_q4.onnx"]["target"] == "native" and files["onnx/model_q4_web.onnx"]["target"] == "web"
+    assert runtimes["onnxruntime-web"]["int4"] == runtimes["onnxruntime-web"]["default"] == "onnx/model_q4_web.onnx"
+    assert runtimes["onnxruntime"]["int4"] == runtimes["onnxruntime-node"]["int4"] == "onnx/model_q4.onnx"
+    assert runtimes["onnxruntime"]["fp32"] == "onnx/model.onnx"
     inputs = {i.name: i for i in graph.graph.input}
     assert [i["name"] for i in contract["inputs"]] == [i.name for i in graph.graph.input]
     assert [o["name"] for o in contract["outputs"]] == [o.name for o in graph.graph.output]

@@ -1,0 +1,90 @@
+"""Which graph file each runtime should load, written into `ruvllm_contract.json`.
+
+An export folder can hold one graph per (precision, target): `ruvllm export`
+writes the int4/int8 weights twice by default, as MatMulNBits kernels
+(`onnx/model_q4.onnx`, the transformers.js name) and as packed bytes that
+onnxruntime dequantizes once at session creation (`onnx/model_q4_web.onnx`),
+because the fastest choice depends on the runtime (see
+benchmarks/results/onnx_runtimes.json):
+
+- onnxruntime-web (wasm): its MatMulNBits and MatMulInteger kernels are far
+  slower than its float MatMul, so the web variant wins (at 4x the weight
+  memory of the packed form, paid once at session start).
+- onnxruntime (CPython), onnxruntime-node, onnxruntime-genai: MatMulNBits is
+  fast and keeps the weights packed in memory, so native wins.
+
+The contract file gains two keys (the rest of it is export.contract's):
+
+    "files":    {"onnx/model_q4.onnx": {"precision": "int4", "target": "native",
+                  "kv_dtype": "float32", "bytes": ..., ...}, ...}
+    "runtimes": {"onnxruntime-web": {"default": "onnx/model_q4_web.onnx",
+                  "int4": "onnx/model_q4_web.onnx", "fp32": "onnx/model.onnx"}, ...}
+
+`files` lists every graph in the folder (merged across exports of the same
+checkpoint); `runtimes` maps each runtime and precision to the file it should
+load, and `default` to the precision it should pick when not told (the
+smallest download that runs fastest there). Consumers read `runtimes`; the
+preference tables below are the measured decision, kept as data.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from .options import FILE_NAMES, ExportOptions
+
+# Targets in order of preference per runtime (first present wins).
+TARGET_PREFERENCE: dict[str, tuple[str, ...]] = {
+    "onnxruntime-web": ("web", "native", "plain"),
+    "onnxruntime-node": ("native", "web", "plain"),
+    "onnxruntime": ("native", "web", "plain"),
+    "onnxruntime-genai": ("native", "web", "plain"),
+}
+# Precisions in order of preference when the caller does not name one.
+PRECISION_PREFERENCE: dict[str, tuple[str, ...]] = {
+    "onnxruntime-web": ("int4", "int8", "fp32", "fp16"),
+    "onnxruntime-node": ("int4", "int8", "fp32", "fp16"),
+    "onnxruntime": ("int4", "int8", "fp32", "fp16"),
+    "onnxruntime-genai": ("int4", "int8", "fp32", "fp16"),
+}
+
+
+def file_entry(options: ExportOptions, kv_dtype: str, config_sha256: str, size: int) -> dict[str, Any]:
+    return {"precision": options.precision, "target": options.target, "kv_dtype": kv_dtype,
+            "block_size": options.block_size if options.quantized else None,
+            "symmetric": options.symmetric if options.quantized else None,
+            "config_sha256": config_sha256, "bytes": size}
+
+
+def merged_files(out_dir: Path, new: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The files already recorded in out_dir (same checkpoint, still on disk) plus `new`."""
+    sha = next(iter(new.values()))["config_sha256"]
+    old = read_manifest(out_dir).get("files", {})
+    kept = {k: v for k, v in old.items() if v.get("config_sha256") == sha and (out_dir / k).exists()}
+    return dict(sorted({**kept, **new}.items()))
+
+
+def runtime_files(files: dict[str, dict[str, Any]]) -> dict[str, dict[str, str]]:
+    """Per runtime: precision -> the file to load, and `default` -> the precision's file to pick."""
+    out: dict[str, dict[str, str]] = {}
+    for runtime, targets in TARGET_PREFERENCE.items():
+        choice: dict[str, str] = {}
+        for precision in FILE_NAMES:
+            candidates = [(targets.index(e["target"]), path) for path, e in files.items()
+                          if e["precision"] == precision and e["target"] in targets]
+            if candidates:
+                choice[precision] = min(candidates)[1]
+        default = next((p for p in PRECISION_PREFERENCE[runtime] if p in choice), None)
+        out[runtime] = ({"default": choice[default]} if default else {}) | choice
+    return out
+
+
+def read_manifest(out_dir: Path) -> dict[str, Any]:
+    from .contract import CONTRACT_FILE
+
+    path = out_dir / CONTRACT_FILE
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (FileNotFoundError, json.JSONDecodeError):
+        return {}
