@@ -1,0 +1,25 @@
+// A typed example: `tsc --noEmit` checks it against the package's declarations.
+import { createEngine, InvalidRequestError, type ChatCompletionChunk, type Engine } from 'ruvllm';
+
+export async function main(model: string): Promise<string> {
+  const engine: Engine = await createEngine({ model, onProgress: (p) => console.log(p.stage, p.file ?? '', p.loaded ?? 0) });
+  const messages = [{ role: 'user' as const, content: 'Hello' }];
+  const reply = await engine.chat.completions.create({ messages, max_tokens: 16, temperature: 0 });
+  let text: string = reply.choices[0].message.content;
+  const stream = await engine.chat.completions.create({ messages, stream: true, max_tokens: 16, top_p: 0.9, seed: 1 });
+  for await (const chunk of stream) {
+    const c: ChatCompletionChunk = chunk;
+    text += c.choices[0]?.delta.content ?? '';
+  }
+  const done = await engine.completions.create({ prompt: 'ROMEO:', max_tokens: 8, stop: ['\n'] });
+  text += done.choices[0].text;
+  const ids: number[] = await engine.tokenizer.encode(text);
+  text = await engine.tokenizer.decode(ids);
+  try {
+    await engine.chat.completions.create({ messages: [], max_tokens: 1 });
+  } catch (error) {
+    if (error instanceof InvalidRequestError) console.log(error.param);
+  }
+  await engine.dispose();
+  return text;
+}

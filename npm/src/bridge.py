@@ -1,0 +1,111 @@
+"""The Python half of ruvllm's JavaScript runtime, run inside Pyodide.
+
+py_engine's shared layer (tokenizer, chat template, sampling, the generation
+loop) runs here unchanged; the forward pass runs in onnxruntime on the JS side.
+onnxruntime is async and py_engine.generate.stream is synchronous, so JS runs
+each forward pass *before* resuming the loop: `stream` always asks for
+`decode(token)` right after yielding a chunk with that token and no
+finish_reason, so JS knows the next forward pass in advance and hands its
+logits to `Generation.step`, which the backend below then returns.
+Logits arrive as a JS Float32Array and cross with one bulk copy
+(`to_memoryview`); the argmax comes from JS, so greedy decoding never builds a
+Python list of the vocabulary.
+"""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from py_engine.chat import load_chat_config, render_chat
+from py_engine.config import GenerationConfig, ModelConfig
+from py_engine.generate import PromptTooLongError, eos_token_ids, start_ids, stream
+from py_engine.sampling_params import from_openai
+from py_engine.tokenizer import Tokenizer
+
+
+class PrefetchBackend:
+    """A generate.Backend whose forward passes JS has already run: it returns the row JS handed over."""
+
+    def __init__(self, max_context: int) -> None:
+        self.max_context = max_context
+        self.row: Any = None  # memoryview of float32 logits, [V]
+        self.best: int | None = None  # JS's argmax of that row
+
+    def give(self, js_row: Any, best: int) -> None:
+        self.row, self.best = js_row.to_memoryview(), int(best)
+
+    def _take(self) -> Any:
+        if self.row is None:
+            raise RuntimeError("the generation loop asked for a forward pass JS did not run")
+        row, self.row = self.row, None
+        return row
+
+    def prefill(self, token_ids: Any) -> Any:
+        return self._take()
+
+    def decode(self, token_id: int) -> Any:
+        return self._take()
+
+    def argmax(self, logits: Any) -> int:
+        return self.best
+
+
+class Generation:
+    """One running `stream`; JS calls step(logits, argmax) and gets back [text, token_id, finish_reason]."""
+
+    def __init__(self, runtime: "Runtime", prompt_ids: list[int], params: Any) -> None:
+        self.backend = PrefetchBackend(runtime.max_context)
+        self.chunks = stream(self.backend, runtime.tokenizer, prompt_ids, params, runtime.eos_token_ids)
+
+    def step(self, js_row: Any, best: int) -> str:
+        self.backend.give(js_row, best)
+        chunk = next(self.chunks)
+        return json.dumps([chunk.text, chunk.token_id, chunk.finish_reason])
+
+
+class Runtime:
+    """A model folder's tokenizer, chat template and generation defaults (read from Pyodide's FS)."""
+
+    def __init__(self, folder: str, max_context: int | None = None) -> None:
+        self.folder = folder
+        self.config = ModelConfig.from_file(folder)
+        self.tokenizer = Tokenizer.from_pretrained(folder)
+        self.generation_config = GenerationConfig.from_model_dir(folder)
+        self.eos_token_ids = eos_token_ids(self.generation_config, self.config, self.tokenizer)
+        limit = self.config.max_position_embeddings
+        self.max_context = min(max_context or limit, limit)
+        self._chat = None
+
+    def info(self) -> str:
+        c = self.config
+        return json.dumps({"model_type": c.model_type, "vocab_size": c.vocab_size, "max_context": self.max_context,
+                           "num_layers": c.num_hidden_layers, "kv_heads": c.num_key_value_heads,
+                           "head_dim": c.head_dim, "eos_token_ids": list(self.eos_token_ids)})
+
+    def chat_ids(self, request_json: str) -> str:
+        """Prompt ids of an OpenAI chat request: the model's template, then the tokenizer."""
+        request = json.loads(request_json)
+        if self._chat is None:
+            self._chat = load_chat_config(self.folder)
+        kwargs = request.get("chat_template_kwargs") or {}
+        text = render_chat(request["messages"], self._chat, add_generation_prompt=True,
+                           tools=request.get("tools"), **kwargs)
+        return json.dumps(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def prompt_ids(self, prompt: str) -> str:
+        return json.dumps(start_ids(self.tokenizer, prompt))
+
+    def encode(self, text: str, add_special_tokens: bool) -> str:
+        return json.dumps(self.tokenizer.encode(text, add_special_tokens=bool(add_special_tokens)))
+
+    def decode(self, ids_json: str, skip_special_tokens: bool) -> str:
+        return self.tokenizer.decode(json.loads(ids_json), skip_special_tokens=bool(skip_special_tokens))
+
+    def start(self, prompt_ids_json: str, request_json: str) -> Generation:
+        """Validate the request's sampling fields and the prompt length before JS runs the prefill."""
+        prompt_ids = json.loads(prompt_ids_json)
+        params = from_openai(json.loads(request_json))
+        if len(prompt_ids) >= self.max_context:
+            raise PromptTooLongError(f"the prompt has {len(prompt_ids)} tokens but the model's context is "
+                                     f"{self.max_context} tokens, leaving no room to generate")
+        return Generation(self, prompt_ids, params)

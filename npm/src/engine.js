@@ -1,0 +1,174 @@
+// The in-thread engine: Pyodide (py_engine's shared layer) and onnxruntime in the caller's thread.
+// WorkerEngine (worker_engine.js) has the same interface and runs this one inside a Web Worker.
+
+import { argmax, OnnxBackend } from './backend.js';
+import { asRuvllmError, EngineDisposedError } from './errors.js';
+import { loadOrt } from './ort.js';
+import { bootPython } from './python.js';
+import { modelBase } from './files.js';
+import { loadGraph, MODEL_DIR, pickGraph, readContract, writeSharedFiles } from './model.js';
+import * as openai from './openai.js';
+
+export class InThreadEngine {
+  /** Use `createEngine`; this only wires the parts together. */
+  constructor(parts) {
+    Object.assign(this, parts); // pyodide, runtime (Python), backend, info, modelName, stats
+    this._queue = Promise.resolve();
+    this._disposed = false;
+    this.chat = { completions: { create: (request, options) => this._create('chat', request, options) } };
+    this.completions = { create: (request, options) => this._create('text', request, options) };
+    this.tokenizer = {
+      // Async like WorkerEngine's, so a page can swap the two.
+      encode: async (text, { addSpecialTokens = true } = {}) => this._call(
+        () => JSON.parse(this.runtime.encode(text, addSpecialTokens))),
+      decode: async (ids, { skipSpecialTokens = false } = {}) => this._call(
+        () => this.runtime.decode(JSON.stringify(ids), skipSpecialTokens)),
+    };
+  }
+
+  /** @param {import('./index.js').EngineOptions} options */
+  static async create(options) {
+    const progress = options.onProgress ?? (() => {});
+    const stats = { pythonBootMs: 0, modelLoadMs: 0, runtime: '', precision: '', downloadedBytes: 0, cachedBytes: 0 };
+    const seen = new Map();
+    const onFile = (p) => {
+      progress({ stage: 'download', ...p });
+      if (p.loaded === p.total) seen.set(p.file, p);
+    };
+    try {
+      const base = await modelBase(options.model);
+      const contract = await readContract(base);
+      const t0 = performance.now();
+      progress({ stage: 'boot' });
+      const [pyodide, runtime] = await Promise.all([
+        bootPython({ indexURL: options.pyodideURL, wheelsURL: options.wheelsURL }),
+        loadOrt({ runtime: options.runtime, wasmPaths: options.wasmPaths, threads: options.threads }),
+      ]);
+      stats.pythonBootMs = performance.now() - t0;
+      const t1 = performance.now();
+      await writeSharedFiles(pyodide, base, onFile);
+      const py = pyodide.pyimport('ruvllm_bridge').Runtime(MODEL_DIR, options.maxContext ?? null);
+      const graph = await pickGraph(base, contract, runtime.name, options.precision);
+      const session = await loadGraph(runtime, base, graph, { onProgress: onFile, threads: options.threads });
+      stats.modelLoadMs = performance.now() - t1;
+      stats.runtime = runtime.name;
+      stats.precision = graph.precision;
+      for (const p of seen.values()) stats[p.cached ? 'cachedBytes' : 'downloadedBytes'] += p.total;
+      progress({ stage: 'ready' });
+      const info = JSON.parse(py.info());
+      return new InThreadEngine({ pyodide, runtime: py, backend: new OnnxBackend(runtime, session, { ...contract, kv_dtype: graph.kvDtype }),
+        info, modelName: options.modelName ?? String(options.model), stats });
+    } catch (error) {
+      throw asRuvllmError(error);
+    }
+  }
+
+  _call(fn) {
+    if (this._disposed) throw new EngineDisposedError();
+    try {
+      return fn();
+    } catch (error) {
+      throw asRuvllmError(error);
+    }
+  }
+
+  _create(kind, request, options = {}) {
+    if (this._disposed) return Promise.reject(new EngineDisposedError());
+    try {
+      (kind === 'chat' ? openai.checkChatRequest : openai.checkCompletionRequest)(request);
+    } catch (error) {
+      return Promise.reject(error);
+    }
+    const meta = { id: openai.requestId(kind === 'chat' ? 'chatcmpl' : 'cmpl'), created: Math.floor(Date.now() / 1000),
+      model: request.model ?? this.modelName, returnTokenIds: !!request.return_token_ids };
+    const chunks = this._run(kind, request, meta, options.signal ?? request.signal);
+    if (request.stream) return Promise.resolve(streamChunks(kind, chunks, meta, request.stream_options));
+    return collect(kind, chunks, meta);
+  }
+
+  /** Generations run one at a time: each waits for the one before to finish or be dropped. */
+  async *_run(kind, request, meta, signal) {
+    let release;
+    const turn = this._queue;
+    this._queue = new Promise((r) => { release = r; });
+    await turn;
+    try {
+      if (this._disposed) throw new EngineDisposedError();
+      yield* this._generate(kind, request, meta, signal);
+    } catch (error) {
+      throw asRuvllmError(error);
+    } finally {
+      release();
+    }
+  }
+
+  async *_generate(kind, request, meta, signal) {
+    const r = this.runtime;
+    const ids = JSON.parse(kind === 'chat' ? r.chat_ids(JSON.stringify({ messages: request.messages,
+      chat_template_kwargs: request.chat_template_kwargs })) : r.prompt_ids(request.prompt));
+    const generation = r.start(JSON.stringify(ids), JSON.stringify(openai.samplingFields(request)));
+    const stats = { promptTokens: ids.length, completionTokens: 0, firstTokenMs: 0, decodeMs: 0 };
+    const started = performance.now();
+    try {
+      let row = await this.backend.prefill(ids);
+      stats.firstTokenMs = performance.now() - started;
+      for (;;) {
+        const [text, token, reason] = JSON.parse(generation.step(row, argmax(row)));
+        const finish = reason ?? (signal?.aborted ? 'abort' : null);
+        if (token !== null) stats.completionTokens += 1;
+        yield { text, token, finish, meta, stats, promptTokens: ids.length };
+        if (finish) break;
+        const t = performance.now();
+        row = await this.backend.decode(token);
+        stats.decodeMs += performance.now() - t;
+      }
+    } finally {
+      generation.destroy();
+      this.lastStats = { ...stats, totalMs: performance.now() - started };
+    }
+  }
+
+  async dispose() {
+    this._disposed = true;
+    await this._queue;
+    this.backend?.dispose();
+    await this.backend?.session?.release?.();
+    this.runtime?.destroy?.();
+  }
+}
+
+/** A generation as OpenAI stream chunks: the role first (chat), then text as it comes, then the finish. */
+async function* streamChunks(kind, steps, meta, streamOptions) {
+  const ids = (token) => (meta.returnTokenIds ? (token === null ? [] : [token]) : null);
+  if (kind === 'chat') yield openai.chatChunk(meta, { role: 'assistant', content: '' }, null, ids(null));
+  let last = null;
+  for await (const step of steps) {
+    last = step;
+    if (!step.text && !step.finish && !meta.returnTokenIds) continue; // bytes held back for a whole character
+    yield kind === 'chat'
+      ? openai.chatChunk(meta, step.text ? { content: step.text } : {}, step.finish, ids(step.token))
+      : openai.completionChunk(meta, step.text, step.finish, ids(step.token));
+  }
+  if (streamOptions?.include_usage && last) {
+    const chunk = kind === 'chat' ? openai.chatChunk(meta, {}, null) : openai.completionChunk(meta, '', null);
+    chunk.choices = [];
+    chunk.usage = openai.usage(last.promptTokens, last.stats.completionTokens);
+    yield chunk;
+  }
+}
+
+/** Gather a generation into one OpenAI result. */
+async function collect(kind, chunks, meta) {
+  let text = '';
+  const tokens = [];
+  let finish = 'length';
+  let promptTokens = 0;
+  for await (const step of chunks) {
+    text += step.text;
+    if (step.token !== null) tokens.push(step.token);
+    finish = step.finish ?? finish;
+    promptTokens = step.promptTokens;
+  }
+  return kind === 'chat' ? openai.chatResult(meta, text, finish, tokens, promptTokens)
+    : openai.completionResult(meta, text, finish, tokens, promptTokens);
+}

@@ -1,0 +1,205 @@
+// Types of the `ruvllm` package: one engine interface, two implementations (in-thread, Web Worker).
+
+export type Role = 'system' | 'user' | 'assistant' | 'tool' | 'developer';
+
+export interface ChatMessage {
+  role: Role;
+  content: string | Array<{ type: 'text'; text: string }>;
+  name?: string;
+}
+
+/** Download and load progress; `file`/`loaded`/`total` are bytes of one file. */
+export interface Progress {
+  stage: 'boot' | 'download' | 'ready';
+  file?: string;
+  loaded?: number;
+  total?: number;
+  cached?: boolean;
+}
+
+export interface EngineOptions {
+  /** URL of an exported model folder, or (Node) a local folder path. */
+  model: string | URL;
+  onProgress?: (progress: Progress) => void;
+  /** Which graph of the export: 'auto' (default: the smallest present), 'fp32', 'fp16', 'int8', 'int4'. */
+  precision?: 'auto' | 'fp32' | 'fp16' | 'int8' | 'int4';
+  /** Browsers: run the engine in a Web Worker (same interface). */
+  worker?: boolean;
+  /** 'auto': onnxruntime-node in Node when installed, else onnxruntime-web (wasm). */
+  runtime?: 'auto' | 'node' | 'web';
+  threads?: number;
+  maxContext?: number;
+  /** The `model` field of responses (default: the model URL or path). */
+  modelName?: string;
+  /** Where Pyodide's files, onnxruntime-web's wasm files, the wheels and worker.js are served from. */
+  pyodideURL?: string;
+  wasmPaths?: string;
+  wheelsURL?: string;
+  workerURL?: string | URL;
+}
+
+interface SamplingRequest {
+  model?: string;
+  stream?: boolean;
+  max_tokens?: number | null;
+  max_completion_tokens?: number | null;
+  temperature?: number | null;
+  top_p?: number | null;
+  top_k?: number | null;
+  min_p?: number | null;
+  repetition_penalty?: number | null;
+  presence_penalty?: number | null;
+  frequency_penalty?: number | null;
+  seed?: number | null;
+  stop?: string | string[] | null;
+  stop_token_ids?: number[] | null;
+  ignore_eos?: boolean;
+  logit_bias?: Record<string, number> | null;
+  stream_options?: { include_usage?: boolean } | null;
+  /** vLLM's extension: the generated token ids in each choice (and stream chunk). */
+  return_token_ids?: boolean;
+  signal?: AbortSignal;
+}
+
+export interface ChatCompletionRequest extends SamplingRequest {
+  messages: ChatMessage[];
+  chat_template_kwargs?: Record<string, unknown>;
+}
+
+export interface CompletionRequest extends SamplingRequest {
+  prompt: string;
+}
+
+export type FinishReason = 'stop' | 'length' | 'abort';
+
+export interface Usage {
+  prompt_tokens: number;
+  completion_tokens: number;
+  total_tokens: number;
+}
+
+export interface ChatCompletion {
+  id: string;
+  object: 'chat.completion';
+  created: number;
+  model: string;
+  choices: Array<{ index: number; message: { role: 'assistant'; content: string }; logprobs: null;
+    finish_reason: FinishReason; token_ids?: number[] }>;
+  usage: Usage;
+}
+
+export interface ChatCompletionChunk {
+  id: string;
+  object: 'chat.completion.chunk';
+  created: number;
+  model: string;
+  choices: Array<{ index: number; delta: { role?: 'assistant'; content?: string }; logprobs: null;
+    finish_reason: FinishReason | null; token_ids?: number[] }>;
+  usage?: Usage;
+}
+
+export interface Completion {
+  id: string;
+  object: 'text_completion';
+  created: number;
+  model: string;
+  choices: Array<{ index: number; text: string; logprobs: null; finish_reason: FinishReason | null;
+    token_ids?: number[] }>;
+  usage?: Usage;
+}
+
+export interface CallOptions {
+  signal?: AbortSignal;
+}
+
+export interface GenerationStats {
+  promptTokens: number;
+  completionTokens: number;
+  firstTokenMs: number;
+  decodeMs: number;
+  totalMs: number;
+}
+
+export interface LoadStats {
+  pythonBootMs: number;
+  modelLoadMs: number;
+  runtime: string;
+  precision: string;
+  downloadedBytes: number;
+  cachedBytes: number;
+}
+
+export interface ModelInfo {
+  model_type: string;
+  vocab_size: number;
+  max_context: number;
+  num_layers: number;
+  kv_heads: number;
+  head_dim: number;
+  eos_token_ids: number[];
+}
+
+export interface Engine {
+  chat: {
+    completions: {
+      create(request: ChatCompletionRequest & { stream: true }, options?: CallOptions):
+        Promise<AsyncIterable<ChatCompletionChunk>>;
+      create(request: ChatCompletionRequest & { stream?: false }, options?: CallOptions): Promise<ChatCompletion>;
+      create(request: ChatCompletionRequest, options?: CallOptions):
+        Promise<ChatCompletion | AsyncIterable<ChatCompletionChunk>>;
+    };
+  };
+  completions: {
+    create(request: CompletionRequest & { stream: true }, options?: CallOptions): Promise<AsyncIterable<Completion>>;
+    create(request: CompletionRequest & { stream?: false }, options?: CallOptions): Promise<Completion>;
+    create(request: CompletionRequest, options?: CallOptions): Promise<Completion | AsyncIterable<Completion>>;
+  };
+  tokenizer: {
+    encode(text: string, options?: { addSpecialTokens?: boolean }): Promise<number[]>;
+    decode(ids: number[], options?: { skipSpecialTokens?: boolean }): Promise<string>;
+  };
+  readonly info: ModelInfo | null;
+  readonly stats: LoadStats | null;
+  /** Timings of the last finished generation. */
+  readonly lastStats: GenerationStats | null;
+  dispose(): Promise<void>;
+}
+
+export declare class InThreadEngine implements Engine {
+  static create(options: EngineOptions): Promise<InThreadEngine>;
+  chat: Engine['chat'];
+  completions: Engine['completions'];
+  tokenizer: Engine['tokenizer'];
+  readonly info: ModelInfo;
+  readonly stats: LoadStats;
+  readonly lastStats: GenerationStats | null;
+  dispose(): Promise<void>;
+}
+
+export declare class WorkerEngine implements Engine {
+  static create(options: EngineOptions): Promise<WorkerEngine>;
+  chat: Engine['chat'];
+  completions: Engine['completions'];
+  tokenizer: Engine['tokenizer'];
+  readonly info: ModelInfo | null;
+  readonly stats: LoadStats | null;
+  readonly lastStats: GenerationStats | null;
+  dispose(): Promise<void>;
+}
+
+export declare function createEngine(options: EngineOptions): Promise<Engine>;
+export declare function clearModelCache(): Promise<boolean>;
+export declare const CACHE_NAME: string;
+
+export declare class RuvllmError extends Error {
+  code: string;
+}
+export declare class ModelNotFoundError extends RuvllmError {}
+export declare class UnsupportedRuntimeError extends RuvllmError {}
+export declare class OutOfMemoryError extends RuvllmError {}
+export declare class InvalidRequestError extends RuvllmError {
+  constructor(message: string, param?: string | null);
+  param: string | null;
+}
+export declare class PromptTooLongError extends InvalidRequestError {}
+export declare class EngineDisposedError extends RuvllmError {}

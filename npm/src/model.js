@@ -1,0 +1,85 @@
+// Loading an export folder: its small JSON files into Pyodide's file system, its graph into onnxruntime.
+
+import { createSession } from './ort.js';
+import { exists, fetchFile, readText } from './files.js';
+import { InvalidRequestError, ModelNotFoundError, RuvllmError } from './errors.js';
+
+export const FORMAT_VERSION = 1; // the newest export.contract.FORMAT_VERSION this reader understands
+export const GRAPH_FILES = { fp32: 'model.onnx', fp16: 'model_fp16.onnx', int8: 'model_quantized.onnx', int4: 'model_q4.onnx' };
+const AUTO_ORDER = ['int4', 'int8', 'fp32', 'fp16']; // smallest download first
+const SHARED_FILES = ['config.json', 'generation_config.json', 'tokenizer.json', 'tokenizer_config.json',
+  'special_tokens_map.json', 'chat_template.jinja'];
+const REQUIRED = new Set(['config.json', 'tokenizer.json']);
+export const MODEL_DIR = '/model';
+
+/** The contract of an export, checked: a missing one means the URL is not an export folder. */
+export async function readContract(base) {
+  let contract;
+  try {
+    contract = JSON.parse(await readText(new URL('ruvllm_contract.json', base)));
+  } catch (error) {
+    if (error instanceof ModelNotFoundError) {
+      throw new ModelNotFoundError(`no ruvllm export at ${base.href} (ruvllm_contract.json is missing); ` +
+        'create one with `ruvllm export MODEL --out DIR --target web`');
+    }
+    throw error;
+  }
+  if (contract.format_version > FORMAT_VERSION) {
+    throw new RuvllmError(`${base.href} has export format ${contract.format_version}; this ruvllm reads up to ` +
+      `${FORMAT_VERSION}: upgrade ruvllm or re-export`);
+  }
+  return contract;
+}
+
+/**
+ * Which graph to load. The export's manifest (`runtimes` in ruvllm_contract.json, written by
+ * export/manifest.py) names the file each runtime should load per precision and by default;
+ * exports without one fall back to the transformers.js file names, smallest download first.
+ */
+export async function pickGraph(base, contract, runtimeName, precision = 'auto') {
+  if (precision !== 'auto' && !GRAPH_FILES[precision]) {
+    throw new InvalidRequestError(`unknown precision ${precision}; use auto, ${Object.keys(GRAPH_FILES).join(', ')}`,
+      'precision');
+  }
+  const table = contract.runtimes?.[runtimeName];
+  if (table) {
+    const file = table[precision === 'auto' ? 'default' : precision];
+    if (!file) {
+      throw new ModelNotFoundError(`${base.href} has no ${precision} graph for ${runtimeName} ` +
+        `(it has ${Object.keys(table).filter((k) => k !== 'default').join(', ') || 'none'})`);
+    }
+    const entry = contract.files?.[file] ?? {};
+    return { precision: entry.precision ?? precision, file, kvDtype: entry.kv_dtype ?? contract.kv_dtype };
+  }
+  const kvDtype = (p) => (p === 'fp16' ? 'float16' : 'float32');
+  if (precision !== 'auto') return { precision, file: `onnx/${GRAPH_FILES[precision]}`, kvDtype: kvDtype(precision) };
+  for (const p of AUTO_ORDER) {
+    const file = `onnx/${GRAPH_FILES[p]}`;
+    if (await exists(new URL(file, base))) return { precision: p, file, kvDtype: kvDtype(p) };
+  }
+  throw new ModelNotFoundError(`${base.href} holds no exported graph (expected onnx/model.onnx or a quantized one)`);
+}
+
+/** Copy the export's tokenizer/config/template files into Pyodide's FS at MODEL_DIR. */
+export async function writeSharedFiles(pyodide, base, progress) {
+  pyodide.FS.mkdirTree(MODEL_DIR);
+  for (const name of SHARED_FILES) {
+    const url = new URL(name, base);
+    if (!REQUIRED.has(name) && !(await exists(url))) continue;
+    const { bytes } = await fetchFile(url, { onProgress: progress, cache: true });
+    pyodide.FS.writeFile(`${MODEL_DIR}/${name}`, bytes);
+  }
+}
+
+/** The graph's bytes (with progress, from the browser cache when there) and its session. */
+export async function loadGraph(runtime, base, graph, { onProgress, threads } = {}) {
+  const url = new URL(graph.file, base);
+  if (url.protocol === 'file:' && runtime.name === 'onnxruntime-node') {
+    const { fileURLToPath } = await import('node:url');
+    const path = fileURLToPath(url);
+    if (!(await exists(url))) throw new ModelNotFoundError(`${path} does not exist`);
+    return createSession(runtime, path, { threads });
+  }
+  const { bytes } = await fetchFile(url, { onProgress, cache: true, label: graph.file });
+  return createSession(runtime, bytes, { threads });
+}

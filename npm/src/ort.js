@@ -1,0 +1,57 @@
+// The one module that imports onnxruntime: onnxruntime-node in Node when it is installed,
+// else onnxruntime-web's wasm backend (Node and browsers alike).
+
+import { UnsupportedRuntimeError } from './errors.js';
+
+export const IS_NODE = typeof process !== 'undefined' && !!process.versions?.node && typeof window === 'undefined'
+  && typeof importScripts === 'undefined';
+
+/**
+ * @param {{runtime?: 'auto'|'node'|'web', wasmPaths?: string, threads?: number}} [options]
+ * @returns {Promise<{ort: any, name: 'onnxruntime-node'|'onnxruntime-web'}>}
+ */
+export async function loadOrt(options = {}) {
+  const want = options.runtime ?? 'auto';
+  if (IS_NODE && want !== 'web') {
+    try {
+      const ort = await import('onnxruntime-node');
+      return { ort: ort.default ?? ort, name: 'onnxruntime-node' };
+    } catch (error) {
+      if (want === 'node') {
+        throw new UnsupportedRuntimeError(`onnxruntime-node could not be loaded (${error.message}); ` +
+          'install it (ONNXRUNTIME_NODE_INSTALL=skip npm install onnxruntime-node) or use runtime: "web"');
+      }
+    }
+  }
+  if (typeof WebAssembly !== 'object') {
+    throw new UnsupportedRuntimeError('this browser has no WebAssembly; ruvllm needs a browser from 2021 or later');
+  }
+  // Node resolves 'onnxruntime-web' to its Node build; browsers take the wasm-only build.
+  const mod = IS_NODE ? await import('onnxruntime-web') : await import('onnxruntime-web/wasm');
+  const ort = mod.default ?? mod;
+  if (options.wasmPaths) ort.env.wasm.wasmPaths = options.wasmPaths;
+  // Threads need SharedArrayBuffer: cross-origin isolated pages, and Node.
+  const isolated = IS_NODE || globalThis.crossOriginIsolated === true;
+  const cores = globalThis.navigator?.hardwareConcurrency ?? 2;
+  ort.env.wasm.numThreads = isolated ? Math.max(1, options.threads ?? Math.min(4, cores)) : 1;
+  return { ort, name: 'onnxruntime-web' };
+}
+
+/**
+ * An inference session over one graph, given as bytes (web) or a path (node).
+ * @param {{ort: any, name: string}} runtime
+ * @param {Uint8Array|string} model
+ * @param {{threads?: number, externalData?: {path: string, data: Uint8Array|string}[]}} [options]
+ */
+export async function createSession(runtime, model, options = {}) {
+  const opts = { executionProviders: [runtime.name === 'onnxruntime-node' ? 'cpu' : 'wasm'],
+    graphOptimizationLevel: 'all' };
+  if (options.threads && runtime.name === 'onnxruntime-node') opts.intraOpNumThreads = options.threads;
+  if (options.externalData?.length) opts.externalData = options.externalData;
+  return runtime.ort.InferenceSession.create(model, opts);
+}
+
+/** A tensor of `type` ('int64', 'float32', 'float16') over data with dims. */
+export function tensor(runtime, type, data, dims) {
+  return new runtime.ort.Tensor(type, data, dims);
+}
