@@ -80,10 +80,10 @@ def plans(names: list[str]) -> dict[str, Plan]:
                                 prefix_rounds=6, capacity_seq_len=128, capacity_slabs=16, run_capacity=True),
         "qwen0.5b": lambda: Plan(str(qwen_checkpoint()), prompt_len=128, gen_len=32, iterations=1,
                                  prefix_rounds=3),
-        "tiny": lambda: Plan("/tmp/bench_dev/tiny", system_prompt_len=256, capacity_seq_len=128,
-                             capacity_slabs=2, run_capacity=True),  # for developing this script
     }
-    return {name: known[name]() for name in names}
+    # Any other name is a model folder, measured with short lengths (for trying the script on a tiny model).
+    other = lambda path: Plan(path, system_prompt_len=96, capacity_seq_len=32, run_capacity=True)  # noqa: E731
+    return {name: known[name]() if name in known else other(name) for name in names}
 
 
 # --- servers -----------------------------------------------------------------------------------------
@@ -237,7 +237,8 @@ def bench_model(name: str, plan: Plan, levels: list[int], parts: set[str]) -> di
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--models", nargs="+", default=["builtin", "qwen0.5b"])
+    parser.add_argument("--models", nargs="+", default=["builtin", "qwen0.5b"],
+                        help="builtin, qwen0.5b, or a model folder")
     parser.add_argument("--levels", default="1,4,16,64", help="concurrency levels (default 1,4,16,64)")
     parser.add_argument("--parts", nargs="+", default=["throughput", "kv_utilization", "capacity",
                                                        "prefix_caching"])
