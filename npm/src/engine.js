@@ -42,7 +42,7 @@ export class InThreadEngine {
       progress({ stage: 'boot' });
       const [pyodide, runtime] = await Promise.all([
         bootPython({ indexURL: options.pyodideURL, wheelsURL: options.wheelsURL }),
-        loadOrt({ runtime: options.runtime, wasmPaths: options.wasmPaths, threads: options.threads }),
+        loadOrt({ runtime: options.runtime, wasmPaths: options.wasmPaths, ortURL: options.ortURL, threads: options.threads }),
       ]);
       stats.pythonBootMs = performance.now() - t0;
       const t1 = performance.now();
@@ -118,6 +118,9 @@ export class InThreadEngine {
         if (token !== null) stats.completionTokens += 1;
         yield { text, token, finish, meta, stats, promptTokens: ids.length };
         if (finish) break;
+        // onnxruntime's promise resolves without a macrotask, so without this a worker would not see
+        // an 'abort' message (nor a page a click) until the whole generation is done.
+        if (signal) await nextTask();
         const t = performance.now();
         row = await this.backend.decode(token);
         stats.decodeMs += performance.now() - t;
@@ -135,6 +138,16 @@ export class InThreadEngine {
     await this.backend?.session?.release?.();
     this.runtime?.destroy?.();
   }
+}
+
+/** Resolve after pending events (messages, clicks) have run; MessageChannel avoids setTimeout's clamping. */
+function nextTask() {
+  if (typeof setImmediate === 'function') return new Promise((resolve) => setImmediate(resolve));
+  return new Promise((resolve) => {
+    const channel = new MessageChannel();
+    channel.port1.onmessage = () => { channel.port1.close(); resolve(); };
+    channel.port2.postMessage(null);
+  });
 }
 
 /** A generation as OpenAI stream chunks: the role first (chat), then text as it comes, then the finish. */

@@ -34,6 +34,8 @@ export interface EngineOptions {
   /** Where Pyodide's files, onnxruntime-web's wasm files, the wheels and worker.js are served from. */
   pyodideURL?: string;
   wasmPaths?: string;
+  /** Browsers without an import map for 'onnxruntime-web/wasm' (workers): the URL of ort.wasm.min.mjs. */
+  ortURL?: string;
   wheelsURL?: string;
   workerURL?: string | URL;
 }

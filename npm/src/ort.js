@@ -7,7 +7,7 @@ export const IS_NODE = typeof process !== 'undefined' && !!process.versions?.nod
   && typeof importScripts === 'undefined';
 
 /**
- * @param {{runtime?: 'auto'|'node'|'web', wasmPaths?: string, threads?: number}} [options]
+ * @param {{runtime?: 'auto'|'node'|'web', wasmPaths?: string, ortURL?: string, threads?: number}} [options]
  * @returns {Promise<{ort: any, name: 'onnxruntime-node'|'onnxruntime-web'}>}
  */
 export async function loadOrt(options = {}) {
@@ -27,9 +27,12 @@ export async function loadOrt(options = {}) {
     throw new UnsupportedRuntimeError('this browser has no WebAssembly; ruvllm needs a browser from 2021 or later');
   }
   // Node resolves 'onnxruntime-web' to its Node build; browsers take the wasm-only build.
-  const mod = IS_NODE ? await import('onnxruntime-web') : await import('onnxruntime-web/wasm');
+  // A worker has no import map: the page passes the module's URL (ortURL) instead.
+  const mod = IS_NODE ? await import('onnxruntime-web')
+    : options.ortURL ? await import(/* @vite-ignore */ new URL(options.ortURL, globalThis.location?.href).href)
+      : await import('onnxruntime-web/wasm');
   const ort = mod.default ?? mod;
-  if (options.wasmPaths) ort.env.wasm.wasmPaths = options.wasmPaths;
+  if (options.wasmPaths) ort.env.wasm.wasmPaths = new URL(options.wasmPaths, globalThis.location?.href).href;
   // Threads need SharedArrayBuffer: cross-origin isolated pages, and Node.
   const isolated = IS_NODE || globalThis.crossOriginIsolated === true;
   const cores = globalThis.navigator?.hardwareConcurrency ?? 2;

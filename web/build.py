@@ -1,0 +1,80 @@
+"""`ruvllm web build`: assemble web/dist, everything the demo page loads, served by ruvllm itself.
+
+    web/dist/
+      index.html app.js app.css          the page (web/src)
+      ruvllm/                            the npm package's runtime (npm/src), loaded by the page and its worker
+      wheels/                            py_engine's ring-0 wheel, jinja2, pure markupsafe (+ index.json)
+      pyodide/                           Pyodide's runtime files, from the npm package `pyodide`
+      ort/                               onnxruntime-web's wasm build and its .wasm, from `onnxruntime-web`
+      models/<name>/                     exports (built-in model: fp32 and int4, --target web)
+      models/index.json                  [{"name", "url"}] for the page's model menu
+
+Nothing comes from a CDN: Pyodide and onnxruntime-web are copied out of npm/node_modules
+(`npm ci --prefix npm` installs them), so the page works offline.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Mapping
+
+from .wheels import build_wheels
+
+WEB = Path(__file__).resolve().parent
+REPO = WEB.parent
+DIST = WEB / "dist"
+NODE_MODULES = REPO / "npm" / "node_modules"
+BUILTIN = REPO / "py_engine" / "data" / "tiny-shakespeare"
+PYODIDE_FILES = ("pyodide.mjs", "pyodide.asm.mjs", "pyodide.asm.wasm", "python_stdlib.zip", "pyodide-lock.json")
+ORT_FILES = ("ort.wasm.min.mjs", "ort-wasm-simd-threaded.mjs", "ort-wasm-simd-threaded.wasm")
+BUILTIN_PRECISIONS = ("fp32", "int4")
+
+
+class WebBuildError(RuntimeError):
+    """Something the build needs is missing; the message says how to get it."""
+
+
+def _copy_files(src: Path, names: tuple[str, ...], dst: Path, package: str) -> None:
+    dst.mkdir(parents=True, exist_ok=True)
+    for name in names:
+        if not (src / name).is_file():
+            raise WebBuildError(f"{src / name} is missing: run `npm ci --prefix npm` to install {package}")
+        shutil.copy2(src / name, dst / name)
+
+
+def export_for_web(model_dir: Path, out: Path, precisions: tuple[str, ...] = BUILTIN_PRECISIONS) -> Path:
+    """The model exported with the web target (quantized weights dequantized at session start)."""
+    from export.exporter import export_model
+    from export.options import ExportOptions
+
+    for precision in precisions:
+        export_model(model_dir, out, ExportOptions(precision=precision, target="web"))
+    return out
+
+
+def build_dist(out: Path = DIST, models: Mapping[str, Path] | None = None, builtin: bool = True) -> Path:
+    """Assemble `out`; `models` maps menu names to export folders copied in (the built-in one is exported)."""
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    for name in ("index.html", "app.js", "app.css"):
+        shutil.copy2(WEB / "src" / name, out / name)
+    shutil.copytree(REPO / "npm" / "src", out / "ruvllm", ignore=shutil.ignore_patterns("*.d.ts"))
+    build_wheels(out / "wheels")
+    _copy_files(NODE_MODULES / "pyodide", PYODIDE_FILES, out / "pyodide", "pyodide")
+    _copy_files(NODE_MODULES / "onnxruntime-web" / "dist", ORT_FILES, out / "ort", "onnxruntime-web")
+    menu = []
+    if builtin:
+        if not (BUILTIN / "model.safetensors").exists():
+            raise WebBuildError(f"the built-in model is missing from {BUILTIN}")
+        export_for_web(BUILTIN, out / "models" / "tiny-shakespeare")
+        menu.append({"name": "tiny-shakespeare", "url": "models/tiny-shakespeare/"})
+    for name, folder in (models or {}).items():
+        if not (Path(folder) / "ruvllm_contract.json").is_file():
+            raise WebBuildError(f"{folder} is not a ruvllm export (no ruvllm_contract.json)")
+        shutil.copytree(folder, out / "models" / name)
+        menu.append({"name": name, "url": f"models/{name}/"})
+    (out / "models").mkdir(exist_ok=True)
+    (out / "models" / "index.json").write_text(json.dumps(menu, indent=1) + "\n", encoding="utf-8")
+    return out
