@@ -1,7 +1,7 @@
 """The CPU speed work keeps the numbers: native kernels, fused projections, the decode path.
 
 - `py_engine.kernels` linear against F.linear: fp32 and bf16, with and
-  without bias, 1 to 8 rows, any thread count;
+  without bias, rows that fill whole tiles and rows that do not, any thread count;
 - `optimize_for_cpu` models against transformers (logits within 1e-4 in
   float32 through prefill and one-token decode, the same greedy tokens) for
   every tiny family, sliding windows and softcapping included;
@@ -19,7 +19,7 @@ pytest.importorskip("transformers")
 import torch.nn.functional as F  # noqa: E402
 
 from py_engine.engine import TorchBackend  # noqa: E402
-from py_engine.kernels import MAX_ROWS, cpu_kernels  # noqa: E402
+from py_engine.kernels import cpu_kernels  # noqa: E402
 from py_engine.models import load_model  # noqa: E402
 from py_engine.models.layers import MLP, Attention  # noqa: E402
 from py_engine.models.cpu_transforms import KernelLinear, model_kernels, optimize_for_cpu  # noqa: E402
@@ -35,7 +35,7 @@ def _bf16_close(got: torch.Tensor, expected: torch.Tensor) -> None:
 
 @needs_kernels
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("rows", [1, 3, MAX_ROWS])
+@pytest.mark.parametrize("rows", [1, 2, 5, 17])
 @pytest.mark.parametrize("bias", [False, True])
 def test_linear_matches_torch(dtype, rows, bias):
     g = torch.Generator().manual_seed(rows)
@@ -67,7 +67,6 @@ def test_linear_same_result_on_any_thread_count():
 @needs_kernels
 def test_supports_refuses_what_the_kernel_cannot_run():
     w = torch.randn(16, 64)
-    assert not KERNELS.supports(torch.randn(MAX_ROWS + 1, 64), w)  # prefill: torch's GEMM
     assert not KERNELS.supports(torch.randn(1, 60), torch.randn(16, 60))  # K % 8
     assert not KERNELS.supports(torch.randn(1, 64).double(), w.double())
     assert not KERNELS.supports(torch.randn(1, 64).bfloat16(), w)  # mixed dtypes

@@ -2,11 +2,12 @@
 
     from py_engine.kernels import cpu_kernels
     k = cpu_kernels()          # None where they cannot be had: callers keep plain torch
-    y = k.linear(x, w, bias)   # x [..., K] with at most MAX_ROWS rows, w [N, K]
+    k.set_threads(2)           # the kernels' own pool (pool.h says why not OpenMP)
+    y = k.linear(x, w, bias)   # F.linear for x [..., K], w [N, K], fp32 or bf16
 
-Only Linux on x86-64 with AVX2 and FMA is supported. The C source is small
-and plain (no torch headers, which take minutes to compile), so building it
-takes a second; the shared object is cached under
+Only Linux on x86-64 with AVX2 and FMA is supported. The C sources are small
+and plain (no torch headers, which take minutes to compile), so building them
+takes a second or two; the shared object is cached under
 `$RUVLLM_CACHE/kernels` (default `~/.cache/ruvllm/kernels`), named by a hash
 of the source and flags, and written atomically so processes may race.
 """
@@ -25,9 +26,10 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-SOURCE = Path(__file__).with_name("cpu_linear.c")
+HERE = Path(__file__).parent
+SOURCES = [HERE / "linear.c", HERE / "pool.c"]
+HEADERS = [HERE / "pool.h"]
 FLAGS = ["-O3", "-mavx2", "-mfma", "-shared", "-fPIC", "-pthread"]
-MAX_ROWS = 8  # RK_MAX_M in the C source
 _lock = threading.Lock()
 _loaded: "CpuKernels | None | bool" = False  # False: not tried yet
 
@@ -50,14 +52,13 @@ class CpuKernels:
             self.threads = self.lib.rk_set_threads(n)
 
     def supports(self, x: Tensor, weight: Tensor) -> bool:
-        """Whether linear() takes these: CPU, same dtype, fp32 or bf16, K % 8 == 0, few rows."""
-        k = weight.shape[-1]
+        """Whether linear() takes these: CPU, one dtype (fp32 or bf16), K % 8 == 0."""
         return (x.device.type == "cpu" and x.dtype == weight.dtype
-                and weight.dtype in (torch.float32, torch.bfloat16) and k % 8 == 0
-                and x.numel() <= MAX_ROWS * k and weight.is_contiguous())
+                and weight.dtype in (torch.float32, torch.bfloat16)
+                and weight.dim() == 2 and weight.shape[1] % 8 == 0 and weight.is_contiguous())
 
     def linear(self, x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
-        """F.linear(x, weight, bias) for x of at most MAX_ROWS rows (see supports())."""
+        """F.linear(x, weight, bias) where supports(x, weight)."""
         if not self.threads:
             self.set_threads(torch.get_num_threads())
         n, k = weight.shape
@@ -99,16 +100,16 @@ def _load() -> CpuKernels | None:
     compiler = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
     if compiler is None:
         return None
-    source = SOURCE.read_bytes()
+    source = b"".join(p.read_bytes() for p in SOURCES + HEADERS)
     digest = hashlib.sha256(source + " ".join(FLAGS).encode()).hexdigest()[:16]
     cache = Path(os.environ.get("RUVLLM_CACHE", Path.home() / ".cache" / "ruvllm")) / "kernels"
-    target = cache / f"cpu_linear-{digest}.so"
+    target = cache / f"ruvllm_cpu-{digest}.so"
     try:
         if not target.exists():
             cache.mkdir(parents=True, exist_ok=True)
             with tempfile.TemporaryDirectory(dir=cache) as tmp:
                 built = Path(tmp) / target.name
-                subprocess.run([compiler, *FLAGS, str(SOURCE), "-o", str(built)],
+                subprocess.run([compiler, *FLAGS, *map(str, SOURCES), "-o", str(built)],
                                check=True, capture_output=True, timeout=120)
                 os.replace(built, target)  # atomic: a racing process sees all of it or none
         return CpuKernels(ctypes.CDLL(str(target)))

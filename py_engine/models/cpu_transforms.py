@@ -8,19 +8,20 @@
   fused branch runs them). Decode is a chain of small GEMVs; one call instead
   of three (or two) saves the per-call overhead and gives the thread pool
   longer runs.
-- `use_cpu_kernels`: each `nn.Linear` becomes a `KernelLinear`, which sends
-  products of a few rows (decode) to py_engine.kernels and runs bf16 products
-  of many rows (prefill) in float32, because torch's bf16 matmul has no fast
-  path on CPUs without AVX-512 BF16 (see benchmarks/README.md for numbers).
+- `use_cpu_kernels`: each `nn.Linear` becomes a `KernelLinear`, which runs
+  on py_engine.kernels: AVX2 GEMV/GEMM with bf16 widened in registers (torch's
+  bf16 matmul has no fast path on CPUs without AVX-512 BF16) on a thread pool
+  without barriers (see kernels/pool.h; numbers in benchmarks/README.md).
 
 Both keep the parameters (a tied LM head stays tied) and the arithmetic:
 float32 accumulation with one rounding at the end, as torch does.
 
-A decode step should run inside `kernel_step(kernels)`: torch single-threaded,
-the kernels' pool on torch's thread count. What torch does in a decode step
-is tiny (norms, rope, one query's attention, an argmax), and on a busy machine
+A forward should run inside `kernel_step(kernels)`: torch single-threaded,
+the kernels' pool on torch's thread count. What is left to torch is small
+(norms, rope, attention, elementwise ops, an argmax), and on a busy machine
 each of its OpenMP regions can wait a whole scheduler slice for its second
-thread: a 150k-element argmax measured ~11 ms with 2 threads, ~0.05 ms with 1.
+thread: a 150k-element argmax measured ~11 ms with 2 threads, ~0.05 ms with
+1; in a 128-token prefill, elementwise ops took 5 of 10 seconds that way.
 """
 from __future__ import annotations
 
@@ -76,7 +77,7 @@ def fuse_projections(model: CausalLM) -> int:
 
 
 class KernelLinear(nn.Linear):
-    """nn.Linear that runs few-row products with the CPU kernels and bf16 prefill in float32."""
+    """nn.Linear on the CPU kernels; without them, bf16 runs in float32 (faster than torch's bf16)."""
 
     kernels: CpuKernels
 

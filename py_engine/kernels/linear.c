@@ -1,0 +1,123 @@
+/* y[M, N] = x[M, K] @ w[N, K]^T (+ bias[N]) on AVX2 + FMA, split over pool.h's threads.
+ *
+ * Why not torch's matmul (measured on a 2-core AVX2 EPYC, see benchmarks/README.md):
+ * - bf16 has no fast path without AVX-512 BF16: [1, 896] x [4864, 896] takes
+ *   ~15-25 ms, 20x the fp32 product. Here bf16 values are widened to fp32 in
+ *   registers (a 16-bit shift) and fed to FMA: decode reads half the bytes.
+ * - torch's OpenMP regions stall on a busy machine (see pool.h); in prefill,
+ *   every elementwise op on a [T, 4864] activation is such a region too, so
+ *   with these kernels torch itself can run single-threaded.
+ *
+ * Arithmetic: fp32 products and sums; a bf16 output is rounded once, after
+ * the bias is added, as torch's bf16 addmm does. x, w, bias and y are each
+ * fp32 or bf16. Requires K % 8 == 0; the Python side checks.
+ */
+#include <immintrin.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "pool.h"
+
+#define CHUNK_BYTES 32768 /* weight bytes per claimed chunk: fits L1/L2, and small enough to balance */
+#define MR 4              /* x rows per tile */
+#define NR 3              /* w rows per tile: 12 accumulators + 3 weights + 1 x = 16 ymm registers */
+
+typedef struct {
+  const void *x, *w, *bias;
+  void *y;
+  int x_bf16, w_bf16, bias_bf16, y_bf16;
+  int64_t M, N, K, rows_per_chunk;
+} linear_t;
+
+static inline __m256 load8(const void *p, int bf16, int64_t i) { /* a bf16 is an fp32's top half */
+  if (!bf16) return _mm256_loadu_ps((const float *)p + i);
+  __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)p + i));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+static inline float load1(const void *p, int bf16, int64_t i) {
+  if (!bf16) return ((const float *)p)[i];
+  uint32_t u = (uint32_t)((const uint16_t *)p)[i] << 16;
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+static inline float hsum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+static inline uint16_t to_bf16(float f) { /* round to nearest even, as c10::BFloat16 does */
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0; /* NaN */
+  return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+static inline void store(const linear_t *a, int64_t m, int64_t n, float v) {
+  if (a->bias) v += load1(a->bias, a->bias_bf16, n);
+  if (a->y_bf16) ((uint16_t *)a->y)[m * a->N + n] = to_bf16(v);
+  else ((float *)a->y)[m * a->N + n] = v;
+}
+
+/* One row of x against one row of w, four accumulators to hide FMA latency (decode). */
+static void dot_row(const linear_t *a, int64_t n) {
+  const int64_t K = a->K, row = n * K;
+  __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+  int64_t k = 0;
+  for (; k + 32 <= K; k += 32) {
+    s0 = _mm256_fmadd_ps(load8(a->w, a->w_bf16, row + k), load8(a->x, a->x_bf16, k), s0);
+    s1 = _mm256_fmadd_ps(load8(a->w, a->w_bf16, row + k + 8), load8(a->x, a->x_bf16, k + 8), s1);
+    s2 = _mm256_fmadd_ps(load8(a->w, a->w_bf16, row + k + 16), load8(a->x, a->x_bf16, k + 16), s2);
+    s3 = _mm256_fmadd_ps(load8(a->w, a->w_bf16, row + k + 24), load8(a->x, a->x_bf16, k + 24), s3);
+  }
+  for (; k < K; k += 8) s0 = _mm256_fmadd_ps(load8(a->w, a->w_bf16, row + k), load8(a->x, a->x_bf16, k), s0);
+  store(a, 0, n, hsum(_mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3))));
+}
+
+/* Rows m0.. (mr <= MR) of x against rows n0.. (nr <= NR) of w: each loaded vector
+ * feeds several FMAs. With constant mr, nr (the full tile) the loops unroll. */
+static inline __attribute__((always_inline)) void tile(const linear_t *a, int64_t m0, int mr, int64_t n0, int nr) {
+  const int64_t K = a->K;
+  __m256 acc[MR][NR];
+  for (int i = 0; i < mr; ++i)
+    for (int j = 0; j < nr; ++j) acc[i][j] = _mm256_setzero_ps();
+  for (int64_t k = 0; k < K; k += 8) {
+    __m256 wv[NR];
+    for (int j = 0; j < nr; ++j) wv[j] = load8(a->w, a->w_bf16, (n0 + j) * K + k);
+    for (int i = 0; i < mr; ++i) {
+      __m256 xv = load8(a->x, a->x_bf16, (m0 + i) * K + k);
+      for (int j = 0; j < nr; ++j) acc[i][j] = _mm256_fmadd_ps(xv, wv[j], acc[i][j]);
+    }
+  }
+  for (int i = 0; i < mr; ++i)
+    for (int j = 0; j < nr; ++j) store(a, m0 + i, n0 + j, hsum(acc[i][j]));
+}
+
+static void run_chunk(const void *context, int64_t c) {
+  const linear_t *a = context;
+  int64_t n0 = c * a->rows_per_chunk, n1 = n0 + a->rows_per_chunk;
+  if (n1 > a->N) n1 = a->N;
+  if (a->M == 1) {
+    for (int64_t n = n0; n < n1; ++n) dot_row(a, n);
+    return;
+  }
+  /* The chunk's weight rows stay in cache while every row of x passes over them. */
+  for (int64_t n = n0; n < n1; n += NR) {
+    int nr = n1 - n < NR ? (int)(n1 - n) : NR;
+    int64_t m = 0;
+    if (nr == NR)
+      for (; m + MR <= a->M; m += MR) tile(a, m, MR, n, NR);
+    for (; m < a->M; m += MR) tile(a, m, a->M - m < MR ? (int)(a->M - m) : MR, n, nr);
+  }
+}
+
+int rk_linear(const void *x, int x_bf16, const void *w, int w_bf16, const void *bias, int bias_bf16,
+              void *y, int y_bf16, int64_t M, int64_t N, int64_t K) {
+  if (M < 1 || N < 1 || K < 8 || K % 8) return -1;
+  int64_t rows = CHUNK_BYTES / (K * (w_bf16 ? 2 : 4));
+  rows = rows < NR ? NR : rows / NR * NR;
+  linear_t a = {x, w, bias, y, x_bf16, w_bf16, bias_bf16, y_bf16, M, N, K, rows};
+  pool_run((N + rows - 1) / rows, run_chunk, &a, sizeof a);
+  return 0;
+}
+
+int rk_set_threads(int n) { return pool_set_threads(n); }
