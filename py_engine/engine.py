@@ -22,7 +22,6 @@ from py_engine.chat import ChatConfig, load_chat_config, render_chat
 from py_engine.config import GenerationConfig, ModelConfig
 from py_engine.generate import Completion, GenerationChunk, complete, eos_token_ids, start_ids, stream
 from py_engine.hub import resolve_model
-from py_engine.kernels import MAX_ROWS
 from py_engine.models import CausalLM, DenseKVCache, load_model, longrope_switch_length
 from py_engine.models.cpu_transforms import kernel_step, model_kernels, optimize_for_cpu
 from py_engine.sampling_params import SamplingParams
@@ -59,9 +58,9 @@ class TorchBackend:
         self.switch_length = longrope_switch_length(config)
         self.kernels = model_kernels(model)  # set when optimize_for_cpu swapped in the CPU kernels
 
-    def _step(self, n: int) -> Any:
-        """Decode-sized steps on the CPU kernels run torch single-threaded (see cpu_transforms)."""
-        return kernel_step(self.kernels) if self.kernels is not None and n <= MAX_ROWS else nullcontext()
+    def _step(self) -> Any:
+        """With the CPU kernels, torch runs single-threaded beside their pool (see cpu_transforms)."""
+        return kernel_step(self.kernels) if self.kernels is not None else nullcontext()
 
     def _reserve(self, length: int) -> None:
         """Make room for `length` positions, copying the filled prefix into a larger cache."""
@@ -80,7 +79,7 @@ class TorchBackend:
         self._reserve(self.length + n)
         ids = torch.tensor([list(token_ids)], dtype=torch.long, device=self.device)  # [1, n]
         positions = torch.arange(self.length, self.length + n, device=self.device)[None]  # [1, n]
-        with self._step(n):
+        with self._step():
             logits = self.model(ids, positions, self.kv, last_only=True)  # [1, 1, V]
         self.length += n
         return logits[0, -1]  # [V], float32
@@ -97,7 +96,7 @@ class TorchBackend:
         return self._forward([token_id])
 
     def argmax(self, logits: torch.Tensor) -> int:
-        with self._step(1):
+        with self._step():
             return int(torch.argmax(logits))  # first index of the max, like the reference sampler
 
 
