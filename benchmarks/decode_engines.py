@@ -1,0 +1,159 @@
+"""The model and the engines that benchmarks/decode_speed.py times, one per child process.
+
+    python benchmarks/decode_engines.py ENGINE DTYPE THREADS NEW_TOKENS PROMPT_LEN [PROMPT_LEN ...]
+
+prints one JSON line: load time, then per prompt length the time to first
+token, prefill and decode rates and the first greedy tokens, and the peak RSS
+of this process (so each engine's is its own). ENGINE is `ruvllm` or
+`transformers`, with options after a colon: `ruvllm:noopt` (no CPU
+transforms), `ruvllm:nokernels` (fused projections, torch's matmuls); the
+parent sets environment variants such as `:thp` before this starts.
+
+The model is Qwen2.5-0.5B's shape with seeded random weights, written once
+to benchmarks/.cache as float32 safetensors; both engines load the same file
+and convert to the dtype asked for.
+"""
+from __future__ import annotations
+
+import json
+import os
+import resource
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+REPO = Path(__file__).resolve().parent.parent
+CACHE = REPO / "benchmarks" / ".cache"
+FIXTURE = REPO.parent / "shared" / "fixtures" / "configs" / "qwen2.5-0.5b-instruct" / "config.json"
+SEED = 0
+# The fixture's config.json, for checkouts without ../shared.
+QWEN25_05B = {
+    "architectures": ["Qwen2ForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 151643,
+    "eos_token_id": 151645, "hidden_act": "silu", "hidden_size": 896, "initializer_range": 0.02,
+    "intermediate_size": 4864, "max_position_embeddings": 32768, "max_window_layers": 21, "model_type": "qwen2",
+    "num_attention_heads": 14, "num_hidden_layers": 24, "num_key_value_heads": 2, "rms_norm_eps": 1e-06,
+    "rope_scaling": None, "rope_theta": 1000000.0, "sliding_window": 32768, "tie_word_embeddings": True,
+    "torch_dtype": "float32", "transformers_version": "4.49.0", "use_cache": True, "use_sliding_window": False,
+    "vocab_size": 151936,
+}
+# run(prompt_ids, new_tokens) -> (perf_counter() at the call and at each new token, the greedy tokens)
+Runner = Callable[[list[int], int], tuple[list[float], list[int]]]
+
+
+def model_config() -> dict:
+    config = json.loads(FIXTURE.read_text()) if FIXTURE.is_file() else dict(QWEN25_05B)
+    config.pop("_name_or_path", None)
+    return config
+
+
+def build_model() -> Path:
+    """The random-weight checkpoint (about 2 GB), made once: N(0, initializer_range), norms 1."""
+    config = model_config()
+    folder = CACHE / f"qwen2.5-0.5b-random-seed{SEED}"
+    if (folder / "model.safetensors").is_file() and json.loads((folder / "config.json").read_text()) == config:
+        return folder
+    import torch
+    from safetensors.torch import save_file
+
+    sys.path.insert(0, str(REPO))
+    from py_engine.config import ModelConfig
+    from py_engine.models import CausalLM
+
+    with torch.device("meta"):
+        names = [(n, tuple(p.shape)) for n, p in CausalLM(ModelConfig.from_dict(config)).named_parameters()]
+    g = torch.Generator().manual_seed(SEED)
+    std = config["initializer_range"]
+    tensors = {n: torch.ones(s) if n.endswith("norm.weight") else torch.randn(s, generator=g) * std
+               for n, s in names}
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = folder / "model.safetensors.tmp"
+    save_file(tensors, tmp, metadata={"format": "pt"})
+    os.replace(tmp, folder / "model.safetensors")
+    (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    return folder
+
+
+def prompt_ids(length: int) -> list[int]:
+    """A fixed prompt of ordinary token ids."""
+    return [(i * 7919) % 150000 + 10 for i in range(length)]
+
+
+def ruvllm_runner(folder: Path, dtype: str, options: set[str]) -> Runner:
+    sys.path.insert(0, str(REPO))
+    from py_engine.engine import TorchBackend
+    from py_engine.models import load_model
+    from py_engine.models.cpu_transforms import fuse_projections, optimize_for_cpu
+
+    model, config = load_model(folder, dtype=dtype)
+    if "nokernels" in options:
+        fuse_projections(model)
+    elif "noopt" not in options:
+        optimize_for_cpu(model)
+    backend = TorchBackend(model, config, config.max_position_embeddings)
+
+    def run(ids: list[int], new_tokens: int) -> tuple[list[float], list[int]]:
+        stamps = [time.perf_counter()]
+        tokens = [backend.argmax(backend.prefill(ids))]
+        stamps.append(time.perf_counter())
+        while len(tokens) < new_tokens:
+            tokens.append(backend.argmax(backend.decode(tokens[-1])))
+            stamps.append(time.perf_counter())
+        return stamps, tokens
+    return run
+
+
+def transformers_runner(folder: Path, dtype: str, options: set[str]) -> Runner:
+    import torch
+    from transformers import AutoModelForCausalLM
+    from transformers.generation.streamers import BaseStreamer
+
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=getattr(torch, dtype)).eval()
+
+    class Clock(BaseStreamer):
+        """generate() calls put() once with the prompt, then once per new token."""
+
+        def __init__(self) -> None:
+            self.stamps: list[float] = []
+
+        def put(self, value) -> None:
+            self.stamps.append(time.perf_counter())
+
+        def end(self) -> None:
+            pass
+
+    def run(ids: list[int], new_tokens: int) -> tuple[list[float], list[int]]:
+        clock = Clock()
+        start = time.perf_counter()
+        with torch.inference_mode():  # min_new_tokens: no early EOS, the same count as ruvllm
+            out = model.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=new_tokens,
+                                 min_new_tokens=new_tokens, pad_token_id=0, streamer=clock)
+        return [start] + clock.stamps[1:], out[0, len(ids):].tolist()
+    return run
+
+
+def measure(engine: str, dtype: str, threads: int, new_tokens: int, lengths: list[int]) -> dict:
+    import torch
+
+    torch.set_num_threads(threads)
+    name, _, opts = engine.partition(":")
+    folder = build_model()
+    start = time.perf_counter()
+    runner = {"ruvllm": ruvllm_runner, "transformers": transformers_runner}[name]
+    run = runner(folder, dtype, set(opts.split("+")) if opts else set())
+    result = {"engine": engine, "dtype": dtype, "threads": threads, "load_s": time.perf_counter() - start}
+    run(prompt_ids(8), 4)  # warm up allocators and lazy initialisation, the same for both
+    for length in lengths:
+        stamps, tokens = run(prompt_ids(length), new_tokens)
+        ttft = stamps[1] - stamps[0]
+        result[str(length)] = {"ttft_s": ttft, "prefill_tok_s": length / ttft,
+                               "decode_tok_s": (len(stamps) - 2) / (stamps[-1] - stamps[1]),
+                               "tokens": tokens[:32]}
+    result["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+    result["thp"] = os.environ.get("THP_MEM_ALLOC_ENABLE", "0")
+    return result
+
+
+if __name__ == "__main__":
+    engine, dtype, threads, new_tokens, *lengths = sys.argv[1:]
+    print(json.dumps(measure(engine, dtype, int(threads), int(new_tokens), [int(n) for n in lengths])))

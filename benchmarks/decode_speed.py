@@ -1,0 +1,182 @@
+"""Prefill and decode speed of ruvllm's torch engine against transformers' generate, on CPU.
+
+    python benchmarks/decode_speed.py [--dtypes float32,bfloat16] [--rounds 3]
+        [--prompt-lengths 128,512] [--new-tokens 128] [--engines ruvllm,transformers] [--threads 2]
+
+The model has Qwen2.5-0.5B's real shape (494M parameters, a tied 151936 x 896
+embedding) with seeded random weights (see decode_engines.py). For each
+prompt length it measures time to first token (prefill plus the first greedy
+token; prefill tok/s is the prompt length over it) and decode tok/s over the
+remaining new tokens, greedy, no early stop; and each engine's peak RSS.
+
+The machine is shared and its memory bandwidth swings within minutes, so
+every measurement is a fresh process (decode_engines.py), engines alternate
+within a round (the order rotating between rounds), and the table gives the
+median with min and max; ratios are per-round pairs, then their median.
+Engine variants: `ruvllm:noopt` (no CPU transforms), `ruvllm:nokernels`
+(fused projections only), and `:thp` on any engine, which runs it with
+THP_MEM_ALLOC_ENABLE=1 (torch's allocator asks for huge pages).
+
+Prints a table and writes benchmarks/results/decode_speed.json.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+RESULTS = HERE / "results" / "decode_speed.json"
+# llama.cpp decoding this shape on this machine, as the issue states it (tok/s).
+LLAMA_CPP = {"float32": (14.0, 17.0), "bfloat16": (28.0, 43.0)}
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    csv = lambda s: [x for x in s.split(",") if x]  # noqa: E731
+    p.add_argument("--dtypes", type=csv, default=["float32", "bfloat16"])
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--prompt-lengths", type=lambda s: [int(x) for x in csv(s)], default=[128, 512])
+    p.add_argument("--new-tokens", type=int, default=128)
+    p.add_argument("--engines", type=csv, default=["ruvllm", "transformers"])
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--out", type=Path, default=RESULTS)
+    return p.parse_args()
+
+
+def run_child(engine: str, dtype: str, args: argparse.Namespace) -> dict:
+    env = dict(os.environ)
+    if "thp" in engine.partition(":")[2].split("+"):
+        env["THP_MEM_ALLOC_ENABLE"] = "1"
+    cmd = [sys.executable, str(HERE / "decode_engines.py"), engine, dtype, str(args.threads),
+           str(args.new_tokens), *map(str, args.prompt_lengths)]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if done.returncode != 0:
+        return {"engine": engine, "dtype": dtype, "error": done.stderr.strip().splitlines()[-1:]}
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def spread(values: list[float], fmt: str = "{:.1f}") -> str:
+    if not values:
+        return "-"
+    return f"{fmt.format(statistics.median(values))} [{fmt.format(min(values))}-{fmt.format(max(values))}]"
+
+
+def summarize(runs: list[dict], args: argparse.Namespace) -> list[dict]:
+    """Per engine and dtype: median, min and max of each metric over the rounds."""
+    rows = []
+    for dtype in args.dtypes:
+        for engine in args.engines:
+            ok = [r for r in runs if r["engine"] == engine and r["dtype"] == dtype and "error" not in r]
+            row = {"engine": engine, "dtype": dtype, "runs": len(ok)}
+            for n in map(str, args.prompt_lengths):
+                for metric in ("prefill_tok_s", "decode_tok_s", "ttft_s"):
+                    vals = [r[n][metric] for r in ok]
+                    row[f"{metric}@{n}"] = {"median": statistics.median(vals), "min": min(vals),
+                                            "max": max(vals)} if vals else None
+            rss = [r["peak_rss_mb"] for r in ok]
+            row["peak_rss_mb"] = {"median": statistics.median(rss), "min": min(rss), "max": max(rss)} if rss else None
+            rows.append(row)
+    return rows
+
+
+def paired_ratios(runs: list[dict], args: argparse.Namespace) -> list[dict]:
+    """Each engine's decode and prefill over transformers' in the same round, median over rounds."""
+    out = []
+    base = "transformers"
+    for dtype in args.dtypes:
+        for engine in (e for e in args.engines if e != base):
+            ratio: dict[str, float | None] = {}
+            for n in map(str, args.prompt_lengths):
+                for metric in ("decode_tok_s", "prefill_tok_s"):
+                    pairs = [(a[n][metric], b[n][metric]) for a in runs for b in runs
+                             if a["round"] == b["round"] and a["dtype"] == b["dtype"] == dtype
+                             and a["engine"] == engine and b["engine"] == base
+                             and "error" not in a and "error" not in b]
+                    ratio[f"{metric}@{n}"] = statistics.median(x / y for x, y in pairs) if pairs else None
+            out.append({"engine": engine, "dtype": dtype, "vs_transformers": ratio})
+    return out
+
+
+def print_table(rows: list[dict], ratios: list[dict], args: argparse.Namespace) -> None:
+    lengths = list(map(str, args.prompt_lengths))
+    head = (["engine", "dtype"] + [f"prefill@{n}" for n in lengths] + [f"decode@{n}" for n in lengths]
+            + [f"TTFT ms@{n}" for n in lengths] + ["peak RSS MB"])
+    table = [head]
+    for r in rows:
+        cell = lambda key, scale=1.0, fmt="{:.1f}": spread(  # noqa: E731
+            [r[key][k] * scale for k in ("median", "min", "max")] if r.get(key) else [], fmt)
+        table.append([r["engine"], r["dtype"]] + [cell(f"prefill_tok_s@{n}") for n in lengths]
+                     + [cell(f"decode_tok_s@{n}") for n in lengths]
+                     + [cell(f"ttft_s@{n}", 1000, "{:.0f}") for n in lengths] + [cell("peak_rss_mb", fmt="{:.0f}")])
+    widths = [max(len(row[i]) for row in table) for i in range(len(head))]
+    print("tok/s and ms: median [min-max] over the rounds")
+    for row in table:
+        print("  ".join(c.ljust(w) for c, w in zip(row, widths)))
+    for r in ratios:
+        parts = [f"{k} x{v:.2f}" for k, v in r["vs_transformers"].items() if v is not None]
+        print(f"{r['engine']} {r['dtype']} vs transformers (paired): " + ", ".join(parts))
+    for r in rows:
+        if r["engine"].startswith("ruvllm") and r["dtype"] in LLAMA_CPP and r.get(f"decode_tok_s@{lengths[0]}"):
+            lo, hi = LLAMA_CPP[r["dtype"]]
+            med = r[f"decode_tok_s@{lengths[0]}"]["median"]
+            print(f"{r['engine']} {r['dtype']} decode@{lengths[0]} vs llama.cpp's stated {lo:g}-{hi:g} tok/s: "
+                  f"x{med / hi:.2f}-x{med / lo:.2f}")
+
+
+def machine() -> dict:
+    import torch
+    import transformers
+
+    info = {"python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__,
+            "cpus": os.cpu_count(), "loadavg_start": os.getloadavg()}
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+        info["cpu"] = next(line.split(":", 1)[1].strip() for line in lines if line.startswith("model name"))
+        flags = set(next(line for line in lines if line.startswith("flags")).split())
+        info["isa"] = sorted(flags & {"avx2", "fma", "f16c", "avx512f", "avx512_bf16", "amx_bf16"})
+    except (OSError, StopIteration):
+        pass
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=HERE, capture_output=True, text=True)
+    info["commit"] = commit.stdout.strip()
+    return info
+
+
+def main() -> None:
+    args = parse_args()
+    sys.path.insert(0, str(HERE))
+    from decode_engines import build_model
+
+    build_model()  # once, before any timing
+    meta = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), **machine()}
+    runs: list[dict] = []
+    for rnd in range(args.rounds):
+        order = args.engines[rnd % len(args.engines):] + args.engines[:rnd % len(args.engines)]
+        for dtype in args.dtypes:
+            for engine in order:
+                start = time.perf_counter()
+                result = {**run_child(engine, dtype, args), "round": rnd}
+                runs.append(result)
+                brief = result.get("error") or {n: round(result[str(n)]["decode_tok_s"], 2)
+                                                for n in args.prompt_lengths}
+                print(f"round {rnd} {dtype} {engine}: decode tok/s {brief} ({time.perf_counter() - start:.0f} s)",
+                      flush=True)
+    meta["loadavg_end"] = os.getloadavg()
+    rows, ratios = summarize(runs, args), paired_ratios(runs, args)
+    print_table(rows, ratios, args)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    config = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
+    args.out.write_text(json.dumps({"meta": meta, "config": config, "summary": rows, "ratios": ratios,
+                                    "llama_cpp_stated": LLAMA_CPP, "runs": runs}, indent=1) + "\n")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
