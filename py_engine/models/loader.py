@@ -80,6 +80,12 @@ class Checkpoint:
         f = self.files[self.where[name]]
         return f.get(name) if isinstance(f, SafetensorsFile) else f[name]
 
+    def release(self, name: str) -> None:
+        """The tensor was copied: its mapped pages need not stay resident."""
+        f = self.files[self.where[name]]
+        if isinstance(f, SafetensorsFile):
+            f.release(name)
+
 
 def _open_safetensors(path: Path) -> SafetensorsFile:
     try:
@@ -123,7 +129,10 @@ def load_model(path: str | Path, dtype: str | torch.dtype = "auto",
     _check_names(checkpoint, expected, config)
     for name, param in expected.items():
         tensor = _checked_tensor(checkpoint, name, tuple(param.shape))
-        _set_parameter(model, name, tensor.to(device=device, dtype=torch_dtype))
+        converted = tensor.to(device=device, dtype=torch_dtype)
+        _set_parameter(model, name, converted)
+        if converted.data_ptr() != tensor.data_ptr():  # a copy (another dtype or device)
+            checkpoint.release(name)
     model.tie_weights()
     return model.eval().requires_grad_(False), config
 

@@ -89,6 +89,20 @@ class SafetensorsFile:
     def shape(self, name: str) -> tuple[int, ...]:
         return self._entries[name][1]
 
+    def release(self, name: str) -> None:
+        """Unmap the pages that hold only this tensor's bytes, once it has been copied elsewhere.
+
+        Mapped pages count toward the process's resident memory until the
+        file is unmapped: a bfloat16 load of a float32 file would otherwise
+        peak at both sizes together. A later get() maps them in again.
+        """
+        _, _, begin, end = self._entries[name]
+        page = mmap.PAGESIZE
+        start = -(-(self._data_start + begin) // page) * page  # pages shared with a neighbour stay
+        stop = (self._data_start + end) // page * page
+        if stop > start and hasattr(self._mmap, "madvise"):
+            self._mmap.madvise(mmap.MADV_DONTNEED, start, stop - start)
+
     def get(self, name: str) -> Tensor:
         """The tensor, backed by the file's pages (copy-on-write)."""
         dtype, shape, begin, end = self._entries[name]
