@@ -22,6 +22,7 @@ import subprocess
 import tempfile
 import threading
 from pathlib import Path
+from typing import Sequence
 
 import torch
 from torch import Tensor
@@ -37,11 +38,13 @@ _loaded: "CpuKernels | None | bool" = False  # False: not tried yet
 class CpuKernels:
     """The compiled library with torch-facing wrappers."""
 
+    MAX_PARTS = 8  # MAX_PARTS in linear.c
+
     def __init__(self, lib: ctypes.CDLL) -> None:
         self.lib = lib
         p, i, i64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64
-        lib.rk_linear.argtypes = [p, i, p, i, p, i, p, i, i64, i64, i64]
-        lib.rk_linear.restype = i
+        lib.rk_linear_parts.argtypes = [p, i, i, p, i, p, i, p, p, i, i64, i64]
+        lib.rk_linear_parts.restype = i
         lib.rk_set_threads.argtypes = [i]
         lib.rk_set_threads.restype = i
         self.threads = 0
@@ -59,19 +62,30 @@ class CpuKernels:
 
     def linear(self, x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
         """F.linear(x, weight, bias) where supports(x, weight)."""
+        return self.linear_parts(x, [weight], [bias])
+
+    def linear_parts(self, x: Tensor, weights: Sequence[Tensor], biases: Sequence[Tensor | None]) -> Tensor:
+        """torch.cat([F.linear(x, w, b) for w, b in zip(weights, biases)], -1) as one job.
+
+        Every weight must pass supports(x, w) and have the same in_features;
+        biases are all None or all tensors of their weight's dtype.
+        """
         if not self.threads:
             self.set_threads(torch.get_num_threads())
-        n, k = weight.shape
+        k = weights[0].shape[1]
         x = x.contiguous()
-        y = torch.empty(*x.shape[:-1], n, dtype=x.dtype)
+        sizes = [w.shape[0] for w in weights]
+        y = torch.empty(*x.shape[:-1], sum(sizes), dtype=x.dtype)
         bf16 = x.dtype == torch.bfloat16
-        if bias is not None:
-            bias = bias.contiguous()
-        status = self.lib.rk_linear(x.data_ptr(), bf16, weight.data_ptr(), bf16,
-                                    None if bias is None else bias.data_ptr(), bf16,
-                                    y.data_ptr(), bf16, x.numel() // k, n, k)
+        biases = [None if b is None else b.contiguous() for b in biases]
+        n = len(weights)
+        w_ptrs = (ctypes.c_void_p * n)(*(w.data_ptr() for w in weights))
+        b_ptrs = (ctypes.c_void_p * n)(*(None if b is None else b.data_ptr() for b in biases))
+        status = self.lib.rk_linear_parts(x.data_ptr(), bf16, n, w_ptrs, bf16, b_ptrs, bf16,
+                                          (ctypes.c_int64 * n)(*sizes), y.data_ptr(), bf16, x.numel() // k, k)
         if status != 0:
-            raise RuntimeError(f"rk_linear failed ({status}) for x {tuple(x.shape)}, weight {tuple(weight.shape)}")
+            raise RuntimeError(f"rk_linear_parts failed ({status}) for x {tuple(x.shape)}, "
+                               f"weights {[tuple(w.shape) for w in weights]}")
         return y
 
 

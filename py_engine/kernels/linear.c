@@ -1,4 +1,7 @@
 /* y[M, N] = x[M, K] @ w[N, K]^T (+ bias[N]) on AVX2 + FMA, split over pool.h's threads.
+ * rk_linear_parts does several such products on the same x as one job, each
+ * writing its columns of one output (a fused qkv or gate/up projection
+ * without copying the weights into one matrix).
  *
  * Why not torch's matmul (measured on a 2-core AVX2 EPYC, see benchmarks/README.md):
  * - bf16 has no fast path without AVX-512 BF16: [1, 896] x [4864, 896] takes
@@ -22,12 +25,21 @@
 #define MR 4              /* x rows per tile */
 #define NR 3              /* w rows per tile: 12 accumulators + 3 weights + 1 x = 16 ymm registers */
 
+#define MAX_PARTS 8
+
 typedef struct {
   const void *x, *w, *bias;
-  void *y;
+  void *y; /* this part's first column */
   int x_bf16, w_bf16, bias_bf16, y_bf16;
-  int64_t M, N, K, rows_per_chunk;
+  int64_t M, N, K, ldy, rows_per_chunk; /* ldy: elements between rows of y */
 } linear_t;
+
+typedef struct {
+  int n_parts;
+  int64_t first_chunk[MAX_PARTS + 1]; /* part p owns chunks [first_chunk[p], first_chunk[p + 1]) */
+  linear_t part[MAX_PARTS];
+} parts_t;
+_Static_assert(sizeof(parts_t) <= POOL_MAX_CONTEXT, "the pool copies at most POOL_MAX_CONTEXT bytes");
 
 static inline __m256 load8(const void *p, int bf16, int64_t i) { /* a bf16 is an fp32's top half */
   if (!bf16) return _mm256_loadu_ps((const float *)p + i);
@@ -54,8 +66,8 @@ static inline uint16_t to_bf16(float f) { /* round to nearest even, as c10::BFlo
 }
 static inline void store(const linear_t *a, int64_t m, int64_t n, float v) {
   if (a->bias) v += load1(a->bias, a->bias_bf16, n);
-  if (a->y_bf16) ((uint16_t *)a->y)[m * a->N + n] = to_bf16(v);
-  else ((float *)a->y)[m * a->N + n] = v;
+  if (a->y_bf16) ((uint16_t *)a->y)[m * a->ldy + n] = to_bf16(v);
+  else ((float *)a->y)[m * a->ldy + n] = v;
 }
 
 /* One row of x against one row of w, four accumulators to hide FMA latency (decode). */
@@ -92,8 +104,7 @@ static inline __attribute__((always_inline)) void tile(const linear_t *a, int64_
     for (int j = 0; j < nr; ++j) store(a, m0 + i, n0 + j, hsum(acc[i][j]));
 }
 
-static void run_chunk(const void *context, int64_t c) {
-  const linear_t *a = context;
+static void run_part_chunk(const linear_t *a, int64_t c) {
   int64_t n0 = c * a->rows_per_chunk, n1 = n0 + a->rows_per_chunk;
   if (n1 > a->N) n1 = a->N;
   if (a->M == 1) {
@@ -110,13 +121,32 @@ static void run_chunk(const void *context, int64_t c) {
   }
 }
 
-int rk_linear(const void *x, int x_bf16, const void *w, int w_bf16, const void *bias, int bias_bf16,
-              void *y, int y_bf16, int64_t M, int64_t N, int64_t K) {
-  if (M < 1 || N < 1 || K < 8 || K % 8) return -1;
-  int64_t rows = CHUNK_BYTES / (K * (w_bf16 ? 2 : 4));
+static void run_chunk(const void *context, int64_t c) {
+  const parts_t *job = context;
+  int p = 0;
+  while (c >= job->first_chunk[p + 1]) ++p;
+  run_part_chunk(&job->part[p], c - job->first_chunk[p]);
+}
+
+/* y[M, sum N_p] = x @ concat(w_p)^T (+ concat(bias_p)); ws, biases and ns hold
+ * n_parts entries (a bias may be NULL). One dtype flag each for x, w, bias, y. */
+int rk_linear_parts(const void *x, int x_bf16, int n_parts, const void *const *ws, int w_bf16,
+                    const void *const *biases, int bias_bf16, const int64_t *ns,
+                    void *y, int y_bf16, int64_t M, int64_t K) {
+  if (M < 1 || K < 8 || K % 8 || n_parts < 1 || n_parts > MAX_PARTS) return -1;
+  parts_t job = {.n_parts = n_parts};
+  int64_t rows = CHUNK_BYTES / (K * (w_bf16 ? 2 : 4)), ldy = 0;
   rows = rows < NR ? NR : rows / NR * NR;
-  linear_t a = {x, w, bias, y, x_bf16, w_bf16, bias_bf16, y_bf16, M, N, K, rows};
-  pool_run((N + rows - 1) / rows, run_chunk, &a, sizeof a);
+  for (int p = 0; p < n_parts; ++p) ldy += ns[p];
+  int64_t column = 0;
+  for (int p = 0; p < n_parts; ++p) {
+    if (ns[p] < 1) return -1;
+    char *y_part = (char *)y + column * (y_bf16 ? 2 : 4);
+    job.part[p] = (linear_t){x, ws[p], biases[p], y_part, x_bf16, w_bf16, bias_bf16, y_bf16, M, ns[p], K, ldy, rows};
+    job.first_chunk[p + 1] = job.first_chunk[p] + (ns[p] + rows - 1) / rows;
+    column += ns[p];
+  }
+  pool_run(job.first_chunk[n_parts], run_chunk, &job, sizeof job);
   return 0;
 }
 

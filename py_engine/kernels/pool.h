@@ -12,7 +12,7 @@
 #include <stdint.h>
 
 #define POOL_MAX_THREADS 64
-#define POOL_MAX_CONTEXT 256 /* bytes of job context the pool copies */
+#define POOL_MAX_CONTEXT 1024 /* bytes of job context the pool copies */
 
 typedef void (*pool_chunk_fn)(const void *context, int64_t chunk);
 

@@ -4,14 +4,17 @@
     applied = optimize_for_cpu(model)  # e.g. ["fuse_projections", "cpu_kernels"]
 
 - `fuse_projections`: q/k/v become one `qkv_proj` and gate/up one
-  `gate_up_proj` (the layout Phi-3 checkpoints already use, so the model's
-  fused branch runs them). Decode is a chain of small GEMVs; one call instead
-  of three (or two) saves the per-call overhead and gives the thread pool
-  longer runs.
-- `use_cpu_kernels`: each `nn.Linear` becomes a `KernelLinear`, which runs
-  on py_engine.kernels: AVX2 GEMV/GEMM with bf16 widened in registers (torch's
-  bf16 matmul has no fast path on CPUs without AVX-512 BF16) on a thread pool
-  without barriers (see kernels/pool.h; numbers in benchmarks/README.md).
+  `gate_up_proj` (the names Phi-3 checkpoints use, so the model's fused
+  branch runs them), each a `FusedLinear` that keeps the original Linears
+  rather than copying their weights into one matrix: float32 weights are
+  mapped from the checkpoint, and a copy would add 1.1 GB of resident memory
+  to Qwen2.5-0.5B. Decode is a chain of small GEMVs; one call instead of
+  three (or two) saves per-call overhead and gives the thread pool longer runs.
+- `use_cpu_kernels`: each `nn.Linear` becomes a `KernelLinear` (and each
+  FusedLinear one kernel call) on py_engine.kernels: AVX2 GEMV/GEMM with bf16
+  widened in registers (torch's bf16 matmul has no fast path on CPUs without
+  AVX-512 BF16) on a thread pool without barriers (see kernels/pool.h;
+  numbers in benchmarks/README.md).
 
 Both keep the parameters (a tied LM head stays tied) and the arithmetic:
 float32 accumulation with one rounding at the end, as torch does.
@@ -49,14 +52,25 @@ def optimize_for_cpu(model: CausalLM) -> list[str]:
     return applied
 
 
-def _fused_linear(parts: list[nn.Linear]) -> nn.Linear:
-    """One Linear whose output is the parts' outputs concatenated, in order."""
-    weight = torch.cat([p.weight for p in parts])  # [sum of out_features, in_features]
-    fused = nn.Linear(weight.shape[1], weight.shape[0], bias=parts[0].bias is not None, device="meta")
-    fused.weight = nn.Parameter(weight, requires_grad=False)
-    if fused.bias is not None:
-        fused.bias = nn.Parameter(torch.cat([p.bias for p in parts]), requires_grad=False)
-    return fused
+def _needs_grad(x: Tensor, weight: Tensor) -> bool:
+    return torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)
+
+
+class FusedLinear(nn.Module):
+    """Linears that read the same input, run as one: [..., K] -> [..., sum of out_features]."""
+
+    kernels: CpuKernels | None = None  # set by use_cpu_kernels
+
+    def __init__(self, parts: list[nn.Linear]) -> None:
+        super().__init__()
+        self.parts = nn.ModuleList(parts)
+
+    def forward(self, x: Tensor) -> Tensor:
+        weights = [p.weight for p in self.parts]
+        if (self.kernels is not None and not _needs_grad(x, weights[0])
+                and all(self.kernels.supports(x, w) for w in weights)):
+            return self.kernels.linear_parts(x, weights, [p.bias for p in self.parts])
+        return torch.cat([p(x) for p in self.parts], dim=-1)
 
 
 def fuse_projections(model: CausalLM) -> int:
@@ -64,10 +78,10 @@ def fuse_projections(model: CausalLM) -> int:
     changed = 0
     for module in model.modules():
         if isinstance(module, Attention) and not module.fused:
-            module.qkv_proj = _fused_linear([module.q_proj, module.k_proj, module.v_proj])
+            module.qkv_proj = FusedLinear([module.q_proj, module.k_proj, module.v_proj])
             del module.q_proj, module.k_proj, module.v_proj
         elif isinstance(module, MLP) and not module.fused:
-            module.gate_up_proj = _fused_linear([module.gate_proj, module.up_proj])  # gate first, as forward chunks
+            module.gate_up_proj = FusedLinear([module.gate_proj, module.up_proj])  # gate first, as forward chunks
             del module.gate_proj, module.up_proj
         else:
             continue
@@ -77,36 +91,40 @@ def fuse_projections(model: CausalLM) -> int:
 
 
 class KernelLinear(nn.Linear):
-    """nn.Linear on the CPU kernels; without them, bf16 runs in float32 (faster than torch's bf16)."""
+    """nn.Linear on the CPU kernels where they take the input; bf16 otherwise runs in float32."""
 
     kernels: CpuKernels
 
     def forward(self, x: Tensor) -> Tensor:
-        grad = torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad)
-        if not grad and self.kernels.supports(x, self.weight):
+        if not _needs_grad(x, self.weight) and self.kernels.supports(x, self.weight):
             return self.kernels.linear(x, self.weight, self.bias)
-        if x.dtype == torch.bfloat16 and x.device.type == "cpu":
+        if x.dtype == torch.bfloat16 and x.device.type == "cpu":  # torch's bf16 matmul is slower
             bias = None if self.bias is None else self.bias.float()
             return F.linear(x.float(), self.weight.float(), bias).to(x.dtype)
         return F.linear(x, self.weight, self.bias)
 
 
 def use_cpu_kernels(model: nn.Module, kernels: CpuKernels) -> int:
-    """Swap each nn.Linear (sharing its parameters) for a KernelLinear; return how many."""
+    """Put the kernels under every Linear (sharing its parameters); return how many modules use them."""
+    fused = [m for m in model.modules() if isinstance(m, FusedLinear)]
+    inside = {id(p) for f in fused for p in f.parts}  # run by their FusedLinear
     swaps = [(parent, name, child) for parent in model.modules() for name, child in parent.named_children()
-             if type(child) is nn.Linear]
+             if type(child) is nn.Linear and id(child) not in inside]
     for parent, name, old in swaps:
         new = KernelLinear(old.in_features, old.out_features, bias=old.bias is not None, device="meta")
         new.weight, new.bias, new.kernels = old.weight, old.bias, kernels
         setattr(parent, name, new)
+    for f in fused:
+        f.kernels = kernels
     if isinstance(model, CausalLM):
         model.tie_weights()
-    return len(swaps)
+    return len(swaps) + len(fused)
 
 
 def model_kernels(model: nn.Module) -> CpuKernels | None:
-    """The kernels a model's KernelLinears use, or None if use_cpu_kernels was not applied."""
-    return next((m.kernels for m in model.modules() if isinstance(m, KernelLinear)), None)
+    """The kernels a model's Linears use, or None if use_cpu_kernels was not applied."""
+    return next((m.kernels for m in model.modules() if isinstance(m, (KernelLinear, FusedLinear))
+                 and m.kernels is not None), None)
 
 
 @contextmanager
