@@ -27,6 +27,7 @@ from .graph import GraphBuilder, TensorStore
 from .linear import Linear, PackedInits, rows_len
 from .options import ExportOptions
 from .rope_tables import rope_tables
+from .web_weights import gather_rows
 from py_engine.models.rope import rotary_dim
 
 DTYPES = {"float32": TensorProto.FLOAT, "float16": TensorProto.FLOAT16, "int64": TensorProto.INT64}
@@ -171,7 +172,11 @@ def embed(emit: BlockEmitter, model: CausalLM) -> tuple[str, PackedInits | None]
     packed = None
     if options.quantized and options.quantize_lm_head:
         packed = emit.linear.packed(table, "model.embed_tokens")
-        x = emit.linear.dequantize_rows(packed.B, packed, "model.embed_tokens", None, index=C.INPUT_IDS)
+        if options.target == "web":  # the same initializers as the LM head's DequantizeLinear
+            x = gather_rows(g, packed.packed, (packed.B, packed.scales, packed.zero_points), C.INPUT_IDS,
+                            "model.embed_tokens")
+        else:
+            x = emit.linear.dequantize_rows(packed.B, packed, "model.embed_tokens", None, index=C.INPUT_IDS)
         if rows_len(packed.packed) != config.hidden_size:
             x = g.node("Slice", [x, g.const([0]), g.const([config.hidden_size]), g.const([-1])], "embed/trim")
     else:

@@ -47,10 +47,21 @@ class TensorStore:
         proto.ClearField("dims")
         proto.dims.extend(array.shape)
         proto.ClearField("raw_data")
-        location, offset = self._write(array.tobytes())
+        return self._external(proto, array.tobytes())
+
+    def raw_tensor(self, name: str, data_type: int, dims: Sequence[int], data: bytes) -> TensorProto:
+        """A tensor from its stored bytes, for types numpy lacks (4-bit: two values a byte, low first)."""
+        proto = TensorProto(name=name, data_type=data_type, dims=list(dims))
+        if not self.external or len(data) <= INLINE_BYTES:
+            proto.raw_data = data
+            return proto
+        return self._external(proto, data)
+
+    def _external(self, proto: TensorProto, data: bytes) -> TensorProto:
+        location, offset = self._write(data)
         proto.data_location = TensorProto.EXTERNAL
-        for key, value in (("location", location), ("offset", str(offset)), ("length", str(array.nbytes))):
-            proto.external_data.add(key=key, value=value)
+        for key, value in (("location", location), ("offset", offset), ("length", len(data))):
+            proto.external_data.add(key=key, value=str(value))
         return proto
 
     def _write(self, data: bytes) -> tuple[str, int]:
@@ -111,6 +122,12 @@ class GraphBuilder:
     def initializer(self, name: str, array: np.ndarray) -> str:
         name = self.unique(name)
         self.initializers.append(self.store.tensor(name, array))
+        return name
+
+    def raw_initializer(self, name: str, data_type: int, dims: Sequence[int], data: np.ndarray) -> str:
+        """An initializer of `data_type` (4-bit, say) whose stored bytes are `data` (uint8)."""
+        name = self.unique(name)
+        self.initializers.append(self.store.raw_tensor(name, data_type, dims, np.ascontiguousarray(data).tobytes()))
         return name
 
     def const(self, value: Any, dtype: Any = np.int64) -> str:

@@ -4,14 +4,13 @@
 
 - fp32 / fp16: W^T as a [K, N] initializer and MatMul.
 - int8 / int4, native: MatMulNBits over the packed codes (export.packing).
-- int8 / int4, web: the same packed bytes, dequantized by plain operators
-  whose inputs are all initializers, so onnxruntime folds them into a float
-  [K, N] weight once at session start and then runs a float MatMul (the fast
-  kernel in onnxruntime-web). DequantizeLinear is avoided on purpose:
-  onnxruntime does not constant-fold it by default and may fuse it back into
-  MatMulNBits.
-A quantized tied embedding reads the LM head's packed rows with Gather and
-dequantizes only the rows it needs, so the table is stored once.
+- int8 / int4, web: the same codes as 4/8-bit ONNX tensors, one
+  DequantizeLinear each that onnxruntime folds into a float weight at session
+  start, then a float Gemm (the fast kernel in onnxruntime-web); see
+  export.web_weights for why a single op and the session option it needs.
+A quantized tied embedding reads the LM head's stored rows (native: Gather
+and bit ops below; web: GatherBlockQuantized) and dequantizes only the rows it
+needs, so the table is stored once.
 """
 from __future__ import annotations
 
@@ -25,6 +24,7 @@ from py_engine.quant import QuantizedWeight, quantize_rtn
 from .graph import MS_DOMAIN, GraphBuilder
 from .options import ExportOptions
 from .packing import PackedNBits, pack_matmul_nbits
+from .web_weights import dequantized, gemm, web_initializers
 
 
 @dataclass
@@ -54,6 +54,8 @@ class Linear:
     def packed(self, weight: Tensor, name: str) -> "PackedInits":
         p = pack_matmul_nbits(self.quantize(weight))
         g = self.g
+        if self.options.target == "web":
+            return PackedInits(p, *web_initializers(g, p, name, self.float_dtype))
         zp = None if p.zero_points is None else g.initializer(f"{name}.weight_zp", p.zero_points)
         return PackedInits(p, g.initializer(f"{name}.weight_q{p.bits}", p.B),
                            g.initializer(f"{name}.weight_scales", p.scales.astype(self.float_dtype)), zp)
@@ -61,22 +63,15 @@ class Linear:
     def nbits(self, x: str, w: "PackedInits", name: str) -> str:
         p = w.packed
         if self.options.target == "web":
-            return self.g.node("MatMul", [x, self.dequantized(w, name)], f"{name}/MatMul")
+            weight = dequantized(self.g, p, (w.B, w.scales, w.zero_points), name)  # [N, K], folded
+            return gemm(self.g, x, weight, None, p.N, p.K, name)
         inputs = [x, w.B, w.scales] + ([w.zero_points] if w.zero_points else [])
         return self.g.node("MatMulNBits", inputs, f"{name}/MatMulNBits", domain=MS_DOMAIN, K=p.K, N=p.N,
                            bits=p.bits, block_size=p.block_size, accuracy_level=self.options.accuracy_level)
 
-    def dequantized(self, w: "PackedInits", name: str) -> str:
-        """Float W^T [K, N] from the packed codes, all-initializer inputs (constant-folded)."""
-        p, g = w.packed, self.g
-        rows = self.dequantize_rows(w.B, w, name, p.N)  # [N, blocks * block]
-        if p.K != rows_len(p):
-            rows = g.node("Slice", [rows, g.const([0]), g.const([p.K]), g.const([1])], f"{name}/dq/Slice")
-        return g.node("Transpose", [rows], f"{name}/dq/Transpose", perm=[1, 0])  # [K, N]
-
     def dequantize_rows(self, codes: str, w: "PackedInits", name: str, n_rows: int | None,
                         index: str | None = None) -> str:
-        """Dequantize packed rows [R, blocks, blob] (optionally Gather-ed by `index` first) to [..., K_pad]."""
+        """Dequantize MatMulNBits rows [R, blocks, blob] (optionally Gather-ed by `index` first) to [..., K_pad]."""
         p, g = w.packed, self.g
         blocks = p.scales.shape[1]
         scales, zero = w.scales, w.zero_points

@@ -15,13 +15,16 @@ benchmarks/results/onnx_runtimes.json):
 
 The contract file gains two keys (the rest of it is export.contract's):
 
-    "files":    {"onnx/model_q4.onnx": {"precision": "int4", "target": "native",
-                  "kv_dtype": "float32", "bytes": ..., ...}, ...}
+    "files":    {"onnx/model_q4_web.onnx": {"precision": "int4", "target": "web",
+                  "kv_dtype": "float32", "session_options": {"session.disable_quant_qdq": "1"},
+                  "bytes": ..., ...}, ...}
     "runtimes": {"onnxruntime-web": {"default": "onnx/model_q4_web.onnx",
                   "int4": "onnx/model_q4_web.onnx", "fp32": "onnx/model.onnx"}, ...}
 
 `files` lists every graph in the folder (merged across exports of the same
-checkpoint); `runtimes` maps each runtime and precision to the file it should
+checkpoint) with the session config entries it needs (onnxruntime-web:
+`sessionOptions.extra = {session: {disable_quant_qdq: "1"}}`; CPython:
+`SessionOptions.add_session_config_entry`); `runtimes` maps each runtime and precision to the file it should
 load, and `default` to the precision it should pick when not told (the
 smallest download that runs fastest there). Consumers read `runtimes`; the
 preference tables below are the measured decision, kept as data.
@@ -50,11 +53,20 @@ PRECISION_PREFERENCE: dict[str, tuple[str, ...]] = {
 }
 
 
+# Session config entries a file needs to run as measured (export.web_weights: without it onnxruntime
+# keeps the web graph's DequantizeLinear nodes and dequantizes every weight on every call).
+WEB_SESSION_OPTIONS = {"session.disable_quant_qdq": "1"}
+
+
+def session_options(options: ExportOptions) -> dict[str, str]:
+    return dict(WEB_SESSION_OPTIONS) if options.quantized and options.target == "web" else {}
+
+
 def file_entry(options: ExportOptions, kv_dtype: str, config_sha256: str, size: int) -> dict[str, Any]:
     return {"precision": options.precision, "target": options.target, "kv_dtype": kv_dtype,
             "block_size": options.block_size if options.quantized else None,
             "symmetric": options.symmetric if options.quantized else None,
-            "config_sha256": config_sha256, "bytes": size}
+            "session_options": session_options(options), "config_sha256": config_sha256, "bytes": size}
 
 
 def merged_files(out_dir: Path, new: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:

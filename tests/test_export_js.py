@@ -69,11 +69,12 @@ def node_modules() -> Path:
 
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory):
-    """A tiny Qwen2 exported as fp32 (native and plain graphs) and int4 (native and web graphs)."""
+    """A tiny Qwen2 exported as fp32 (native and plain graphs) and int4 / int8 (native and web graphs)."""
     folder = tmp_path_factory.mktemp("js")
     hf = build_tiny_model(folder / "hf", "qwen2")
     for precision, target, name in (("fp32", "plain", "plain"), ("fp32", "native", "out"),
-                                    ("int4", "native", "out"), ("int4", "web", "out")):
+                                    ("int4", "native", "out"), ("int4", "web", "out"), ("int8", "native", "out"),
+                                    ("int8", "web", "out")):
         export_model(hf, folder / name, ExportOptions(precision=precision, target=target))
     return hf, folder
 
@@ -109,7 +110,8 @@ def torch_greedy(hf: Path) -> list[int]:
 
 CASES = [("onnxruntime-node", "node", "fp32", "out"), ("onnxruntime-web", "web", "fp32", "out"),
          ("onnxruntime-web", "web", "fp32", "plain"), ("onnxruntime-node", "node", "int4", "out"),
-         ("onnxruntime-web", "web", "int4", "out")]
+         ("onnxruntime-web", "web", "int4", "out"), ("onnxruntime-node", "node", "int8", "out"),
+         ("onnxruntime-web", "web", "int8", "out")]
 
 
 @pytest.mark.parametrize("manifest_runtime, runtime, precision, folder", CASES,
@@ -136,10 +138,14 @@ def test_manifest_points_each_runtime_at_its_variant(exported):
     _, root = exported
     contract = json.loads((root / "out" / "ruvllm_contract.json").read_text())
     runtimes, files = contract["runtimes"], contract["files"]
-    assert runtimes["onnxruntime-web"]["int4"] == "onnx/model_q4_web.onnx"
+    assert runtimes["onnxruntime-web"]["int4"] == runtimes["onnxruntime-web"]["default"] == "onnx/model_q4_web.onnx"
+    assert runtimes["onnxruntime-web"]["int8"] == "onnx/model_quantized_web.onnx"
     for runtime in ("onnxruntime", "onnxruntime-node", "onnxruntime-genai"):
         assert runtimes[runtime]["int4"] == "onnx/model_q4.onnx"
     assert {f: e["target"] for f, e in files.items()} == {
-        "onnx/model.onnx": "native", "onnx/model_q4.onnx": "native", "onnx/model_q4_web.onnx": "web"}
+        "onnx/model.onnx": "native", "onnx/model_q4.onnx": "native", "onnx/model_q4_web.onnx": "web",
+        "onnx/model_quantized.onnx": "native", "onnx/model_quantized_web.onnx": "web"}
+    assert files["onnx/model_q4_web.onnx"]["session_options"] == {"session.disable_quant_qdq": "1"}
+    assert files["onnx/model_q4.onnx"]["session_options"] == {}
     genai = json.loads((root / "out" / "genai_config.json").read_text())
-    assert genai["model"]["decoder"]["filename"] == "onnx/model_q4.onnx"  # never the web graph
+    assert genai["model"]["decoder"]["filename"] == "onnx/model_quantized.onnx"  # never a web graph

@@ -108,7 +108,8 @@ def dequantized_copy(model, options: ExportOptions):
 
 
 @pytest.mark.parametrize("precision, target, symmetric", [
-    ("int4", "native", True), ("int4", "web", False), ("int8", "native", False), ("int8", "web", True)])
+    ("int4", "native", True), ("int4", "web", False), ("int4", "web", True), ("int8", "native", False),
+    ("int8", "web", True), ("int8", "web", False)])
 def test_quantized_export_matches_dequantized_torch(tmp_path, precision, target, symmetric):
     save_hf_model(FAMILIES["qwen3"], tmp_path / "hf")  # tied embeddings: the shared packed table
     model, config = load_model(tmp_path / "hf", dtype="float32")

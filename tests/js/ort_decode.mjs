@@ -7,13 +7,15 @@
 // `tokens` are steps + 1 greedy ids (the prefill's argmax, then one per decode call, each fed back
 // with the KV cache). `--logits FILE` writes float32 [prompt + steps, vocab]: every prefill position,
 // then each decode step, the rows tests/export_helpers.onnx_decode_logits returns.
-// The feeds follow export/contract.py, read from the graph's ruvllm_contract.json (one folder up).
+// The feeds follow export/contract.py, read from the graph's ruvllm_contract.json (one folder up),
+// and the session gets the config entries that file's entry lists (export/manifest.py), as
+// `extra` ({"session.disable_quant_qdq": "1"} becomes {session: {disable_quant_qdq: "1"}}).
 // `--runtime web` is onnxruntime-web's wasm backend, as a browser runs it (no WebGPU in Node).
 // `--modules` is the node_modules folder holding the runtimes (default: the one next to this file),
 // so a test can use an npm cache elsewhere.
 import { readFileSync, writeFileSync } from 'node:fs';
 import { createRequire } from 'node:module';
-import { dirname, join, resolve } from 'node:path';
+import { basename, dirname, join, resolve } from 'node:path';
 import { fileURLToPath, pathToFileURL } from 'node:url';
 
 const HERE = dirname(fileURLToPath(import.meta.url));
@@ -60,6 +62,16 @@ function feeds(ort, contract, ids, start, past) {
   return f;
 }
 
+function extraOptions(contract, model) {
+  const entry = contract.files?.[`onnx/${basename(model)}`] ?? {};
+  const extra = {};
+  for (const [key, value] of Object.entries(entry.session_options ?? {})) {
+    const [group, name] = key.split('.', 2);
+    (extra[group] ??= {})[name] = value;
+  }
+  return extra;
+}
+
 function argmaxLast(logits) {
   const v = logits.dims[2], data = logits.data, off = data.length - v;
   let best = 0;
@@ -79,7 +91,7 @@ async function main() {
   try {
     const { ort, options } = await loadRuntime(args.runtime, args.modules, args.threads);
     let t = performance.now();
-    const session = await ort.InferenceSession.create(args.model, options);
+    const session = await ort.InferenceSession.create(args.model, { ...options, extra: extraOptions(contract, args.model) });
     out.create_ms = performance.now() - t;
     if (args.warmup > 0) {  // first runs allocate; keep that out of the prefill time
       t = performance.now();

@@ -1,0 +1,78 @@
+"""The web target's quantized weights: one DequantizeLinear per weight, folded once at session start.
+
+onnxruntime-web's wasm MatMulNBits is ~10x slower than its float MatMul, so
+the web graph stores the 4/8-bit codes and lets onnxruntime turn them into
+float weights while it optimizes the graph. That folding keeps every
+intermediate tensor until it ends, so the chain must be a single op from the
+stored codes to the final weight, or a 0.5B model's fold needs several times
+its float size (a bitwise unpack chain took 7x, past wasm's 4 GB on a
+151936 x 896 head). Hence, per weight W [N, K]:
+
+    data   int4 [N, K_pad] (code - 8, symmetric) | uint4 [N, K_pad] + zero points | uint8 [N, K_pad] + zero points
+    scales float [N, K_pad / block]
+    DequantizeLinear(axis=1, block_size) -> float [N, K_pad] -> (Slice to K) -> Gemm(x, W, transB=1)
+
+The 4-bit bytes are MatMulNBits' (export.packing) as ONNX 4-bit tensors store
+them, low nibble first; symmetric codes are flipped (c ^ 8) into int4 so no
+zero-point tensor is needed. Gemm reads W [N, K] in place (MatMul would need
+a second folded Transpose). A tied embedding gathers rows of the same three
+initializers with GatherBlockQuantized, so the table is stored once.
+
+onnxruntime skips DequantizeLinear when constant folding unless the session
+sets `session.disable_quant_qdq = "1"` (it keeps Q/DQ pairs for its int8
+fusions); without it the graph is still correct, only slow (dequantized on
+every call). The option is recorded per file in ruvllm_contract.json
+(export.manifest.SESSION_OPTIONS).
+"""
+from __future__ import annotations
+
+import numpy as np
+from onnx import TensorProto
+
+from .graph import MS_DOMAIN, GraphBuilder
+from .packing import PackedNBits, pack_codes, unpack_codes
+
+
+def web_initializers(g: GraphBuilder, p: PackedNBits, name: str, float_dtype: type) -> tuple[str, str, str | None]:
+    """(data, scales, zero points or None) initializers for DequantizeLinear / GatherBlockQuantized."""
+    n, blocks = p.scales.shape
+    k_pad = blocks * p.block_size
+    scales = g.initializer(f"{name}.weight_scales", p.scales.astype(float_dtype))
+    flat = p.B.reshape(n, -1)  # [N, K_pad * bits / 8]: rows are whole bytes at both widths
+    if p.bits == 4 and p.zero_points is None:  # c - 8 as a two's-complement nibble is c ^ 8
+        data = g.raw_initializer(f"{name}.weight_int4", TensorProto.INT4, [n, k_pad], flat ^ np.uint8(0x88))
+        return data, scales, None
+    if p.bits == 4:
+        data = g.raw_initializer(f"{name}.weight_uint4", TensorProto.UINT4, [n, k_pad], flat)
+        zero = unpack_codes(p.zero_points, 4, blocks)  # [N, blocks]; packed over the whole tensor, not by row
+        zp = g.raw_initializer(f"{name}.weight_zp", TensorProto.UINT4, [n, blocks], pack_codes(zero.reshape(-1), 4))
+        return data, scales, zp
+    zero = p.zero_points if p.zero_points is not None else np.full((n, blocks), 128, np.uint8)
+    data = g.initializer(f"{name}.weight_uint8", flat)
+    return data, scales, g.initializer(f"{name}.weight_zp", zero.astype(np.uint8))
+
+
+def dequantized(g: GraphBuilder, p: PackedNBits, inits: tuple[str, str, str | None], name: str) -> str:
+    """Float W [N, K] from the stored codes: one DequantizeLinear (plus a Slice when K was padded)."""
+    data, scales, zp = inits
+    w = g.node("DequantizeLinear", [data, scales] + ([zp] if zp else []), f"{name}/DequantizeLinear",
+               axis=1, block_size=p.block_size)
+    if p.K != p.scales.shape[1] * p.block_size:
+        w = g.node("Slice", [w, g.const([0]), g.const([p.K]), g.const([1])], f"{name}/dq/Slice")
+    return w
+
+
+def gemm(g: GraphBuilder, x: str, w: str, bias: str | None, n: int, k: int, name: str) -> str:
+    """x [..., K] @ W^T + b for W [N, K]: Gemm on the flattened rows, reshaped back to [..., N]."""
+    flat = g.node("Reshape", [x, g.const([-1, k])], f"{name}/flat")  # [rows, K]
+    y = g.node("Gemm", [flat, w] + ([bias] if bias else []), f"{name}/Gemm", transB=1)  # [rows, N]
+    lead = g.node("Slice", [g.node("Shape", [x], f"{name}/shape"), g.const([0]), g.const([-1])], f"{name}/lead")
+    shape = g.node("Concat", [lead, g.const([n])], f"{name}/out_shape", axis=0)
+    return g.node("Reshape", [y, shape], f"{name}/unflat")
+
+
+def gather_rows(g: GraphBuilder, p: PackedNBits, inits: tuple[str, str, str | None], index: str, name: str) -> str:
+    """Dequantized rows [..., K_pad] of the stored table for token ids `index` (GatherBlockQuantized)."""
+    data, scales, zp = inits
+    return g.node("GatherBlockQuantized", [data, index, scales] + ([zp] if zp else []), f"{name}/GatherBlockQuantized",
+                  domain=MS_DOMAIN, bits=p.bits, block_size=p.block_size, gather_axis=0, quantize_axis=1)
