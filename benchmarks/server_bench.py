@@ -25,6 +25,7 @@ import contextlib
 import json
 import os
 import platform
+import shutil
 import signal
 import socket
 import statistics
@@ -46,7 +47,9 @@ from native_server.bench.stats import summarize  # noqa: E402
 from native_server.bench.workload import Workload, random_prompts  # noqa: E402
 
 RESULTS = REPO / "benchmarks" / "results" / "server_bench.json"
-QWEN_DIR = REPO / "benchmarks" / ".cache" / "qwen2.5-0.5b-shape"
+QWEN_DIR = REPO / "benchmarks" / ".cache" / "qwen2.5-0.5b-random-seed0-serve"
+QWEN_TOKENIZER = REPO.parent / "shared" / "fixtures" / "tokenizers" / "qwen2.5"
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt")
 STARTUP_S, STOP_S = 300.0, 60.0
 
 
@@ -66,11 +69,26 @@ class Plan:
 
 
 def qwen_checkpoint() -> Path:
-    """The random Qwen2.5-0.5B-shape checkpoint, built once (onnx_decode's builder) and cached."""
+    """decode_engines.py's random Qwen2.5-0.5B-shape weights (float32, built once), as a servable folder:
+    the same files linked, plus Qwen2.5's real tokenizer from ../shared (a toy one where that is absent)."""
     sys.path.insert(0, str(REPO / "benchmarks"))
-    from onnx_decode import make_checkpoint
+    from decode_engines import build_model
 
-    make_checkpoint(QWEN_DIR)
+    weights = build_model()
+    QWEN_DIR.mkdir(parents=True, exist_ok=True)
+    for name in ("config.json", "model.safetensors"):
+        with contextlib.suppress(FileExistsError):
+            (QWEN_DIR / name).symlink_to(weights / name)
+    if not (QWEN_DIR / "tokenizer.json").exists():
+        if QWEN_TOKENIZER.is_dir():
+            for name in TOKENIZER_FILES:
+                shutil.copy(QWEN_TOKENIZER / name, QWEN_DIR / name)
+        else:
+            sys.path.insert(0, str(REPO / "tests"))
+            from tiny_models import train_tokenizer
+
+            train_tokenizer(QWEN_DIR)
+    (QWEN_DIR / "generation_config.json").write_text(json.dumps({"eos_token_id": [151645, 151643]}))
     return QWEN_DIR
 
 
