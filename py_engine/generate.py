@@ -28,6 +28,11 @@ class Backend(Protocol):
     def decode(self, token_id: int) -> Any:
         """Append one token; return the logits after it."""
 
+    # Optional: argmax(logits) -> int, the first index of the max, used for plain greedy requests;
+    # sample_token(logits, params, u, output_ids, prompt_ids) -> int with exactly
+    # py_engine.sampling.sample_token's semantics, run where the logits are (the browser runtime
+    # samples in JavaScript). The loop still draws u from its Sampler, so seeded runs replay.
+
 
 class PromptTooLongError(ValueError):
     """The prompt leaves no room to generate in the model's context."""
@@ -106,6 +111,7 @@ def stream(backend: Backend, tokenizer: Any, prompt_ids: Sequence[int], params: 
                                  f"{backend.max_context} tokens, leaving no room to generate")
     sampler = Sampler(params)
     argmax = getattr(backend, "argmax", None) if _fast_greedy(params) else None
+    own_sampler = getattr(backend, "sample_token", None) if params.logprobs is None else None
     detok = IncrementalDecoder(tokenizer, skip_special_tokens=True)
     stops = StopStringMatcher(params.stop)
     output: list[int] = []
@@ -113,6 +119,9 @@ def stream(backend: Backend, tokenizer: Any, prompt_ids: Sequence[int], params: 
     while True:
         if argmax is not None:
             sample = SampleOutput(argmax(logits))
+        elif own_sampler is not None:
+            u = 0.0 if params.is_greedy else sampler.rng.random()  # one draw per token, as Sampler does
+            sample = SampleOutput(own_sampler(logits, params, u, output, prompt_ids))
         else:
             sample = sampler.sample_with_logprobs(_row(logits), output, prompt_ids)
         token = sample.token_id

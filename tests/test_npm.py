@@ -32,6 +32,7 @@ DRIVER = REPO / "tests" / "npm"
 BUILTIN = REPO / "py_engine" / "data" / "tiny-shakespeare"
 PROMPT = "To be, or not"
 GREEDY = 48
+SAMPLED = {"temperature": 0.8, "top_p": 0.9, "top_k": 40, "seed": 7, "max_tokens": 24, "ignore_eos": True}
 
 pytestmark = pytest.mark.slow
 
@@ -103,7 +104,7 @@ def _reference(model: Path, export: Path) -> list[int]:
 @pytest.fixture(scope="module")
 def node_run(scratch, models, tmp_path_factory) -> dict:
     spec = {"models": [{"name": n, "path": str(e), "precision": "fp32"} for n, (_, e) in models.items()],
-            "prompt": PROMPT, "max_tokens": GREEDY, "runtime": "web",
+            "prompt": PROMPT, "max_tokens": GREEDY, "runtime": "web", "sampled": SAMPLED,
             "missing": str(tmp_path_factory.mktemp("empty") / "nothing")}
     path = scratch / "spec.json"
     path.write_text(json.dumps(spec))
@@ -119,6 +120,15 @@ def test_greedy_tokens_equal_torch_and_cpython(models, node_run):
         assert len(expected) == GREEDY
         assert node_run["greedy"][name]["token_ids"] == expected, name
         assert node_run["stats"][name]["load"]["runtime"] == "onnxruntime-web"
+
+
+def test_seeded_sampling_equals_cpython(models, node_run):
+    """Sampling runs in JS (npm/src/sampling.js) with u from Python's seeded rng: the same tokens as CPython."""
+    from py_engine import LLM, SamplingParams
+
+    for name, (_, export) in models.items():
+        want = LLM(str(export), backend="onnx", dtype="fp32").generate(PROMPT, SamplingParams(**SAMPLED)).token_ids
+        assert node_run["sampled"][name] == want, name
 
 
 def test_greedy_text_and_usage(models, node_run):

@@ -8,8 +8,8 @@ each forward pass *before* resuming the loop: `stream` always asks for
 finish_reason, so JS knows the next forward pass in advance and hands its
 logits to `Generation.step`, which the backend below then returns.
 Logits arrive as a JS Float32Array and cross with one bulk copy
-(`to_memoryview`); the argmax comes from JS, so greedy decoding never builds a
-Python list of the vocabulary.
+(`to_memoryview`); the argmax and sampled tokens come from JS (the loop's
+backend hooks), so decoding never builds a Python list of the vocabulary.
 """
 from __future__ import annotations
 
@@ -24,10 +24,16 @@ from py_engine.tokenizer import Tokenizer
 
 
 class PrefetchBackend:
-    """A generate.Backend whose forward passes JS has already run: it returns the row JS handed over."""
+    """A generate.Backend whose forward passes JS has already run: it returns the row JS handed over.
 
-    def __init__(self, max_context: int) -> None:
+    Sampling happens in JS too, where the row is (npm/src/sampling.js, tested equal to
+    py_engine.sampling.sample_token): greedy takes JS's argmax, and sampled tokens call
+    `js_sample(u)` with u drawn from the loop's own Sampler, so seeds give the same tokens.
+    """
+
+    def __init__(self, max_context: int, js_sample: Any) -> None:
         self.max_context = max_context
+        self.js_sample = js_sample
         self.row: Any = None  # memoryview of float32 logits, [V]
         self.best: int | None = None  # JS's argmax of that row
 
@@ -49,13 +55,25 @@ class PrefetchBackend:
     def argmax(self, logits: Any) -> int:
         return self.best
 
+    def sample_token(self, logits: Any, params: Any, u: float, output_ids: Any, prompt_ids: Any) -> int:
+        return int(self.js_sample(u))
+
 
 class Generation:
     """One running `stream`; JS calls step(logits, argmax) and gets back [text, token_id, finish_reason]."""
 
-    def __init__(self, runtime: "Runtime", prompt_ids: list[int], params: Any) -> None:
-        self.backend = PrefetchBackend(runtime.max_context)
+    def __init__(self, runtime: "Runtime", prompt_ids: list[int], params: Any, js_sample: Any) -> None:
+        self.params = params
+        self.backend = PrefetchBackend(runtime.max_context, js_sample)
         self.chunks = stream(self.backend, runtime.tokenizer, prompt_ids, params, runtime.eos_token_ids)
+
+    def params_json(self) -> str:
+        """The validated, normalized sampling fields npm/src/sampling.js reads."""
+        p = self.params
+        return json.dumps({"temperature": p.temperature, "top_k": p.top_k, "top_p": p.top_p, "min_p": p.min_p,
+                           "repetition_penalty": p.repetition_penalty, "presence_penalty": p.presence_penalty,
+                           "frequency_penalty": p.frequency_penalty,
+                           "logit_bias": {str(k): v for k, v in p.logit_bias.items()}})
 
     def step(self, js_row: Any, best: int) -> str:
         self.backend.give(js_row, best)
@@ -101,11 +119,11 @@ class Runtime:
     def decode(self, ids_json: str, skip_special_tokens: bool) -> str:
         return self.tokenizer.decode(json.loads(ids_json), skip_special_tokens=bool(skip_special_tokens))
 
-    def start(self, prompt_ids_json: str, request_json: str) -> Generation:
+    def start(self, prompt_ids_json: str, request_json: str, js_sample: Any) -> Generation:
         """Validate the request's sampling fields and the prompt length before JS runs the prefill."""
         prompt_ids = json.loads(prompt_ids_json)
         params = from_openai(json.loads(request_json))
         if len(prompt_ids) >= self.max_context:
             raise PromptTooLongError(f"the prompt has {len(prompt_ids)} tokens but the model's context is "
                                      f"{self.max_context} tokens, leaving no room to generate")
-        return Generation(self, prompt_ids, params)
+        return Generation(self, prompt_ids, params, js_sample)

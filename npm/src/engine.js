@@ -4,6 +4,7 @@
 import { argmax, OnnxBackend } from './backend.js';
 import { asRuvllmError, EngineDisposedError } from './errors.js';
 import { loadOrt } from './ort.js';
+import { sampleToken } from './sampling.js';
 import { bootPython } from './python.js';
 import { modelBase } from './files.js';
 import { loadGraph, MODEL_DIR, pickGraph, readContract, writeSharedFiles } from './model.js';
@@ -106,16 +107,23 @@ export class InThreadEngine {
     const r = this.runtime;
     const ids = JSON.parse(kind === 'chat' ? r.chat_ids(JSON.stringify({ messages: request.messages,
       chat_template_kwargs: request.chat_template_kwargs })) : r.prompt_ids(request.prompt));
-    const generation = r.start(JSON.stringify(ids), JSON.stringify(openai.samplingFields(request)));
+    const sampled = [];
+    let row = null;
+    const sample = (u) => sampleToken(row, params, u, sampled, ids);
+    const generation = r.start(JSON.stringify(ids), JSON.stringify(openai.samplingFields(request)), sample);
+    const params = JSON.parse(generation.params_json());
     const stats = { promptTokens: ids.length, completionTokens: 0, firstTokenMs: 0, decodeMs: 0 };
     const started = performance.now();
     try {
-      let row = await this.backend.prefill(ids);
+      row = await this.backend.prefill(ids);
       stats.firstTokenMs = performance.now() - started;
       for (;;) {
         const [text, token, reason] = JSON.parse(generation.step(row, argmax(row)));
         const finish = reason ?? (signal?.aborted ? 'abort' : null);
-        if (token !== null) stats.completionTokens += 1;
+        if (token !== null) {
+          stats.completionTokens += 1;
+          sampled.push(token);
+        }
         yield { text, token, finish, meta, stats, promptTokens: ids.length };
         if (finish) break;
         // onnxruntime's promise resolves without a macrotask, so without this a worker would not see

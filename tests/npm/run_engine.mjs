@@ -13,6 +13,8 @@ for (const m of spec.models) {
     ignore_eos: true, return_token_ids: true });
   out.greedy[m.name] = { token_ids: done.choices[0].token_ids, text: done.choices[0].text, usage: done.usage };
   out.stats[m.name] = { load: engine.stats, generation: engine.lastStats };
+  const sampled = await engine.completions.create({ prompt: spec.prompt, ...spec.sampled, return_token_ids: true });
+  out.sampled = { ...out.sampled, [m.name]: sampled.choices[0].token_ids };
 
   const messages = [{ role: 'system', content: 'Be brief.' }, { role: 'user', content: 'To be, or not to be?' }];
   const whole = await engine.chat.completions.create({ messages, max_tokens: 12, temperature: 0, return_token_ids: true });
