@@ -62,6 +62,13 @@ export class OnnxBackend {
     return this._forward(ids);
   }
 
+  /** One throwaway forward pass at load: onnxruntime's first run allocates and plans (~0.5 s), not the first reply. */
+  async warm() {
+    await this.prefill([0]);
+    this.dispose();
+    this.length = 0;
+  }
+
   /** Append one token; the logits after it. */
   async decode(tokenId) {
     return this._forward([tokenId]);

@@ -94,6 +94,13 @@ class Runtime:
         self.max_context = min(max_context or limit, limit)
         self._chat = None
 
+    def warm(self) -> None:
+        """Import jinja2 and compile the chat template now (about a second in Pyodide), not on the first request."""
+        try:
+            self.chat_ids(json.dumps({"messages": [{"role": "user", "content": "hi"}]}))
+        except Exception:  # no template, or one that needs more: the first chat request reports it
+            pass
+
     def info(self) -> str:
         c = self.config
         return json.dumps({"model_type": c.model_type, "vocab_size": c.vocab_size, "max_context": self.max_context,

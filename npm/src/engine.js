@@ -49,15 +49,18 @@ export class InThreadEngine {
       const t1 = performance.now();
       await writeSharedFiles(pyodide, base, onFile);
       const py = pyodide.pyimport('ruvllm_bridge').Runtime(MODEL_DIR, options.maxContext ?? null);
-      const graph = await pickGraph(base, contract, runtime.name, options.precision);
+      py.warm();
+      const graph = await pickGraph(base, contract, runtime.name, options.precision, options.file);
       const session = await loadGraph(runtime, base, graph, { onProgress: onFile, threads: options.threads });
+      const backend = new OnnxBackend(runtime, session, { ...contract, kv_dtype: graph.kvDtype });
+      await backend.warm();
       stats.modelLoadMs = performance.now() - t1;
       stats.runtime = runtime.name;
       stats.precision = graph.precision;
       for (const p of seen.values()) stats[p.cached ? 'cachedBytes' : 'downloadedBytes'] += p.total;
       progress({ stage: 'ready' });
       const info = JSON.parse(py.info());
-      return new InThreadEngine({ pyodide, runtime: py, backend: new OnnxBackend(runtime, session, { ...contract, kv_dtype: graph.kvDtype }),
+      return new InThreadEngine({ pyodide, runtime: py, backend,
         info, modelName: options.modelName ?? String(options.model), stats });
     } catch (error) {
       throw asRuvllmError(error);

@@ -36,7 +36,12 @@ export async function readContract(base) {
  * export/manifest.py) names the file each runtime should load per precision and by default;
  * exports without one fall back to the transformers.js file names, smallest download first.
  */
-export async function pickGraph(base, contract, runtimeName, precision = 'auto') {
+export async function pickGraph(base, contract, runtimeName, precision = 'auto', file = null) {
+  if (file) { // a file named outright (benchmarks: the same graph transformers.js loads)
+    const entry = contract.files?.[file] ?? {};
+    return { precision: entry.precision ?? precision, file, kvDtype: entry.kv_dtype ?? contract.kv_dtype,
+      configEntries: entry.session_options ?? {} };
+  }
   if (precision !== 'auto' && !GRAPH_FILES[precision]) {
     throw new InvalidRequestError(`unknown precision ${precision}; use auto, ${Object.keys(GRAPH_FILES).join(', ')}`,
       'precision');
@@ -49,7 +54,8 @@ export async function pickGraph(base, contract, runtimeName, precision = 'auto')
         `(it has ${Object.keys(table).filter((k) => k !== 'default').join(', ') || 'none'})`);
     }
     const entry = contract.files?.[file] ?? {};
-    return { precision: entry.precision ?? precision, file, kvDtype: entry.kv_dtype ?? contract.kv_dtype };
+    return { precision: entry.precision ?? precision, file, kvDtype: entry.kv_dtype ?? contract.kv_dtype,
+      configEntries: entry.session_options ?? {} };
   }
   const kvDtype = (p) => (p === 'fp16' ? 'float16' : 'float32');
   if (precision !== 'auto') return { precision, file: `onnx/${GRAPH_FILES[precision]}`, kvDtype: kvDtype(precision) };
@@ -74,12 +80,13 @@ export async function writeSharedFiles(pyodide, base, progress) {
 /** The graph's bytes (with progress, from the browser cache when there) and its session. */
 export async function loadGraph(runtime, base, graph, { onProgress, threads } = {}) {
   const url = new URL(graph.file, base);
+  const options = { threads, configEntries: graph.configEntries };
   if (url.protocol === 'file:' && runtime.name === 'onnxruntime-node') {
     const { fileURLToPath } = await import('node:url');
     const path = fileURLToPath(url);
     if (!(await exists(url))) throw new ModelNotFoundError(`${path} does not exist`);
-    return createSession(runtime, path, { threads });
+    return createSession(runtime, path, options);
   }
   const { bytes } = await fetchFile(url, { onProgress, cache: true, label: graph.file });
-  return createSession(runtime, bytes, { threads });
+  return createSession(runtime, bytes, options);
 }

@@ -44,13 +44,22 @@ export async function loadOrt(options = {}) {
  * An inference session over one graph, given as bytes (web) or a path (node).
  * @param {{ort: any, name: string}} runtime
  * @param {Uint8Array|string} model
- * @param {{threads?: number, externalData?: {path: string, data: Uint8Array|string}[]}} [options]
+ * @param {{threads?: number, configEntries?: Object<string, string>,
+ *   externalData?: {path: string, data: Uint8Array|string}[]}} [options]
+ *   configEntries: session config entries an export file asks for (ruvllm_contract.json's
+ *   `session_options`, e.g. {"session.disable_quant_qdq": "1"} so web weights are dequantized once).
  */
 export async function createSession(runtime, model, options = {}) {
   const opts = { executionProviders: [runtime.name === 'onnxruntime-node' ? 'cpu' : 'wasm'],
     graphOptimizationLevel: 'all' };
   if (options.threads && runtime.name === 'onnxruntime-node') opts.intraOpNumThreads = options.threads;
   if (options.externalData?.length) opts.externalData = options.externalData;
+  const extra = {};
+  for (const [key, value] of Object.entries(options.configEntries ?? {})) {
+    const [group, name] = key.split('.', 2); // onnxruntime's JS API nests "session.x" as {session: {x}}
+    (extra[group] ??= {})[name] = value;
+  }
+  if (Object.keys(extra).length) opts.extra = extra;
   return runtime.ort.InferenceSession.create(model, opts);
 }
 

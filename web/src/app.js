@@ -66,6 +66,7 @@ async function loadModel() {
     });
     state.loads += 1;
     state.loadMs = performance.now() - started;
+    state.readyMs = performance.now(); // since navigation start: how soon the page is usable
     $('loadtime').textContent = `${(state.loadMs / 1000).toFixed(1)} s`;
     setStatus('ready');
     $('send').disabled = false;
