@@ -41,20 +41,28 @@ export class InThreadEngine {
       const contract = await readContract(base);
       const t0 = performance.now();
       progress({ stage: 'boot' });
-      const [pyodide, runtime] = await Promise.all([
-        bootPython({ indexURL: options.pyodideURL, wheelsURL: options.wheelsURL }),
-        loadOrt({ runtime: options.runtime, wasmPaths: options.wasmPaths, ortURL: options.ortURL, threads: options.threads }),
-      ]);
-      stats.pythonBootMs = performance.now() - t0;
-      const t1 = performance.now();
-      await writeSharedFiles(pyodide, base, onFile);
-      const py = pyodide.pyimport('ruvllm_bridge').Runtime(MODEL_DIR, options.maxContext ?? null);
-      py.warm();
-      const graph = await pickGraph(base, contract, runtime.name, options.precision, options.file);
-      const session = await loadGraph(runtime, base, graph, { onProgress: onFile, threads: options.threads });
-      const backend = new OnnxBackend(runtime, session, { ...contract, kv_dtype: graph.kvDtype });
-      await backend.warm();
-      stats.modelLoadMs = performance.now() - t1;
+      // Two independent chains: Python (boot, tokenizer, template) and the graph (runtime, download,
+      // session). Overlapping them hides most of Pyodide's boot behind the download, or the
+      // session creation on a cached reload.
+      const python = (async () => {
+        const pyodide = await bootPython({ indexURL: options.pyodideURL, wheelsURL: options.wheelsURL });
+        stats.pythonBootMs = performance.now() - t0;
+        await writeSharedFiles(pyodide, base, onFile);
+        const py = pyodide.pyimport('ruvllm_bridge').Runtime(MODEL_DIR, options.maxContext ?? null);
+        py.warm();
+        return { pyodide, py };
+      })();
+      const onnx = (async () => {
+        const runtime = await loadOrt({ runtime: options.runtime, wasmPaths: options.wasmPaths, ortURL: options.ortURL,
+          threads: options.threads });
+        const graph = await pickGraph(base, contract, runtime.name, options.precision, options.file);
+        const session = await loadGraph(runtime, base, graph, { onProgress: onFile, threads: options.threads });
+        const backend = new OnnxBackend(runtime, session, { ...contract, kv_dtype: graph.kvDtype });
+        await backend.warm();
+        stats.modelLoadMs = performance.now() - t0;
+        return { runtime, graph, backend };
+      })();
+      const [{ pyodide, py }, { runtime, graph, backend }] = await Promise.all([python, onnx]);
       stats.runtime = runtime.name;
       stats.precision = graph.precision;
       for (const p of seen.values()) stats[p.cached ? 'cachedBytes' : 'downloadedBytes'] += p.total;

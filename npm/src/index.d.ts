@@ -125,7 +125,9 @@ export interface GenerationStats {
 }
 
 export interface LoadStats {
+  /** Pyodide booted with py_engine installed (ms from the start of loading). */
   pythonBootMs: number;
+  /** The graph downloaded (or read from cache), its session created and warmed (ms from the start; overlaps the boot). */
   modelLoadMs: number;
   runtime: string;
   precision: string;

@@ -1,0 +1,55 @@
+// The browser half of benchmarks/web_bench.py: one run of ruvllm's engine (Web Worker, as the demo
+// page) or of transformers.js (main thread) on the same export folder, timed the same way:
+// load (everything before the first request), time to first token, decode tokens/s.
+import { createEngine } from './ruvllm/index.js';
+
+const here = (path) => new URL(path, location.href).href;
+
+function rates(started, stamps) {
+  const [first, last] = [stamps[0], stamps.at(-1)];
+  return { ttftMs: first - started, tokens: stamps.length,
+    decodeTokPerS: stamps.length > 1 ? (stamps.length - 1) / ((last - first) / 1000) : 0 };
+}
+
+export async function ours({ model, precision = 'auto', file = null, threads = 2, prompt, tokens }) {
+  const t0 = performance.now();
+  const engine = await createEngine({ model: here(`models/${model}/`), precision, file, threads, worker: true,
+    pyodideURL: here('pyodide/'), wasmPaths: here('ort/'), ortURL: here('ort/ort.wasm.min.mjs'),
+    wheelsURL: here('wheels/'), workerURL: here('ruvllm/worker.js') });
+  const loadMs = performance.now() - t0;
+  const stamps = [];
+  const started = performance.now();
+  const chunks = await engine.completions.create({ prompt, max_tokens: tokens, temperature: 0, ignore_eos: true,
+    stream: true, return_token_ids: true });
+  for await (const chunk of chunks) {
+    for (const _ of chunk.choices[0].token_ids ?? []) stamps.push(performance.now());
+  }
+  const out = { engine: 'ruvllm', loadMs, ...engine.stats, ...rates(started, stamps), promptTokens: engine.lastStats?.promptTokens };
+  await engine.dispose();
+  return out;
+}
+
+export async function transformersjs({ model, dtype, threads = 2, prompt, tokens }) {
+  const t0 = performance.now();
+  const tjs = await import('./tjs/transformers.web.min.js');
+  const bootMs = performance.now() - t0;
+  tjs.env.allowRemoteModels = false;
+  tjs.env.allowLocalModels = true;
+  tjs.env.localModelPath = new URL('models/', location.href).pathname; // a path: its pathJoin mangles 'http://'
+  tjs.env.useBrowserCache = false;
+  tjs.env.backends.onnx.wasm.wasmPaths = here('tjs/ort/');
+  tjs.env.backends.onnx.wasm.numThreads = threads;
+  const tokenizer = await tjs.AutoTokenizer.from_pretrained(model);
+  const lm = await tjs.AutoModelForCausalLM.from_pretrained(model, { dtype, device: 'wasm' });
+  const loadMs = performance.now() - t0;
+  const inputs = tokenizer(prompt);
+  const stamps = [];
+  const streamer = new tjs.TextStreamer(tokenizer, { skip_prompt: true, callback_function: () => {},
+    token_callback_function: () => stamps.push(performance.now()) });
+  const started = performance.now();
+  await lm.generate({ ...inputs, max_new_tokens: tokens, min_new_tokens: tokens, do_sample: false, streamer });
+  const out = { engine: `transformers.js ${dtype}`, loadMs, pythonBootMs: bootMs, modelLoadMs: loadMs - bootMs,
+    ...rates(started, stamps), promptTokens: inputs.input_ids.dims[1] };
+  await lm.dispose();
+  return out;
+}
