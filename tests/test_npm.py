@@ -32,6 +32,9 @@ DRIVER = REPO / "tests" / "npm"
 BUILTIN = REPO / "py_engine" / "data" / "tiny-shakespeare"
 PROMPT = "To be, or not"
 GREEDY = 48
+PHI3_LONGROPE = {"max_position_embeddings": 64, "original_max_position_embeddings": 16, "partial_rotary_factor": 0.5,
+                 "rope_scaling": {"type": "longrope", "short_factor": [1.0, 1.1, 1.3, 1.5],
+                                  "long_factor": [1.0, 2.0, 4.0, 8.0]}}
 SAMPLED = {"temperature": 0.8, "top_p": 0.9, "top_k": 40, "seed": 7, "max_tokens": 24, "ignore_eos": True}
 
 pytestmark = pytest.mark.slow
@@ -86,6 +89,9 @@ def models(tmp_path_factory) -> dict[str, tuple[Path, Path]]:
     for family in ("qwen2", "llama"):
         model = build_tiny_model(root / family, family)
         found[family] = (model, _export(model, root / f"{family}-onnx"))
+    # Phi-3 LongRoPE: past 16 positions the cache is recomputed with the long factors (in JS too).
+    phi3 = build_tiny_model(root / "phi3", "phi3", **PHI3_LONGROPE)
+    found["phi3-longrope"] = (phi3, _export(phi3, root / "phi3-onnx"))
     if (BUILTIN / "model.safetensors").exists():
         found["tiny-shakespeare"] = (BUILTIN, _export(BUILTIN, root / "tiny-shakespeare-onnx"))
     return found
@@ -114,7 +120,7 @@ def node_run(scratch, models, tmp_path_factory) -> dict:
 
 
 def test_greedy_tokens_equal_torch_and_cpython(models, node_run):
-    assert len(models) >= 2
+    assert len(models) >= 3
     for name, (model, export) in models.items():
         expected = _reference(model, export)
         assert len(expected) == GREEDY

@@ -19,6 +19,10 @@ export class OnnxBackend {
     this.pastNames = session.inputNames.filter((n) => n.startsWith('past_key_values.'));
     this.length = 0;
     this.past = null;
+    this.tokens = [];
+    // LongRoPE switches to its long factors past this length; like onnx_backend.py and transformers,
+    // the whole cache is then recomputed with them (the graph picks the factors from the length).
+    this.switchLength = null;
   }
 
   _emptyPast() {
@@ -56,6 +60,7 @@ export class OnnxBackend {
 
   /** Start a new sequence from ids; the logits after the last one. */
   async prefill(ids) {
+    this.tokens = [...ids];
     disposeAll(this.past);
     this.length = 0;
     this.past = this._emptyPast();
@@ -71,6 +76,8 @@ export class OnnxBackend {
 
   /** Append one token; the logits after it. */
   async decode(tokenId) {
+    this.tokens.push(tokenId);
+    if (this.switchLength !== null && this.tokens.length === this.switchLength + 1) return this.prefill(this.tokens);
     return this._forward([tokenId]);
   }
 

@@ -103,7 +103,11 @@ class Runtime:
 
     def info(self) -> str:
         c = self.config
+        rope = c.rope_parameters  # LongRoPE: past this length the cache is recomputed with the long factors
+        switch = ((rope.original_max_position_embeddings or c.max_position_embeddings)
+                  if rope.rope_type == "longrope" else None)
         return json.dumps({"model_type": c.model_type, "vocab_size": c.vocab_size, "max_context": self.max_context,
+                           "longrope_switch_length": switch,
                            "num_layers": c.num_hidden_layers, "kv_heads": c.num_key_value_heads,
                            "head_dim": c.head_dim, "eos_token_ids": list(self.eos_token_ids)})
 

@@ -68,6 +68,7 @@ export class InThreadEngine {
       for (const p of seen.values()) stats[p.cached ? 'cachedBytes' : 'downloadedBytes'] += p.total;
       progress({ stage: 'ready' });
       const info = JSON.parse(py.info());
+      backend.switchLength = info.longrope_switch_length;
       return new InThreadEngine({ pyodide, runtime: py, backend,
         info, modelName: options.modelName ?? String(options.model), stats });
     } catch (error) {

@@ -143,6 +143,7 @@ export interface ModelInfo {
   kv_heads: number;
   head_dim: number;
   eos_token_ids: number[];
+  longrope_switch_length: number | null;
 }
 
 export interface Engine {
