@@ -1,0 +1,164 @@
+"""The same load against llama-cpp-python's OpenAI server, on the same weights and precision (GGUF f32).
+
+    python benchmarks/llama_cpp_bench.py --venv /tmp/lcp_venv --sdist-dir DIR [--levels 1,4,16,64]
+
+llama-cpp-python (a pip package that compiles llama.cpp) is installed in a
+virtual environment of its own (`--venv`): its server extra pins fastapi,
+starlette and pydantic versions ours need not share. The checkpoint is
+converted with the converter vendored in its sdist (`--sdist-dir`, the
+unpacked llama_cpp_python-X tarball: convert_hf_to_gguf.py and gguf-py): the
+random Qwen2.5-0.5B-shape weights of server_bench.py (decode_engines.py's),
+float32 as ruvllm runs them, with Qwen2.5's tokenizer from ../shared/fixtures.
+
+Its server takes text prompts, so each prompt is random vocabulary words
+re-encoded to the prompt length; `min_tokens` = `max_tokens` stands in for
+`ignore_eos`. Note: llama-cpp-python's server runs one completion at a time
+behind a lock (no parallel slots, unlike llama.cpp's own llama-server), so
+concurrency only queues requests there; `--interrupt_requests False` keeps a
+new request from cancelling the one streaming.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+from native_server.bench.loadgen import run_level_sync  # noqa: E402
+from native_server.bench.report import flatten, format_table  # noqa: E402
+from native_server.bench.stats import summarize  # noqa: E402
+from server_bench import QWEN_TOKENIZER, RESULTS, _free_port, peak_rss_mib, qwen_checkpoint  # noqa: E402
+
+GGUF_DIR = REPO / "benchmarks" / ".cache" / "qwen2.5-0.5b-random-seed0-gguf"
+
+
+def convert(sdist_dir: Path) -> Path:
+    """The f32 GGUF of the Qwen2.5-0.5B-shape checkpoint (converted once)."""
+    out = GGUF_DIR / "qwen-f32.gguf"
+    if out.exists():
+        return out
+    if not QWEN_TOKENIZER.is_dir():
+        raise RuntimeError(f"the GGUF needs Qwen2.5's tokenizer from {QWEN_TOKENIZER}, which is absent")
+    hf = qwen_checkpoint()
+    # The converter imports sentencepiece before it looks for a tokenizer.model; a stub gets it past that.
+    stub = GGUF_DIR / "stub"
+    stub.mkdir(parents=True, exist_ok=True)
+    (stub / "sentencepiece.py").write_text("class SentencePieceProcessor:\n    pass\n")
+    llama_cpp = sdist_dir / "vendor" / "llama.cpp"
+    env = {**os.environ, "PYTHONPATH": f"{llama_cpp / 'gguf-py'}{os.pathsep}{stub}"}
+    subprocess.run([sys.executable, str(llama_cpp / "convert_hf_to_gguf.py"), str(hf), "--outtype", "f32",
+                    "--outfile", str(out)], check=True, env=env, stdout=subprocess.DEVNULL)
+    return out
+
+
+def text_prompts(count: int, length: int, seed: str) -> tuple[list[str], list[int]]:
+    """Prompts of random vocabulary words and their lengths in the Qwen tokenizer (close to `length`)."""
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(QWEN_TOKENIZER / "tokenizer.json"))
+    words = sorted(w for w in tok.get_vocab() if w.startswith("\u0120") and w[1:].isascii() and w[1:].isalpha())
+    rng = random.Random(seed)
+    prompts, lengths = [], []
+    for _ in range(count):
+        ids = [tok.token_to_id(rng.choice(words)) for _ in range(length)]
+        text = tok.decode(ids)
+        encoded = tok.encode(text).ids[:length]  # words re-encode to themselves, almost always
+        text = tok.decode(encoded)
+        prompts.append(text)
+        lengths.append(len(tok.encode(text).ids))
+    return prompts, lengths
+
+
+@contextlib.contextmanager
+def llama_cpp_server(venv: Path, gguf: Path, n_ctx: int, log: Path) -> Iterator[tuple[str, subprocess.Popen]]:
+    import httpx
+
+    port = _free_port()
+    threads = str(os.cpu_count() or 2)
+    command = [str(venv / "bin" / "python"), "-m", "llama_cpp.server", "--model", str(gguf), "--host", "127.0.0.1",
+               "--port", str(port), "--n_ctx", str(n_ctx), "--n_threads", threads, "--n_threads_batch", threads,
+               "--interrupt_requests", "False", "--verbose", "False"]
+    with open(log, "wb") as out:
+        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 300
+        while True:
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"llama-cpp-python server did not start; log {log}:\n{log.read_text()[-2000:]}")
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"{url}/v1/models", timeout=2).status_code == 200:
+                    break
+            time.sleep(0.5)
+        yield url, process
+    finally:
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(60)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+
+def throughput(venv: Path, sdist_dir: Path, levels: list[int], prompt_len: int, gen_len: int,
+               iterations: int) -> dict[str, Any]:
+    gguf = convert(sdist_dir)
+    logs = RESULTS.parent / "logs" / "llama_cpp"
+    logs.mkdir(parents=True, exist_ok=True)
+    extra = {"min_tokens": gen_len}
+    rows = []
+    with llama_cpp_server(venv, gguf, 4096, logs / "server.log") as (url, process):
+        warm, _ = text_prompts(1, prompt_len, "warmup")
+        run_level_sync(url, warm, gen_len, 1, extra=extra)
+        for level in levels:
+            prompts, lengths = text_prompts(level * iterations, prompt_len, f"c{level}")
+            timings = run_level_sync(url, prompts, gen_len, level, extra=extra)
+            for timing, length in zip(timings, lengths):
+                timing.prompt_tokens = length
+                if timing.error is None:  # no usage event: min_tokens = max_tokens makes exactly gen_len
+                    timing.output_tokens = gen_len
+                    if len(timing.chunk_times) == gen_len + 1:  # a last event with finish_reason, no token
+                        timing.chunk_times.pop()
+            row = {"concurrency": level, "prompt_len": prompt_len, "gen_len": gen_len,
+                   **flatten(summarize(timings, level).to_dict())}
+            rows.append(row)
+            print(format_table([row]), flush=True)
+        rss = peak_rss_mib(process.pid)
+    for row in rows:
+        row["speedup"] = row["output_throughput"] / rows[0]["output_throughput"]
+    return {"rows": rows, "server_peak_rss_mib": rss, "gguf": str(gguf), "precision": "f32"}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--venv", type=Path, required=True, help="virtual environment with llama-cpp-python[server]")
+    parser.add_argument("--sdist-dir", type=Path, required=True, help="the unpacked llama_cpp_python sdist")
+    parser.add_argument("--levels", default="1,4,16,64")
+    parser.add_argument("--prompt-length", type=int, default=128)
+    parser.add_argument("--gen-length", type=int, default=32)
+    parser.add_argument("--iterations", type=int, default=1)
+    args = parser.parse_args()
+    levels = [int(x) for x in args.levels.split(",")]
+    result = throughput(args.venv, args.sdist_dir, levels, args.prompt_length, args.gen_length, args.iterations)
+    report = json.loads(RESULTS.read_text()) if RESULTS.exists() else {"models": {}}
+    report.setdefault("models", {}).setdefault("qwen0.5b", {})["llama_cpp_python"] = result
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps(report, indent=2, default=str))
+    print(format_table(result["rows"]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
