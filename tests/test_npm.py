@@ -73,11 +73,18 @@ def scratch(tmp_path_factory) -> Path:
     return project
 
 
-def _export(model: Path, out: Path) -> Path:
-    from export.exporter import export_model
+def _export(model: Path, out: Path, external: bool = False) -> Path:
+    """An fp32 export; external=True keeps the weights in onnx/model.onnx_data as graphs over 1 GiB do."""
+    import export.exporter as exporter
     from export.options import ExportOptions
 
-    export_model(model, out, ExportOptions(precision="fp32", target="native"))
+    limit = exporter.INLINE_LIMIT
+    exporter.INLINE_LIMIT = 1 if external else limit
+    try:
+        exporter.export_model(model, out, ExportOptions(precision="fp32", target="native"))
+    finally:
+        exporter.INLINE_LIMIT = limit
+    assert (out / "onnx" / "model.onnx_data").exists() == external
     return out
 
 
@@ -89,6 +96,7 @@ def models(tmp_path_factory) -> dict[str, tuple[Path, Path]]:
     for family in ("qwen2", "llama"):
         model = build_tiny_model(root / family, family)
         found[family] = (model, _export(model, root / f"{family}-onnx"))
+    found["qwen2-external"] = (found["qwen2"][0], _export(found["qwen2"][0], root / "qwen2-external", external=True))
     # Phi-3 LongRoPE: past 16 positions the cache is recomputed with the long factors (in JS too).
     phi3 = build_tiny_model(root / "phi3", "phi3", **PHI3_LONGROPE)
     found["phi3-longrope"] = (phi3, _export(phi3, root / "phi3-onnx"))
@@ -120,7 +128,7 @@ def node_run(scratch, models, tmp_path_factory) -> dict:
 
 
 def test_greedy_tokens_equal_torch_and_cpython(models, node_run):
-    assert len(models) >= 3
+    assert len(models) >= 4
     for name, (model, export) in models.items():
         expected = _reference(model, export)
         assert len(expected) == GREEDY

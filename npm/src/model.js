@@ -88,5 +88,21 @@ export async function loadGraph(runtime, base, graph, { onProgress, threads } = 
     return createSession(runtime, path, options);
   }
   const { bytes } = await fetchFile(url, { onProgress, cache: true, label: graph.file });
+  options.externalData = await externalData(url, graph.file, onProgress);
   return createSession(runtime, bytes, options);
+}
+
+/**
+ * Graphs over 1 GiB keep their weights in `<file>_data`, `<file>_data_1`, ... beside them (export/graph.py);
+ * onnxruntime-web needs those bytes handed over under the names the graph refers to.
+ */
+async function externalData(graphUrl, label, onProgress) {
+  const parts = [];
+  for (let i = 0; ; i++) {
+    const name = `${graphUrl.pathname.split('/').pop()}_data${i ? `_${i}` : ''}`;
+    const url = new URL(name, graphUrl);
+    if (!(await exists(url))) return parts;
+    const { bytes } = await fetchFile(url, { onProgress, cache: true, label: `${label}_data${i ? `_${i}` : ''}` });
+    parts.push({ path: name, data: bytes });
+  }
 }
