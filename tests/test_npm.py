@@ -115,16 +115,20 @@ def _reference(model: Path, export: Path) -> list[int]:
     return torch_ids
 
 
-@pytest.fixture(scope="module")
-def node_run(scratch, models, tmp_path_factory) -> dict:
+def _node(scratch: Path, models: dict, runtime: str, missing: Path) -> dict:
     spec = {"models": [{"name": n, "path": str(e), "precision": "fp32"} for n, (_, e) in models.items()],
-            "prompt": PROMPT, "max_tokens": GREEDY, "runtime": "web", "sampled": SAMPLED,
-            "missing": str(tmp_path_factory.mktemp("empty") / "nothing")}
-    path = scratch / "spec.json"
+            "prompt": PROMPT, "max_tokens": GREEDY, "runtime": runtime, "sampled": SAMPLED, "missing": str(missing)}
+    path = scratch / f"spec-{runtime}.json"
     path.write_text(json.dumps(spec))
     run = _run(["node", "run_engine.mjs", str(path)], scratch)
     assert run.returncode == 0, run.stderr[-4000:]
     return json.loads(run.stdout)
+
+
+@pytest.fixture(scope="module")
+def node_run(scratch, models, tmp_path_factory) -> dict:
+    """The package in Node on onnxruntime-web's wasm backend."""
+    return _node(scratch, models, "web", tmp_path_factory.mktemp("empty") / "nothing")
 
 
 def test_greedy_tokens_equal_torch_and_cpython(models, node_run):
@@ -184,3 +188,14 @@ def test_types_check_with_tsc(scratch):
         pytest.skip("typescript is not installed: run `npm ci --prefix npm`")
     run = _run([str(tsc), "--noEmit", "-p", "tsconfig.json"], scratch)
     assert run.returncode == 0, run.stdout + run.stderr
+
+
+def test_onnxruntime_node_when_installed(scratch, models, tmp_path):
+    """With onnxruntime-node installed beside it, the package uses it, with the same greedy tokens."""
+    install = _run(["npm", "install", "--offline", "--no-audit", "--no-fund", "onnxruntime-node@1.30.0"], scratch)
+    if install.returncode != 0:
+        pytest.skip(f"onnxruntime-node is not in npm's cache: {install.stderr.strip().splitlines()[-1:]}")
+    got = _node(scratch, models, "auto", tmp_path / "nothing")
+    for name, (model, export) in models.items():
+        assert got["stats"][name]["load"]["runtime"] == "onnxruntime-node"
+        assert got["greedy"][name]["token_ids"] == _reference(model, export), name
