@@ -55,6 +55,11 @@ def export_for_web(model_dir: Path, out: Path, precisions: tuple[str, ...] = BUI
 
 def build_dist(out: Path = DIST, models: Mapping[str, Path] | None = None, builtin: bool = True) -> Path:
     """Assemble `out`; `models` maps menu names to export folders copied in (the built-in one is exported)."""
+    for folder in (models or {}).values():  # refuse bad input before any work
+        if not (Path(folder) / "ruvllm_contract.json").is_file():
+            raise WebBuildError(f"{folder} is not a ruvllm export (no ruvllm_contract.json)")
+    if builtin and not (BUILTIN / "model.safetensors").exists():
+        raise WebBuildError(f"the built-in model is missing from {BUILTIN}")
     if out.exists():
         shutil.rmtree(out)
     out.mkdir(parents=True)
@@ -66,13 +71,9 @@ def build_dist(out: Path = DIST, models: Mapping[str, Path] | None = None, built
     _copy_files(NODE_MODULES / "onnxruntime-web" / "dist", ORT_FILES, out / "ort", "onnxruntime-web")
     menu = []
     if builtin:
-        if not (BUILTIN / "model.safetensors").exists():
-            raise WebBuildError(f"the built-in model is missing from {BUILTIN}")
         export_for_web(BUILTIN, out / "models" / "tiny-shakespeare")
         menu.append({"name": "tiny-shakespeare", "url": "models/tiny-shakespeare/"})
     for name, folder in (models or {}).items():
-        if not (Path(folder) / "ruvllm_contract.json").is_file():
-            raise WebBuildError(f"{folder} is not a ruvllm export (no ruvllm_contract.json)")
         shutil.copytree(folder, out / "models" / name)
         menu.append({"name": name, "url": f"models/{name}/"})
     (out / "models").mkdir(exist_ok=True)
