@@ -2,6 +2,7 @@
 
 - `py_engine.kernels` linear against F.linear: fp32 and bf16, with and
   without bias, rows that fill whole tiles and rows that do not, any thread count;
+- the C norm and one-token attention against the torch modules they stand for;
 - `optimize_for_cpu` models against transformers (logits within 1e-4 in
   float32 through prefill and one-token decode, the same greedy tokens) for
   every tiny family, sliding windows and softcapping included;
@@ -20,8 +21,9 @@ import torch.nn.functional as F  # noqa: E402
 
 from py_engine.engine import TorchBackend  # noqa: E402
 from py_engine.kernels import cpu_kernels  # noqa: E402
-from py_engine.models import load_model  # noqa: E402
-from py_engine.models.layers import MLP, Attention  # noqa: E402
+from py_engine.models import AttentionSpec, DenseKVCache, load_model  # noqa: E402
+from py_engine.models.layers import MLP, Attention, RMSNorm  # noqa: E402
+from py_engine.models.rope import apply_rotary  # noqa: E402
 from py_engine.models.cpu_transforms import KernelLinear, model_kernels, optimize_for_cpu  # noqa: E402
 
 KERNELS = cpu_kernels()
@@ -70,6 +72,47 @@ def test_supports_refuses_what_the_kernel_cannot_run():
     assert not KERNELS.supports(torch.randn(1, 60), torch.randn(16, 60))  # K % 8
     assert not KERNELS.supports(torch.randn(1, 64).double(), w.double())
     assert not KERNELS.supports(torch.randn(1, 64).bfloat16(), w)  # mixed dtypes
+
+
+@needs_kernels
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("unit_offset", [False, True])
+def test_rms_norm_matches_the_module(dtype, unit_offset):
+    g = torch.Generator().manual_seed(1)
+    norm = RMSNorm(72, 1e-6, unit_offset).to(dtype)
+    norm.weight.data = torch.randn(72, generator=g).to(dtype)
+    x = (torch.randn(3, 72, generator=g) * 4).to(dtype)
+    got, expected = KERNELS.rms_norm(x, norm.weight, norm.eps, unit_offset), norm(x)
+    if dtype == torch.float32:
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
+    else:
+        _bf16_close(got, expected)
+
+
+@needs_kernels
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("window, softcap, rot", [(None, None, 16), (5, None, 16), (None, 3.0, 8)])
+def test_attend_one_matches_rope_and_the_cache(dtype, window, softcap, rot):
+    g = torch.Generator().manual_seed(2)
+    heads, kv_heads, dim, pos = 6, 2, 16, 9
+    qkv = torch.randn((heads + 2 * kv_heads) * dim, generator=g).to(dtype)
+    angle = torch.rand(rot // 2, generator=g) * 3
+    cos, sin = torch.cat([angle.cos()] * 2).to(dtype), torch.cat([angle.sin()] * 2).to(dtype)
+    keys = torch.randn(1, kv_heads, 12, dim, generator=g).to(dtype)
+    values = torch.randn(1, kv_heads, 12, dim, generator=g).to(dtype)
+    spec = AttentionSpec(scale=0.25, sliding_window=window, softcap=softcap)
+    q, k, v = qkv.split([heads * dim, kv_heads * dim, kv_heads * dim])
+    q = apply_rotary(q.view(1, heads, 1, dim), cos.view(1, 1, rot), sin.view(1, 1, rot))  # [1, H, 1, D]
+    k = apply_rotary(k.view(1, kv_heads, 1, dim), cos.view(1, 1, rot), sin.view(1, 1, rot))
+    cache = DenseKVCache([keys.clone()], [values.clone()])
+    expected = cache.attend(0, q, k, v.view(1, kv_heads, 1, dim), torch.tensor([[pos]]), spec)
+    start = 0 if window is None else pos + 1 - window
+    got = KERNELS.attend_one(qkv, cos, sin, keys, values, heads, pos, start, spec.scale, softcap)
+    assert torch.equal(keys, cache.keys[0]) and torch.equal(values, cache.values[0])  # the same cache write
+    if dtype == torch.float32:
+        torch.testing.assert_close(got, expected.reshape(-1), rtol=1e-5, atol=1e-6)
+    else:
+        _bf16_close(got, expected.reshape(-1))
 
 
 @pytest.mark.parametrize("name", sorted(FAMILIES))

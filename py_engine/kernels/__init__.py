@@ -28,9 +28,9 @@ import torch
 from torch import Tensor
 
 HERE = Path(__file__).parent
-SOURCES = [HERE / "linear.c", HERE / "pool.c"]
+SOURCES = [HERE / "linear.c", HERE / "decode.c", HERE / "pool.c"]
 HEADERS = [HERE / "pool.h"]
-FLAGS = ["-O3", "-mavx2", "-mfma", "-shared", "-fPIC", "-pthread"]
+FLAGS = ["-O3", "-mavx2", "-mfma", "-ffp-contract=off", "-shared", "-fPIC", "-pthread"]  # no contraction: torch rounds each op
 _lock = threading.Lock()
 _loaded: "CpuKernels | None | bool" = False  # False: not tried yet
 
@@ -47,46 +47,131 @@ class CpuKernels:
         lib.rk_linear_parts.restype = i
         lib.rk_set_threads.argtypes = [i]
         lib.rk_set_threads.restype = i
+        lib.rk_linear_gated.argtypes = [p, i, p, p, i, p, p, i, p, i, i64, i64]
+        lib.rk_linear_gated.restype = i
+        lib.rk_rms_norm.argtypes = [p, p, p, i64, i64, ctypes.c_float, i, i]
+        lib.rk_rms_norm.restype = None
+        f = ctypes.c_float
+        lib.rk_attend_one.argtypes = [p, p, p, p, p, p, i64, i64, i64, i64, i64, i64, i64, f, f, i, p]
+        lib.rk_attend_one.restype = i
         self.threads = 0
+        self._scratch = threading.local()  # float32 work space of rk_attend_one, per calling thread
 
     def set_threads(self, n: int) -> None:
         """Run linear() on n threads in all (the caller's plus n - 1 pool workers)."""
         if n != self.threads:
             self.threads = self.lib.rk_set_threads(n)
 
-    def supports(self, x: Tensor, weight: Tensor) -> bool:
-        """Whether linear() takes these: CPU, one dtype (fp32 or bf16), K % 8 == 0."""
-        return (x.device.type == "cpu" and x.dtype == weight.dtype
-                and weight.dtype in (torch.float32, torch.bfloat16)
+    @staticmethod
+    def supports_weight(weight: Tensor) -> bool:
+        """Whether linear() takes this weight: CPU, fp32 or bf16, [N, K] contiguous, K % 8 == 0."""
+        return (weight.device.type == "cpu" and weight.dtype in (torch.float32, torch.bfloat16)
                 and weight.dim() == 2 and weight.shape[1] % 8 == 0 and weight.is_contiguous())
+
+    def supports(self, x: Tensor, weight: Tensor) -> bool:
+        """Whether linear(x, weight) runs here: a supported weight and x on the CPU in its dtype."""
+        return x.is_cpu and x.dtype == weight.dtype and self.supports_weight(weight)
 
     def linear(self, x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
         """F.linear(x, weight, bias) where supports(x, weight)."""
-        return self.linear_parts(x, [weight], [bias])
+        return LinearPlan(self, [weight], [bias])(x)
 
     def linear_parts(self, x: Tensor, weights: Sequence[Tensor], biases: Sequence[Tensor | None]) -> Tensor:
-        """torch.cat([F.linear(x, w, b) for w, b in zip(weights, biases)], -1) as one job.
+        """torch.cat([F.linear(x, w, b) for w, b in zip(weights, biases)], -1) as one job."""
+        return LinearPlan(self, weights, biases)(x)
 
-        Every weight must pass supports(x, w) and have the same in_features;
-        biases are all None or all tensors of their weight's dtype.
-        """
+    def linear_gated(self, x: Tensor, w_gate: Tensor, w_up: Tensor, b_gate: Tensor | None,
+                     b_up: Tensor | None) -> Tensor:
+        """F.silu(F.linear(x, w_gate, b_gate)) * F.linear(x, w_up, b_up) for one row x [..., K]."""
         if not self.threads:
             self.set_threads(torch.get_num_threads())
-        k = weights[0].shape[1]
         x = x.contiguous()
-        sizes = [w.shape[0] for w in weights]
-        y = torch.empty(*x.shape[:-1], sum(sizes), dtype=x.dtype)
+        n, k = w_gate.shape
+        if x.numel() != k:
+            raise ValueError(f"linear_gated takes one row of {k} values, got x {tuple(x.shape)}")
+        y = torch.empty(*x.shape[:-1], n, dtype=x.dtype)
         bf16 = x.dtype == torch.bfloat16
-        biases = [None if b is None else b.contiguous() for b in biases]
-        n = len(weights)
-        w_ptrs = (ctypes.c_void_p * n)(*(w.data_ptr() for w in weights))
-        b_ptrs = (ctypes.c_void_p * n)(*(None if b is None else b.data_ptr() for b in biases))
-        status = self.lib.rk_linear_parts(x.data_ptr(), bf16, n, w_ptrs, bf16, b_ptrs, bf16,
-                                          (ctypes.c_int64 * n)(*sizes), y.data_ptr(), bf16, x.numel() // k, k)
+        status = self.lib.rk_linear_gated(x.data_ptr(), bf16, w_gate.data_ptr(), w_up.data_ptr(), bf16,
+                                          _ptr(b_gate), _ptr(b_up), bf16, y.data_ptr(), bf16, n, k)
         if status != 0:
-            raise RuntimeError(f"rk_linear_parts failed ({status}) for x {tuple(x.shape)}, "
-                               f"weights {[tuple(w.shape) for w in weights]}")
+            raise RuntimeError(f"rk_linear_gated failed ({status}) for x {tuple(x.shape)}, weights {(n, k)}")
         return y
+
+    def rms_norm(self, x: Tensor, weight: Tensor, eps: float, unit_offset: bool) -> Tensor:
+        """layers.RMSNorm's forward for x [..., dim] of weight's dtype (fp32 or bf16)."""
+        x = x.contiguous()
+        y = torch.empty_like(x)
+        dim = x.shape[-1]
+        self.lib.rk_rms_norm(x.data_ptr(), weight.data_ptr(), y.data_ptr(), x.numel() // dim, dim, eps,
+                             unit_offset, x.dtype == torch.bfloat16)
+        return y
+
+    def attend_one(self, qkv: Tensor, cos: Tensor, sin: Tensor, keys: Tensor, values: Tensor,
+                   heads: int, position: int, start: int, scale: float, softcap: float | None) -> Tensor:
+        """Rope, cache write and attention of one token: qkv [(H + 2 KV) * D] -> [H * D].
+
+        keys and values are one layer's contiguous [1, KV, max_len, D] cache; the
+        new key and value go to `position`, and the query sees start..position.
+        """
+        _, kv_heads, max_len, head_dim = keys.shape
+        groups = heads // kv_heads
+        need = kv_heads * ((groups + 1) * head_dim + max_len)
+        scratch = getattr(self._scratch, "buffer", None)
+        if scratch is None or scratch.numel() < need:
+            scratch = self._scratch.buffer = torch.empty(need, dtype=torch.float32)
+        out = torch.empty(heads * head_dim, dtype=qkv.dtype)
+        status = self.lib.rk_attend_one(qkv.data_ptr(), cos.data_ptr(), sin.data_ptr(), keys.data_ptr(),
+                                        values.data_ptr(), out.data_ptr(), heads, kv_heads, head_dim,
+                                        cos.shape[-1], position, start, max_len, scale, softcap or 0.0,
+                                        qkv.dtype == torch.bfloat16, scratch.data_ptr())
+        if status != 0:
+            raise RuntimeError(f"rk_attend_one failed ({status}): heads {heads}, cache {tuple(keys.shape)}, "
+                               f"position {position}, start {start}")
+        return out
+
+
+class LinearPlan:
+    """Weights that read the same input, laid out once for rk_linear_parts.
+
+    Calling it is one ctypes call: the pointer arrays are built here, not per
+    token (building them took longer than a small GEMV). Holds its tensors,
+    so they outlive any call; `weights` says which ones it was built for.
+    """
+
+    def __init__(self, kernels: CpuKernels, weights: Sequence[Tensor], biases: Sequence[Tensor | None]) -> None:
+        if not all(kernels.supports_weight(w) and w.dtype == weights[0].dtype
+                   and w.shape[1] == weights[0].shape[1] for w in weights) or len(weights) > kernels.MAX_PARTS:
+            raise ValueError(f"weights the kernels cannot take: {[(tuple(w.shape), w.dtype) for w in weights]}")
+        if not kernels.threads:
+            kernels.set_threads(torch.get_num_threads())
+        self.weights = list(weights)
+        self.biases = [None if b is None else b.contiguous() for b in biases]
+        n = len(weights)
+        self.dtype = weights[0].dtype
+        self.k, self.out = weights[0].shape[1], sum(w.shape[0] for w in weights)
+        self._args = (n, (ctypes.c_void_p * n)(*(w.data_ptr() for w in self.weights)),
+                      (ctypes.c_void_p * n)(*(_ptr(b) for b in self.biases)),
+                      (ctypes.c_int64 * n)(*(w.shape[0] for w in self.weights)))
+        self._fn = kernels.lib.rk_linear_parts
+
+    def __call__(self, x: Tensor) -> Tensor:
+        """x [..., K] of the weights' dtype, on the CPU -> [..., sum of N]."""
+        if x.dtype != self.dtype or not x.is_cpu:  # the C side would misread it
+            raise ValueError(f"x of {x.dtype} on {x.device} for {self.dtype} weights on the CPU")
+        x = x.contiguous()
+        y = torch.empty(*x.shape[:-1], self.out, dtype=self.dtype)
+        bf16 = self.dtype == torch.bfloat16
+        n, w_ptrs, b_ptrs, sizes = self._args
+        status = self._fn(x.data_ptr(), bf16, n, w_ptrs, bf16, b_ptrs, bf16, sizes, y.data_ptr(), bf16,
+                          x.numel() // self.k, self.k)
+        if status != 0:
+            raise RuntimeError(f"rk_linear_parts failed ({status}) for x {tuple(x.shape)} {x.dtype}, "
+                               f"weights {[tuple(w.shape) for w in self.weights]} {self.dtype}")
+        return y
+
+
+def _ptr(t: Tensor | None) -> int | None:
+    return None if t is None else t.data_ptr()
 
 
 def cpu_kernels() -> CpuKernels | None:

@@ -16,6 +16,7 @@
  * fp32 or bf16. Requires K % 8 == 0; the Python side checks.
  */
 #include <immintrin.h>
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -64,14 +65,16 @@ static inline uint16_t to_bf16(float f) { /* round to nearest even, as c10::BFlo
   if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0; /* NaN */
   return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
-static inline void store(const linear_t *a, int64_t m, int64_t n, float v) {
-  if (a->bias) v += load1(a->bias, a->bias_bf16, n);
+static inline void put(const linear_t *a, int64_t m, int64_t n, float v) {
   if (a->y_bf16) ((uint16_t *)a->y)[m * a->ldy + n] = to_bf16(v);
   else ((float *)a->y)[m * a->ldy + n] = v;
 }
+static inline void store(const linear_t *a, int64_t m, int64_t n, float v) { /* adds the bias */
+  put(a, m, n, a->bias ? v + load1(a->bias, a->bias_bf16, n) : v);
+}
 
-/* One row of x against one row of w, four accumulators to hide FMA latency (decode). */
-static void dot_row(const linear_t *a, int64_t n) {
+/* One row of x against row n of w, four accumulators to hide FMA latency (decode). */
+static float dot_row(const linear_t *a, int64_t n) {
   const int64_t K = a->K, row = n * K;
   __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
   int64_t k = 0;
@@ -82,7 +85,7 @@ static void dot_row(const linear_t *a, int64_t n) {
     s3 = _mm256_fmadd_ps(load8(a->w, a->w_bf16, row + k + 24), load8(a->x, a->x_bf16, k + 24), s3);
   }
   for (; k < K; k += 8) s0 = _mm256_fmadd_ps(load8(a->w, a->w_bf16, row + k), load8(a->x, a->x_bf16, k), s0);
-  store(a, 0, n, hsum(_mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3))));
+  return hsum(_mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)));
 }
 
 /* Rows m0.. (mr <= MR) of x against rows n0.. (nr <= NR) of w: each loaded vector
@@ -108,7 +111,7 @@ static void run_part_chunk(const linear_t *a, int64_t c) {
   int64_t n0 = c * a->rows_per_chunk, n1 = n0 + a->rows_per_chunk;
   if (n1 > a->N) n1 = a->N;
   if (a->M == 1) {
-    for (int64_t n = n0; n < n1; ++n) dot_row(a, n);
+    for (int64_t n = n0; n < n1; ++n) store(a, 0, n, dot_row(a, n));
     return;
   }
   /* The chunk's weight rows stay in cache while every row of x passes over them. */
@@ -147,6 +150,44 @@ int rk_linear_parts(const void *x, int x_bf16, int n_parts, const void *const *w
     column += ns[p];
   }
   pool_run(job.first_chunk[n_parts], run_chunk, &job, sizeof job);
+  return 0;
+}
+
+typedef struct {
+  linear_t gate, up; /* the two halves of a gate/up projection, M == 1 */
+} gated_t;
+
+static inline float rounded(float v, int bf16) { /* the value a bf16 tensor would hold */
+  if (!bf16) return v;
+  uint16_t h = to_bf16(v);
+  return load1(&h, 1, 0);
+}
+
+static void run_gated_chunk(const void *context, int64_t c) {
+  const gated_t *a = context;
+  const linear_t *g = &a->gate, *u = &a->up;
+  int64_t n0 = c * g->rows_per_chunk, n1 = n0 + g->rows_per_chunk;
+  if (n1 > g->N) n1 = g->N;
+  const int bf = g->y_bf16;
+  for (int64_t n = n0; n < n1; ++n) {
+    float gv = dot_row(g, n) + (g->bias ? load1(g->bias, g->bias_bf16, n) : 0.f);
+    float uv = dot_row(u, n) + (u->bias ? load1(u->bias, u->bias_bf16, n) : 0.f);
+    float gr = rounded(gv, bf), ur = rounded(uv, bf);
+    float act = rounded(gr / (1.f + expf(-gr)), bf); /* F.silu in fp32, stored in the dtype */
+    put(g, 0, n, act * ur);
+  }
+}
+
+/* y[N] = silu(x @ w_gate^T + b_gate) * (x @ w_up^T + b_up) for one row of x,
+ * with the roundings torch's MLP makes in bf16 (gate, up, silu, product). */
+int rk_linear_gated(const void *x, int x_bf16, const void *w_gate, const void *w_up, int w_bf16,
+                    const void *b_gate, const void *b_up, int bias_bf16, void *y, int y_bf16, int64_t N, int64_t K) {
+  if (N < 1 || K < 8 || K % 8) return -1;
+  int64_t rows = CHUNK_BYTES / (2 * K * (w_bf16 ? 2 : 4));
+  rows = rows < 1 ? 1 : rows;
+  gated_t a = {{x, w_gate, b_gate, y, x_bf16, w_bf16, bias_bf16, y_bf16, 1, N, K, N, rows},
+               {x, w_up, b_up, y, x_bf16, w_bf16, bias_bf16, y_bf16, 1, N, K, N, rows}};
+  pool_run((N + rows - 1) / rows, run_gated_chunk, &a, sizeof a);
   return 0;
 }
 

@@ -1,7 +1,7 @@
 """Transforms that make a loaded `CausalLM` fast on CPU; the model code stays as it is.
 
     model, config = load_model(path, dtype="bfloat16")
-    applied = optimize_for_cpu(model)  # e.g. ["fuse_projections", "cpu_kernels"]
+    applied = optimize_for_cpu(model)  # e.g. ["fuse_projections", "cpu_kernels", "cpu_layers"]
 
 - `fuse_projections`: q/k/v become one `qkv_proj` and gate/up one
   `gate_up_proj` (the names Phi-3 checkpoints use, so the model's fused
@@ -15,6 +15,8 @@
   widened in registers (torch's bf16 matmul has no fast path on CPUs without
   AVX-512 BF16) on a thread pool without barriers (see kernels/pool.h;
   numbers in benchmarks/README.md).
+- `use_cpu_layers` (cpu_layers.py): norms, rope, cache write, attention and
+  the SiLU gate of a decode step in C as well.
 
 Both keep the parameters (a tied LM head stays tied) and the arithmetic:
 float32 accumulation with one rounding at the end, as torch does.
@@ -35,7 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..kernels import CpuKernels, cpu_kernels
+from ..kernels import CpuKernels, LinearPlan, cpu_kernels
 from .layers import MLP, Attention
 from .transformer import CausalLM
 
@@ -47,8 +49,12 @@ def optimize_for_cpu(model: CausalLM) -> list[str]:
     applied = ["fuse_projections"] if fuse_projections(model) else []
     kernels = cpu_kernels()
     if kernels is not None and use_cpu_kernels(model, kernels):
+        from .cpu_layers import use_cpu_layers  # it builds on this module's Linears
+
         kernels.set_threads(torch.get_num_threads())
         applied.append("cpu_kernels")
+        if use_cpu_layers(model, kernels):
+            applied.append("cpu_layers")
     return applied
 
 
@@ -64,13 +70,24 @@ class FusedLinear(nn.Module):
     def __init__(self, parts: list[nn.Linear]) -> None:
         super().__init__()
         self.parts = nn.ModuleList(parts)
+        self._plan: LinearPlan | None = None
 
     def forward(self, x: Tensor) -> Tensor:
-        weights = [p.weight for p in self.parts]
-        if (self.kernels is not None and not _needs_grad(x, weights[0])
-                and all(self.kernels.supports(x, w) for w in weights)):
-            return self.kernels.linear_parts(x, weights, [p.bias for p in self.parts])
+        plan = _plan(self, [p.weight for p in self.parts], [p.bias for p in self.parts])
+        if plan is not None and x.is_cpu and x.dtype == plan.dtype and not _needs_grad(x, plan.weights[0]):
+            return plan(x)
         return torch.cat([p(x) for p in self.parts], dim=-1)
+
+
+def _plan(module: nn.Module, weights: list[Tensor], biases: list[Tensor | None]) -> LinearPlan | None:
+    """The module's kernel plan, (re)built when its weights are not the ones it was built for."""
+    plan, kernels = module._plan, module.kernels
+    if kernels is None:
+        return None
+    if plan is None or any(a is not b for a, b in zip(plan.weights, weights)) or len(plan.weights) != len(weights):
+        supported = all(kernels.supports_weight(w) and w.dtype == weights[0].dtype for w in weights)
+        plan = module._plan = LinearPlan(kernels, weights, biases) if supported else None
+    return plan
 
 
 def fuse_projections(model: CausalLM) -> int:
@@ -94,11 +111,13 @@ class KernelLinear(nn.Linear):
     """nn.Linear on the CPU kernels where they take the input; bf16 otherwise runs in float32."""
 
     kernels: CpuKernels
+    _plan: LinearPlan | None = None
 
     def forward(self, x: Tensor) -> Tensor:
-        if not _needs_grad(x, self.weight) and self.kernels.supports(x, self.weight):
-            return self.kernels.linear(x, self.weight, self.bias)
-        if x.dtype == torch.bfloat16 and x.device.type == "cpu":  # torch's bf16 matmul is slower
+        plan = _plan(self, [self.weight], [self.bias])
+        if plan is not None and x.is_cpu and x.dtype == plan.dtype and not _needs_grad(x, self.weight):
+            return plan(x)
+        if x.dtype == torch.bfloat16 and x.is_cpu:  # torch's bf16 matmul is slower
             bias = None if self.bias is None else self.bias.float()
             return F.linear(x.float(), self.weight.float(), bias).to(x.dtype)
         return F.linear(x, self.weight, self.bias)
