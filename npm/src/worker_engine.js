@@ -1,7 +1,7 @@
 // The Web Worker engine: the same interface as InThreadEngine, each call a message to worker.js,
 // so the page's thread never runs Python or onnxruntime.
 
-import { EngineDisposedError, fromWire, UnsupportedRuntimeError } from './errors.js';
+import { asRuvllmError, EngineDisposedError, fromWire, UnsupportedRuntimeError } from './errors.js';
 import { checkMessage, FROM_WORKER } from './messages.js';
 import { checkChatRequest, checkCompletionRequest } from './openai.js';
 
@@ -32,8 +32,13 @@ export class WorkerEngine {
     await new Promise((resolve, reject) => {
       engine._onLoad = { resolve, reject, onProgress };
       engine.worker.onmessage = (event) => engine._receive(event.data);
-      engine.worker.onerror = (event) => engine._fail(new UnsupportedRuntimeError(
-        `the ruvllm worker failed to start: ${event.message || 'script error'} (is worker.js served as text/javascript?)`));
+      engine.worker.onerror = (event) => {
+        event.preventDefault?.();
+        const text = event.message || 'script error';
+        engine._fail(engine._onLoad && !/memory/i.test(text)
+          ? new UnsupportedRuntimeError(`the ruvllm worker failed to start: ${text} (is worker.js served as text/javascript?)`)
+          : asRuvllmError(new Error(`the ruvllm worker stopped: ${text}`)));
+      };
       engine.worker.postMessage({ type: 'load', options: { ...plain, model: String(options.model) } });
     });
     return engine;
