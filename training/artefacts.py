@@ -64,6 +64,7 @@ def save(model: LlamaForCausalLM, tokenizer: PreTrainedTokenizerFast, args: argp
     (out / "validation.txt").write_text(val_text, encoding="utf-8")
     write_log(args.log, log)  # the numbers are safe before sampling starts
     log["samples"] = model_card.samples(model, tokenizer, seed=args.seed)
+    log["chat_check"] = model_card.chat_stop_rate(model, tokenizer, seed=args.seed)
     write_log(args.log, log)
     _plot(args.log, log)
     model_card.write(out, model, log)
@@ -80,7 +81,9 @@ def _main() -> None:
     torch.set_num_threads(2)
     model = LlamaForCausalLM.from_pretrained(str(args.out))
     log = json.loads(args.log.read_text(encoding="utf-8"))
-    log["samples"] = model_card.samples(model, load_tokenizer(args.out), seed=int(log["args"]["seed"]))
+    tokenizer = load_tokenizer(args.out)
+    log["samples"] = model_card.samples(model, tokenizer, seed=int(log["args"]["seed"]))
+    log["chat_check"] = model_card.chat_stop_rate(model, tokenizer, seed=int(log["args"]["seed"]))
     write_log(args.log, log)
     model_card.write(args.out, model, log)
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
 
-__all__ = ["PROMPTS", "samples", "write"]
+__all__ = ["PROMPTS", "chat_stop_rate", "samples", "write"]
 
 # (label, prompt or chat messages, sample?) - the first is `make run`'s prompt.
 PROMPTS: list[tuple[str, str | list[dict[str, str]], bool]] = [
@@ -20,8 +20,13 @@ PROMPTS: list[tuple[str, str | list[dict[str, str]], bool]] = [
     ("sampled", "Of Mans First Disobedience,", True),
     ("greedy", "KING HENRY.\n", False),
     ("chat, sampled", [{"role": "user", "content": "What light through yonder window breaks?"}], True),
+    ("chat, sampled", [{"role": "user", "content": "Good morrow, my lord."}], True),
 ]
 MAX_NEW_TOKENS = 80
+# User lines for the chat check: does a sampled reply end with <|im_end|>?
+CHAT_CHECK = ["What light through yonder window breaks?", "Good morrow, my lord.", "How now, what news?",
+              "Wilt thou be gone?", "Who's there?", "I love thee.", "Where is the king?", "What say you?"]
+CHAT_CHECK_TOKENS = 120
 
 
 def samples(model: LlamaForCausalLM, tokenizer: PreTrainedTokenizerFast, seed: int) -> list[dict[str, str]]:
@@ -43,6 +48,22 @@ def samples(model: LlamaForCausalLM, tokenizer: PreTrainedTokenizerFast, seed: i
         text = tokenizer.decode(gen[0, ids.shape[1]:], skip_special_tokens=False)
         out.append({"label": label, "prompt": shown, "completion": text})
     return out
+
+
+def chat_stop_rate(model: LlamaForCausalLM, tokenizer: PreTrainedTokenizerFast, seed: int) -> dict[str, float]:
+    """Sample a reply to each CHAT_CHECK line twice; how many end with an eos id in time."""
+    model.eval()
+    stopped, lengths = 0, []
+    for i, line in enumerate(CHAT_CHECK * 2):
+        ids = tokenizer.apply_chat_template([{"role": "user", "content": line}], add_generation_prompt=True,
+                                            return_tensors="pt", return_dict=True)["input_ids"]
+        torch.manual_seed(seed + i)
+        with torch.no_grad():
+            gen = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=CHAT_CHECK_TOKENS)
+        new = gen[0, ids.shape[1]:].tolist()
+        stopped += new[-1] in model.generation_config.eos_token_id
+        lengths.append(len(new))
+    return {"replies": len(lengths), "stopped": stopped, "median_tokens": sorted(lengths)[len(lengths) // 2]}
 
 
 def _front_matter(metrics: dict) -> str:
@@ -89,11 +110,17 @@ def write(out: Path, model: LlamaForCausalLM, log: dict) -> None:
         "train_loss": f"{_final_train_loss(log):.3f}", "loss": f"{m['loss']:.4f}", "ppl": f"{m['perplexity']:.2f}",
         "bpb": f"{m['bits_per_byte']:.4f}", "char_ppl": f"{m['char_perplexity']:.4f}",
         "val_curve": ", ".join(f"{v['step']}: {v['loss']:.3f}" for v in log["val"]),
-        "files": "\n".join(f"| `{name}` | {size / 1e6:.2f} MB |" for name, size in files.items()),
+        "files": "\n".join(f"| `{name}` | {_size(size)} |" for name, size in files.items()),
         "total_mb": f"{sum(files.values()) / 1e6:.2f}",
         "samples": "\n".join(_sample_section(log)),
+        "chat_replies": log["chat_check"]["replies"], "chat_stopped": log["chat_check"]["stopped"],
+        "chat_median": log["chat_check"]["median_tokens"], "chat_limit": CHAT_CHECK_TOKENS,
     }
     (out / "README.md").write_text(_front_matter(m) + template.format(**fields), encoding="utf-8")
+
+
+def _size(n: int) -> str:
+    return f"{n / 1e6:.2f} MB" if n >= 100_000 else f"{n / 1e3:.1f} kB"
 
 
 def _final_train_loss(log: dict) -> float:

@@ -5,7 +5,7 @@ summation order across thread counts) and its length does not depend on the load
 the machine. The defaults are the shipped run:
 
     python -m training.corpus && python -m training.train_tokenizer
-    python -m training.train_model                 # ~40 min on 2 uncontended CPU cores
+    python -m training.train_model                 # ~25 min on 2 idle CPU cores (estimated)
     python -m training.train_model --steps 20 --no-save   # a throughput probe
 
 The model is transformers' LlamaForCausalLM, so `save_pretrained` writes the exact
@@ -67,7 +67,7 @@ SIZES = {
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--size", choices=sorted(SIZES), default="s")
-    p.add_argument("--steps", type=int, default=1800)
+    p.add_argument("--steps", type=int, default=1000)
     p.add_argument("--batch-size", type=int, default=16, help="sequences per step")
     p.add_argument("--context", type=int, default=256, help="training sequence length")
     p.add_argument("--lr", type=float, default=2e-3, help="peak learning rate")
