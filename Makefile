@@ -11,7 +11,7 @@ PIPC   := $(PIP) install --disable-pip-version-check -q -c constraints.txt
 STAMP  := $(VENV)/.ruvllm-installed
 PYTEST_ARGS ?=
 
-.PHONY: setup run test bench clean
+.PHONY: setup test-setup chromium run test bench web train-model clean
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -25,6 +25,31 @@ $(STAMP): $(VENV)/bin/python pyproject.toml constraints.txt
 
 setup: $(STAMP)
 
+# JavaScript and browser parts of the suite: npm packages from the committed
+# lock files (onnxruntime-node's post-install would fetch a CUDA provider: its
+# CPU binaries ship in the package, so it is skipped), the pure-Python wheels
+# Pyodide installs, and Debian's Chromium for the page tests (as root only;
+# without it those tests skip, saying why). Nothing here downloads a browser.
+JS_DIRS  := npm tests/js tests/transformersjs
+JS_STAMP := .cache/js-installed
+NPM_CI   := ONNXRUNTIME_NODE_INSTALL=skip npm ci --no-audit --no-fund --loglevel=error
+
+$(JS_STAMP): npm/package-lock.json tests/js/package-lock.json tests/transformersjs/package-lock.json
+	@mkdir -p .cache
+	@if command -v npm >/dev/null 2>&1; then \
+		for d in $(JS_DIRS); do echo "npm ci --prefix $$d"; $(NPM_CI) --prefix $$d || exit 1; done; \
+	else echo "npm is not installed: the JavaScript tests will skip"; fi
+	touch $(JS_STAMP)
+
+chromium:
+	@command -v chromium >/dev/null 2>&1 || { \
+		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+			apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
+		else echo "Chromium is not installed (apt-get install chromium): the page tests will skip"; fi; }
+
+test-setup: setup $(JS_STAMP) chromium
+	$(PY) -m web.wheels --out npm/wheels
+
 # A short generation from the command line, then the OpenAI-compatible server
 # on the built-in model (Ctrl-C stops it); it prints the URL it listens on.
 PORT ?= 8000
@@ -33,7 +58,7 @@ run: setup
 	$(VENV)/bin/ruvllm serve tiny-shakespeare --port $(PORT)
 
 # pytest exit codes: 0 ok, 1 failures, 5 nothing collected (reported, not fatal).
-test: setup
+test: test-setup
 	@set +e; $(PY) -m pytest $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; exit 0; fi; \
 	exit $$rc
@@ -41,5 +66,13 @@ test: setup
 bench: setup
 	$(PY) benchmarks/run_all.py
 
+# Rebuild the built-in model from its corpus (seeded; ~25 min on 2 idle cores, not part of make test).
+train-model: setup
+	$(PY) -m training.corpus && $(PY) -m training.train_tokenizer && $(PY) -m training.train_model
+
+# The in-browser demo: Pyodide, onnxruntime-web, the wheels, the page and the built-in model exported for the web.
+web: setup $(JS_STAMP)
+	$(VENV)/bin/ruvllm web build
+
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache
+	rm -rf $(VENV) build *.egg-info .pytest_cache .cache web/dist
