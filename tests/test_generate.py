@@ -140,3 +140,29 @@ def test_phi3_longrope_switch_matches_transformers(tmp_path):
     ids = llm.encode("To be, or not")
     out = llm.generate(ids, SamplingParams(temperature=0, max_tokens=24, ignore_eos=True))
     assert out.token_ids == hf_greedy(hf, ids, 24)
+
+
+@pytest.mark.parametrize("optimize", [False, True], ids=["plain", "cpu-kernels"])
+def test_builtin_model_matches_transformers(optimize):
+    """The shipped tiny-shakespeare: our tokenizer, logits and greedy tokens against transformers'."""
+    from py_engine.engine import LLM
+    from py_engine.hub import builtin_path
+    from py_engine.models import DenseKVCache
+
+    path = builtin_path()
+    if not (path / "model.safetensors").is_file():
+        pytest.skip("the built-in model is not built (make train-model)")
+    llm = LLM("tiny-shakespeare", device="cpu", dtype="float32", optimize=optimize)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    text = "ROMEO.\nBut soft, what light through yonder window breaks?"
+    ids = llm.encode(text)
+    assert ids == tokenizers.Tokenizer.from_file(str(path / "tokenizer.json")).encode(text).ids
+    x = torch.tensor([ids])
+    with torch.no_grad():
+        ref = hf(x).logits
+        kv = DenseKVCache.allocate(llm.config, 1, len(ids))
+        ours = llm.model(x, torch.arange(len(ids))[None], kv)
+    diff = (ours - ref).abs().max().item()
+    assert diff < 1e-4, f"max abs logit diff {diff:.2e}"
+    out = llm.generate(ids, SamplingParams(temperature=0, max_tokens=32, ignore_eos=True))
+    assert out.token_ids == hf_greedy(hf, ids, 32)
