@@ -96,7 +96,7 @@ def plans(names: list[str]) -> dict[str, Plan]:
     known = {
         "builtin": lambda: Plan(str(REPO / "py_engine" / "data" / "tiny-shakespeare"), system_prompt_len=192,
                                 prefix_rounds=6, capacity_seq_len=128, capacity_slabs=16, run_capacity=True),
-        "qwen0.5b": lambda: Plan(str(qwen_checkpoint()), prompt_len=128, gen_len=32, iterations=1,
+        "qwen0.5b": lambda: Plan(str(qwen_checkpoint()), prompt_len=128, gen_len=128, iterations=1,
                                  prefix_rounds=3),
     }
     # Any other name is a model folder, measured with short lengths (for trying the script on a tiny model).
