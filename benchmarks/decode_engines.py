@@ -8,6 +8,8 @@ of this process (so each engine's is its own). ENGINE is `ruvllm` or
 `transformers`, with options after a colon: `ruvllm:noopt` (no CPU
 transforms), `ruvllm:nokernels` (fused projections, torch's matmuls); the
 parent sets environment variants such as `:thp` before this starts.
+`ruvllm@REV` runs py_engine as of git revision REV (unpacked under .cache),
+to measure against the engine before a change.
 
 The model is Qwen2.5-0.5B's shape with seeded random weights, written once
 to benchmarks/.cache as float32 safetensors; both engines load the same file
@@ -79,17 +81,32 @@ def prompt_ids(length: int) -> list[int]:
     return [(i * 7919) % 150000 + 10 for i in range(length)]
 
 
-def ruvllm_runner(folder: Path, dtype: str, options: set[str]) -> Runner:
-    sys.path.insert(0, str(REPO))
+def source_tree(revision: str) -> Path:
+    """py_engine as of a git revision, unpacked once under .cache (for `ruvllm@REV`)."""
+    import subprocess
+
+    folder = CACHE / f"src-{revision}"
+    if not (folder / "py_engine").is_dir():
+        folder.mkdir(parents=True, exist_ok=True)
+        archive = subprocess.run(["git", "archive", revision, "py_engine"], cwd=REPO, check=True,
+                                 capture_output=True).stdout
+        subprocess.run(["tar", "-x", "-C", str(folder)], input=archive, check=True)
+    return folder
+
+
+def ruvllm_runner(folder: Path, dtype: str, options: set[str], revision: str = "") -> Runner:
+    sys.path.insert(0, str(source_tree(revision) if revision else REPO))
     from py_engine.engine import TorchBackend
     from py_engine.models import load_model
-    from py_engine.models.cpu_transforms import fuse_projections, optimize_for_cpu
 
     model, config = load_model(folder, dtype=dtype)
-    if "nokernels" in options:
-        fuse_projections(model)
-    elif "noopt" not in options:
-        optimize_for_cpu(model)
+    if not revision:  # older revisions have no CPU transforms
+        from py_engine.models.cpu_transforms import fuse_projections, optimize_for_cpu
+
+        if "nokernels" in options:
+            fuse_projections(model)
+        elif "noopt" not in options:
+            optimize_for_cpu(model)
     backend = TorchBackend(model, config, config.max_position_embeddings)
 
     def run(ids: list[int], new_tokens: int) -> tuple[list[float], list[int]]:
@@ -103,7 +120,7 @@ def ruvllm_runner(folder: Path, dtype: str, options: set[str]) -> Runner:
     return run
 
 
-def transformers_runner(folder: Path, dtype: str, options: set[str]) -> Runner:
+def transformers_runner(folder: Path, dtype: str, options: set[str], revision: str = "") -> Runner:
     import torch
     from transformers import AutoModelForCausalLM
     from transformers.generation.streamers import BaseStreamer
@@ -137,10 +154,11 @@ def measure(engine: str, dtype: str, threads: int, new_tokens: int, lengths: lis
 
     torch.set_num_threads(threads)
     name, _, opts = engine.partition(":")
+    name, _, revision = name.partition("@")
     folder = build_model()
     start = time.perf_counter()
     runner = {"ruvllm": ruvllm_runner, "transformers": transformers_runner}[name]
-    run = runner(folder, dtype, set(opts.split("+")) if opts else set())
+    run = runner(folder, dtype, set(opts.split("+")) if opts else set(), revision)
     result = {"engine": engine, "dtype": dtype, "threads": threads, "load_s": time.perf_counter() - start}
     run(prompt_ids(8), 4)  # warm up allocators and lazy initialisation, the same for both
     for length in lengths:
