@@ -6,8 +6,10 @@
 
 Modules: contract (the I/O names, shapes and format version, once),
 options (what may be asked, refusals), decoder / blocks / attention / linear
-(the graph, node by node), packing (MatMulNBits byte layout), rope_tables,
-graph (builder + external data), exporter (the folder layout), genai_config,
-cli (`ruvllm export`). Nothing here imports onnx at package import, so the
+(the graph, node by node), packing (MatMulNBits byte layout), web_weights
+(the web target's folded DequantizeLinear weights), rope_tables, graph
+(builder + external data), exporter (the folder layout), manifest (which
+graph each runtime loads, in ruvllm_contract.json), genai_config, cli
+(`ruvllm export`). Nothing here imports onnx at package import, so the
 CLI can register `export` without loading it.
 """

@@ -97,8 +97,8 @@ def _copy_shared_files(model_dir: Path, out_dir: Path, config: ModelConfig, opti
             shutil.copyfile(model_dir / name, out_dir / name)
     kv_dtype = "float16" if options.precision == "fp16" else "float32"
     sha = C.config_hash((model_dir / "config.json").read_bytes())
-    files = manifest.merged_files(out_dir, {f"onnx/{options.file_name}": manifest.file_entry(options, kv_dtype, sha,
-                                                                                              size)})
+    entry = manifest.file_entry(options, config, kv_dtype, sha, size)
+    files = manifest.merged_files(out_dir, {f"onnx/{options.file_name}": entry})
     runtimes = manifest.runtime_files(files)
     # The top-level inputs/outputs describe float32 caches whenever such a graph is here; an fp16
     # graph's entry in `files` says float16.

@@ -5,9 +5,9 @@ block_size  32 | 64 | 128                quantization block along the input dime
 symmetric   True: no zero points (code 2**(bits-1) is zero); False: per-block zero points
 target      native: onnxruntime contrib ops, quantized weights run by MatMulNBits;
             web: the same fused ops, but quantized weights are stored packed and
-                 dequantized by plain ops that onnxruntime constant-folds when the
-                 session starts, because onnxruntime-web's wasm MatMulNBits is ~10x
-                 slower than its float MatMul;
+                 dequantized by one DequantizeLinear each that onnxruntime constant-folds
+                 when the session starts (export.web_weights), because onnxruntime-web's
+                 wasm MatMulNBits is ~10x slower than its float MatMul;
             plain: standard ONNX operators only, for runtimes without contrib ops.
 """
 from __future__ import annotations

@@ -149,3 +149,18 @@ def test_manifest_points_each_runtime_at_its_variant(exported):
     assert files["onnx/model_q4.onnx"]["session_options"] == {}
     genai = json.loads((root / "out" / "genai_config.json").read_text())
     assert genai["model"]["decoder"]["filename"] == "onnx/model_quantized.onnx"  # never a web graph
+
+
+def test_web_graphs_too_big_for_wasm_fall_back_to_native():
+    """onnxruntime-web gets the web graph while its folded float weights fit the wasm heap."""
+    from export.manifest import FOLDED_LIMIT, runtime_files
+
+    def files(folded: int) -> dict:
+        return {"onnx/model_q4.onnx": {"precision": "int4", "target": "native", "folded_bytes": None},
+                "onnx/model_q4_web.onnx": {"precision": "int4", "target": "web", "folded_bytes": folded}}
+
+    limit = FOLDED_LIMIT["onnxruntime-web"]
+    assert runtime_files(files(limit))["onnxruntime-web"]["int4"] == "onnx/model_q4_web.onnx"
+    big = runtime_files(files(limit + 1))
+    assert big["onnxruntime-web"] == {"default": "onnx/model_q4.onnx", "int4": "onnx/model_q4.onnx"}
+    assert big["onnxruntime-node"]["int4"] == "onnx/model_q4.onnx"

@@ -13,7 +13,7 @@
 // `--runtime web` is onnxruntime-web's wasm backend, as a browser runs it (no WebGPU in Node).
 // `--modules` is the node_modules folder holding the runtimes (default: the one next to this file),
 // so a test can use an npm cache elsewhere.
-import { readFileSync, writeFileSync } from 'node:fs';
+import { readdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { createRequire } from 'node:module';
 import { basename, dirname, join, resolve } from 'node:path';
 import { fileURLToPath, pathToFileURL } from 'node:url';
@@ -72,6 +72,14 @@ function extraOptions(contract, model) {
   return extra;
 }
 
+// onnxruntime-node finds external weights (model.onnx_data...) next to the graph itself;
+// onnxruntime-web must be given them.
+function externalData(model) {
+  const stem = basename(model);
+  return readdirSync(dirname(model)).filter((f) => f.startsWith(`${stem}_data`))
+    .map((f) => ({ path: f, data: join(dirname(model), f) }));
+}
+
 function argmaxLast(logits) {
   const v = logits.dims[2], data = logits.data, off = data.length - v;
   let best = 0;
@@ -91,7 +99,9 @@ async function main() {
   try {
     const { ort, options } = await loadRuntime(args.runtime, args.modules, args.threads);
     let t = performance.now();
-    const session = await ort.InferenceSession.create(args.model, { ...options, extra: extraOptions(contract, args.model) });
+    const extra = extraOptions(contract, args.model);
+    const external = args.runtime === 'web' ? { externalData: externalData(args.model) } : {};
+    const session = await ort.InferenceSession.create(args.model, { ...options, ...external, extra });
     out.create_ms = performance.now() - t;
     if (args.warmup > 0) {  // first runs allocate; keep that out of the prefill time
       t = performance.now();
