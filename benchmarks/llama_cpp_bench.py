@@ -115,7 +115,7 @@ def llama_cpp_server(venv: Path, gguf: Path, n_ctx: int, log: Path) -> Iterator[
 def throughput(venv: Path, sdist_dir: Path, levels: list[int], prompt_len: int, gen_len: int,
                iterations: int) -> dict[str, Any]:
     gguf = convert(sdist_dir)
-    logs = RESULTS.parent / "logs" / "llama_cpp"
+    logs = REPO / "benchmarks" / ".cache" / "logs" / "llama_cpp"
     logs.mkdir(parents=True, exist_ok=True)
     extra = {"min_tokens": gen_len}
     rows = []
