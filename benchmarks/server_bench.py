@@ -235,7 +235,7 @@ def bench_model(name: str, plan: Plan, levels: list[int], parts: set[str]) -> di
     from py_engine.config import ModelConfig
 
     vocab = ModelConfig.from_file(plan.path).vocab_size
-    logs = REPO / "benchmarks" / ".cache" / "logs" / name  # server logs: kept out of results/
+    logs = REPO / "benchmarks" / ".cache" / "logs" / Path(name).name  # server logs, kept out of results/
     logs.mkdir(parents=True, exist_ok=True)
     out: dict[str, Any] = {"plan": asdict(plan)}
     steps = {"throughput": lambda: throughput(plan, levels, vocab, logs),
