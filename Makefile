@@ -1,7 +1,7 @@
 # ruvllm: every target sets up what it needs on a fresh machine.
 #   make run    create .venv, install, generate, then serve the built-in model
 #   make test   install everything the tests need, then run the whole suite
-#   make bench  run the benchmarks (see benchmarks/README.md)
+#   make bench  run the quick benchmark and list the others (README: Benchmarks)
 
 PYTHON ?= python3
 VENV   := .venv
@@ -63,8 +63,11 @@ test: test-setup
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; exit 0; fi; \
 	exit $$rc
 
+# The quick benchmark; the long ones (decode_speed, onnx_decode, onnx_runtimes,
+# server_bench, web_bench) take minutes to an hour each: run them by name.
 bench: setup
-	$(PY) benchmarks/run_all.py
+	$(PY) benchmarks/tokenizer_speed.py
+	@echo "more: $$(ls benchmarks/*.py | tr '\n' ' ')"
 
 # Rebuild the built-in model from its corpus (seeded; ~25 min on 2 idle cores, not part of make test).
 train-model: setup
