@@ -53,8 +53,9 @@ test-setup: setup $(JS_STAMP) chromium
 # A short generation from the command line, then the OpenAI-compatible server
 # on the built-in model (Ctrl-C stops it); it prints the URL it listens on.
 PORT ?= 8000
-run: setup
+run: setup $(JS_STAMP)
 	$(VENV)/bin/ruvllm generate --max-tokens 60 --seed 0 "ROMEO:"
+	$(VENV)/bin/ruvllm web build || echo "web build failed (npm packages missing?): serving the API without the page"
 	$(VENV)/bin/ruvllm serve tiny-shakespeare --port $(PORT)
 
 # pytest exit codes: 0 ok, 1 failures, 5 nothing collected (reported, not fatal).

@@ -105,6 +105,13 @@ def build_parser() -> argparse.ArgumentParser:
     add_import_llama2c_arguments(p)
     p.set_defaults(func=run_import_llama2c)
 
+    try:  # web/ lives beside py_engine in a checkout; an installed wheel may lack it
+        from web.cli import add_web_parser
+    except ImportError:
+        add_web_parser = None
+    if add_web_parser is not None:
+        add_web_parser(sub)
+
     for action in sub.choices.values():
         if "--verbose" not in action._option_string_actions:
             _common(action)
