@@ -55,6 +55,25 @@ def test_linear_matches_torch(dtype, rows, bias):
 
 
 @needs_kernels
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_prefill_rows_without_blas_match(dtype):
+    """Many rows go to torch's MKL sgemm when it has one; our own tiles must agree."""
+    g = torch.Generator().manual_seed(3)
+    w, x, b = (torch.randn(200, 96, generator=g).to(dtype), torch.randn(40, 96, generator=g).to(dtype),
+               torch.randn(200, generator=g).to(dtype))
+    with_blas = KERNELS.linear(x, w, b)
+    KERNELS.lib.rk_use_blas(None, None)
+    try:
+        tiles = KERNELS.linear(x, w, b)
+    finally:
+        KERNELS.lib.rk_use_blas(*KERNELS.blas) if KERNELS.blas else None
+    if dtype == torch.float32:
+        torch.testing.assert_close(with_blas, tiles, rtol=1e-5, atol=1e-4)
+    else:
+        _bf16_close(with_blas, tiles)
+
+
+@needs_kernels
 def test_linear_same_result_on_any_thread_count():
     g = torch.Generator().manual_seed(0)
     w, x = torch.randn(4096, 64, generator=g), torch.randn(2, 64, generator=g)

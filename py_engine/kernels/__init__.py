@@ -28,8 +28,8 @@ import torch
 from torch import Tensor
 
 HERE = Path(__file__).parent
-SOURCES = [HERE / "linear.c", HERE / "decode.c", HERE / "pool.c"]
-HEADERS = [HERE / "pool.h"]
+SOURCES = [HERE / "linear.c", HERE / "blas.c", HERE / "decode.c", HERE / "pool.c"]
+HEADERS = [HERE / "linear.h", HERE / "pool.h"]
 FLAGS = ["-O3", "-mavx2", "-mfma", "-ffp-contract=off", "-shared", "-fPIC", "-pthread"]  # no contraction: torch rounds each op
 _lock = threading.Lock()
 _loaded: "CpuKernels | None | bool" = False  # False: not tried yet
@@ -56,6 +56,11 @@ class CpuKernels:
         lib.rk_attend_one.restype = i
         self.threads = 0
         self._scratch = threading.local()  # float32 work space of rk_attend_one, per calling thread
+        lib.rk_use_blas.argtypes = [p, p]
+        lib.rk_use_blas.restype = None
+        self.blas = _torch_blas()
+        if self.blas is not None:
+            lib.rk_use_blas(*self.blas)
 
     def set_threads(self, n: int) -> None:
         """Run linear() on n threads in all (the caller's plus n - 1 pool workers)."""
@@ -168,6 +173,23 @@ class LinearPlan:
             raise RuntimeError(f"rk_linear_parts failed ({status}) for x {tuple(x.shape)} {x.dtype}, "
                                f"weights {[tuple(w.shape) for w in self.weights]} {self.dtype}")
         return y
+
+
+def _torch_blas() -> tuple[int, int] | None:
+    """Addresses of sgemm_ and MKL_SET_NUM_THREADS_LOCAL (Fortran interfaces: arguments by
+    reference) in torch's own libtorch_cpu, if it has MKL.
+
+    Prefill then runs MKL's GEMM, single-threaded inside the kernels' pool
+    (linear.h says why). RUVLLM_NO_BLAS=1 keeps the kernels' own GEMM.
+    """
+    if os.environ.get("RUVLLM_NO_BLAS"):
+        return None
+    try:
+        lib = ctypes.CDLL(str(Path(torch.__file__).parent / "lib" / "libtorch_cpu.so"))  # already loaded
+        fns = [ctypes.cast(getattr(lib, name), ctypes.c_void_p).value for name in ("sgemm_", "MKL_SET_NUM_THREADS_LOCAL")]
+    except (OSError, AttributeError):
+        return None
+    return (fns[0], fns[1]) if all(fns) else None
 
 
 def _ptr(t: Tensor | None) -> int | None:

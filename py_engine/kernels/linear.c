@@ -4,12 +4,14 @@
  * without copying the weights into one matrix).
  *
  * Why not torch's matmul (measured on a 2-core AVX2 EPYC, see benchmarks/README.md):
- * - bf16 has no fast path without AVX-512 BF16: [1, 896] x [4864, 896] takes
- *   ~15-25 ms, 20x the fp32 product. Here bf16 values are widened to fp32 in
- *   registers (a 16-bit shift) and fed to FMA: decode reads half the bytes.
- * - torch's OpenMP regions stall on a busy machine (see pool.h); in prefill,
+ * - torch's OpenMP regions stall on a busy machine (see pool.h): under load a
+ *   [1, 896] x [4864, 896] product took 15-25 ms instead of 0.5. In prefill,
  *   every elementwise op on a [T, 4864] activation is such a region too, so
  *   with these kernels torch itself can run single-threaded.
+ * - bf16 products of many rows have no fast path without AVX-512 BF16 (~10
+ *   GFLOP/s against ~65 for fp32 at M = 512). Here bf16 weights are widened
+ *   to fp32 in registers and fed to FMA; decode still reads half the bytes.
+ * - Prefill runs MKL's sgemm per chunk when torch ships one (blas.c).
  *
  * Arithmetic: fp32 products and sums; a bf16 output is rounded once, after
  * the bias is added, as torch's bf16 addmm does. x, w, bias and y are each
@@ -18,8 +20,10 @@
 #include <immintrin.h>
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
+#include "linear.h"
 #include "pool.h"
 
 #define CHUNK_BYTES 32768 /* weight bytes per claimed chunk: fits L1/L2, and small enough to balance */
@@ -27,13 +31,8 @@
 #define NR 3              /* w rows per tile: 12 accumulators + 3 weights + 1 x = 16 ymm registers */
 
 #define MAX_PARTS 8
-
-typedef struct {
-  const void *x, *w, *bias;
-  void *y; /* this part's first column */
-  int x_bf16, w_bf16, bias_bf16, y_bf16;
-  int64_t M, N, K, ldy, rows_per_chunk; /* ldy: elements between rows of y */
-} linear_t;
+#define BLAS_MIN_ROWS 16     /* from this many rows of x (prefill), sgemm when there is one */
+#define BLAS_CHUNKS 2        /* chunks per thread for sgemm: 2 measured faster than 4 or 8 (its own blocking) */
 
 typedef struct {
   int n_parts;
@@ -47,44 +46,48 @@ static inline __m256 load8(const void *p, int bf16, int64_t i) { /* a bf16 is an
   __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)p + i));
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
 }
-static inline float load1(const void *p, int bf16, int64_t i) {
-  if (!bf16) return ((const float *)p)[i];
-  uint32_t u = (uint32_t)((const uint16_t *)p)[i] << 16;
-  float f;
-  memcpy(&f, &u, 4);
-  return f;
-}
+/* 16 bf16 weights as two fp32 vectors, by interleaving zero low halves:
+ * lo holds w0-3 and w8-11, hi w4-7 and w12-15 (unpack works per 128-bit lane).
+ * One load and two shuffles per 16 weights, half the work of widening 8 at a
+ * time, which kept bf16 decode below the bytes/s fp32 reached. */
+static inline __m256 bf16_lo(__m256i w) { return _mm256_castsi256_ps(_mm256_unpacklo_epi16(_mm256_setzero_si256(), w)); }
+static inline __m256 bf16_hi(__m256i w) { return _mm256_castsi256_ps(_mm256_unpackhi_epi16(_mm256_setzero_si256(), w)); }
+static inline __m256i load16(const void *p, int64_t i) { return _mm256_loadu_si256((const __m256i *)((const uint16_t *)p + i)); }
+
 static inline float hsum(__m256 v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   s = _mm_add_ps(s, _mm_movehl_ps(s, s));
   return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
 }
-static inline uint16_t to_bf16(float f) { /* round to nearest even, as c10::BFloat16 does */
-  uint32_t u;
-  memcpy(&u, &f, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0; /* NaN */
-  return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-}
-static inline void put(const linear_t *a, int64_t m, int64_t n, float v) {
-  if (a->y_bf16) ((uint16_t *)a->y)[m * a->ldy + n] = to_bf16(v);
-  else ((float *)a->y)[m * a->ldy + n] = v;
-}
-static inline void store(const linear_t *a, int64_t m, int64_t n, float v) { /* adds the bias */
-  put(a, m, n, a->bias ? v + load1(a->bias, a->bias_bf16, n) : v);
-}
 
-/* One row of x against row n of w, four accumulators to hide FMA latency (decode). */
+/* Row 0 of x against row n of w, four accumulators to hide FMA latency (decode). */
 static float dot_row(const linear_t *a, int64_t n) {
   const int64_t K = a->K, row = n * K;
+  const float *x = a->xf;
   __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
   int64_t k = 0;
-  for (; k + 32 <= K; k += 32) {
-    s0 = _mm256_fmadd_ps(load8(a->w, a->w_bf16, row + k), load8(a->x, a->x_bf16, k), s0);
-    s1 = _mm256_fmadd_ps(load8(a->w, a->w_bf16, row + k + 8), load8(a->x, a->x_bf16, k + 8), s1);
-    s2 = _mm256_fmadd_ps(load8(a->w, a->w_bf16, row + k + 16), load8(a->x, a->x_bf16, k + 16), s2);
-    s3 = _mm256_fmadd_ps(load8(a->w, a->w_bf16, row + k + 24), load8(a->x, a->x_bf16, k + 24), s3);
+  if (a->perm) {
+    for (; k + 32 <= K; k += 32) {
+      __m256i w0 = load16(a->w, row + k), w1 = load16(a->w, row + k + 16);
+      s0 = _mm256_fmadd_ps(bf16_lo(w0), _mm256_loadu_ps(x + k), s0);
+      s1 = _mm256_fmadd_ps(bf16_hi(w0), _mm256_loadu_ps(x + k + 8), s1);
+      s2 = _mm256_fmadd_ps(bf16_lo(w1), _mm256_loadu_ps(x + k + 16), s2);
+      s3 = _mm256_fmadd_ps(bf16_hi(w1), _mm256_loadu_ps(x + k + 24), s3);
+    }
+    for (; k < K; k += 16) {
+      __m256i w0 = load16(a->w, row + k);
+      s0 = _mm256_fmadd_ps(bf16_lo(w0), _mm256_loadu_ps(x + k), s0);
+      s1 = _mm256_fmadd_ps(bf16_hi(w0), _mm256_loadu_ps(x + k + 8), s1);
+    }
+  } else {
+    for (; k + 32 <= K; k += 32) {
+      s0 = _mm256_fmadd_ps(load8(a->w, a->w_bf16, row + k), _mm256_loadu_ps(x + k), s0);
+      s1 = _mm256_fmadd_ps(load8(a->w, a->w_bf16, row + k + 8), _mm256_loadu_ps(x + k + 8), s1);
+      s2 = _mm256_fmadd_ps(load8(a->w, a->w_bf16, row + k + 16), _mm256_loadu_ps(x + k + 16), s2);
+      s3 = _mm256_fmadd_ps(load8(a->w, a->w_bf16, row + k + 24), _mm256_loadu_ps(x + k + 24), s3);
+    }
+    for (; k < K; k += 8) s0 = _mm256_fmadd_ps(load8(a->w, a->w_bf16, row + k), _mm256_loadu_ps(x + k), s0);
   }
-  for (; k < K; k += 8) s0 = _mm256_fmadd_ps(load8(a->w, a->w_bf16, row + k), load8(a->x, a->x_bf16, k), s0);
   return hsum(_mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)));
 }
 
@@ -92,15 +95,30 @@ static float dot_row(const linear_t *a, int64_t n) {
  * feeds several FMAs. With constant mr, nr (the full tile) the loops unroll. */
 static inline __attribute__((always_inline)) void tile(const linear_t *a, int64_t m0, int mr, int64_t n0, int nr) {
   const int64_t K = a->K;
-  __m256 acc[MR][NR];
+  const float *x = a->xf + m0 * K;
+  __m256 acc[MR][NR], wv[NR];
   for (int i = 0; i < mr; ++i)
     for (int j = 0; j < nr; ++j) acc[i][j] = _mm256_setzero_ps();
-  for (int64_t k = 0; k < K; k += 8) {
-    __m256 wv[NR];
-    for (int j = 0; j < nr; ++j) wv[j] = load8(a->w, a->w_bf16, (n0 + j) * K + k);
-    for (int i = 0; i < mr; ++i) {
-      __m256 xv = load8(a->x, a->x_bf16, (m0 + i) * K + k);
-      for (int j = 0; j < nr; ++j) acc[i][j] = _mm256_fmadd_ps(xv, wv[j], acc[i][j]);
+  if (a->perm) { /* per 16 weights: the lo halves against x's first 8, then the hi halves */
+    for (int64_t k = 0; k < K; k += 16) {
+      for (int j = 0; j < nr; ++j) wv[j] = bf16_lo(load16(a->w, (n0 + j) * K + k));
+      for (int i = 0; i < mr; ++i) {
+        __m256 xv = _mm256_loadu_ps(x + i * K + k);
+        for (int j = 0; j < nr; ++j) acc[i][j] = _mm256_fmadd_ps(xv, wv[j], acc[i][j]);
+      }
+      for (int j = 0; j < nr; ++j) wv[j] = bf16_hi(load16(a->w, (n0 + j) * K + k));
+      for (int i = 0; i < mr; ++i) {
+        __m256 xv = _mm256_loadu_ps(x + i * K + k + 8);
+        for (int j = 0; j < nr; ++j) acc[i][j] = _mm256_fmadd_ps(xv, wv[j], acc[i][j]);
+      }
+    }
+  } else {
+    for (int64_t k = 0; k < K; k += 8) {
+      for (int j = 0; j < nr; ++j) wv[j] = load8(a->w, a->w_bf16, (n0 + j) * K + k);
+      for (int i = 0; i < mr; ++i) {
+        __m256 xv = _mm256_loadu_ps(x + i * K + k);
+        for (int j = 0; j < nr; ++j) acc[i][j] = _mm256_fmadd_ps(xv, wv[j], acc[i][j]);
+      }
     }
   }
   for (int i = 0; i < mr; ++i)
@@ -114,6 +132,7 @@ static void run_part_chunk(const linear_t *a, int64_t c) {
     for (int64_t n = n0; n < n1; ++n) store(a, 0, n, dot_row(a, n));
     return;
   }
+  if (a->M >= BLAS_MIN_ROWS && blas_rows(a, n0, n1) == 0) return;
   /* The chunk's weight rows stay in cache while every row of x passes over them. */
   for (int64_t n = n0; n < n1; n += NR) {
     int nr = n1 - n < NR ? (int)(n1 - n) : NR;
@@ -131,21 +150,46 @@ static void run_chunk(const void *context, int64_t c) {
   run_part_chunk(&job->part[p], c - job->first_chunk[p]);
 }
 
+/* x as the kernels read it: fp32, and for bf16 weights each block of 16 in the
+ * order bf16_lo/bf16_hi produce (0-3, 8-11, 4-7, 12-15). Converted once per call
+ * by the caller's thread into its own buffer (jobs run one at a time per thread). */
+static const float *prepare_x(const void *x, int x_bf16, int64_t M, int64_t K, int perm) {
+  static __thread float *buffer;
+  static __thread int64_t capacity;
+  if (!x_bf16 && !perm) return x;
+  if (capacity < M * K) {
+    free(buffer);
+    buffer = aligned_alloc(64, (size_t)((M * K * 4 + 63) / 64 * 64));
+    capacity = buffer ? M * K : 0;
+    if (!buffer) return NULL;
+  }
+  static const int order[16] = {0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 12, 13, 14, 15};
+  for (int64_t i = 0; i < M * K; i += 16)
+    for (int j = 0; j < 16 && i + j < M * K; ++j)
+      buffer[i + j] = load1(x, x_bf16, perm ? i + order[j] : i + j);
+  return buffer;
+}
+
 /* y[M, sum N_p] = x @ concat(w_p)^T (+ concat(bias_p)); ws, biases and ns hold
  * n_parts entries (a bias may be NULL). One dtype flag each for x, w, bias, y. */
 int rk_linear_parts(const void *x, int x_bf16, int n_parts, const void *const *ws, int w_bf16,
                     const void *const *biases, int bias_bf16, const int64_t *ns,
                     void *y, int y_bf16, int64_t M, int64_t K) {
   if (M < 1 || K < 8 || K % 8 || n_parts < 1 || n_parts > MAX_PARTS) return -1;
+  const int blas = M >= BLAS_MIN_ROWS && blas_available();
+  const int perm = w_bf16 && K % 16 == 0 && !blas; /* sgemm reads x in order */
+  const float *xf = prepare_x(x, x_bf16, M, K, perm);
+  if (!xf) return -2;
   parts_t job = {.n_parts = n_parts};
   int64_t rows = CHUNK_BYTES / (K * (w_bf16 ? 2 : 4)), ldy = 0;
-  rows = rows < NR ? NR : rows / NR * NR;
   for (int p = 0; p < n_parts; ++p) ldy += ns[p];
+  if (blas) rows = ldy / (BLAS_CHUNKS * pool_threads()) + 1;
+  rows = rows < NR ? NR : (rows + NR - 1) / NR * NR;
   int64_t column = 0;
   for (int p = 0; p < n_parts; ++p) {
     if (ns[p] < 1) return -1;
     char *y_part = (char *)y + column * (y_bf16 ? 2 : 4);
-    job.part[p] = (linear_t){x, ws[p], biases[p], y_part, x_bf16, w_bf16, bias_bf16, y_bf16, M, ns[p], K, ldy, rows};
+    job.part[p] = (linear_t){xf, ws[p], biases[p], y_part, perm, w_bf16, bias_bf16, y_bf16, M, ns[p], K, ldy, rows};
     job.first_chunk[p + 1] = job.first_chunk[p] + (ns[p] + rows - 1) / rows;
     column += ns[p];
   }
@@ -183,10 +227,13 @@ static void run_gated_chunk(const void *context, int64_t c) {
 int rk_linear_gated(const void *x, int x_bf16, const void *w_gate, const void *w_up, int w_bf16,
                     const void *b_gate, const void *b_up, int bias_bf16, void *y, int y_bf16, int64_t N, int64_t K) {
   if (N < 1 || K < 8 || K % 8) return -1;
+  const int perm = w_bf16 && K % 16 == 0;
+  const float *xf = prepare_x(x, x_bf16, 1, K, perm);
+  if (!xf) return -2;
   int64_t rows = CHUNK_BYTES / (2 * K * (w_bf16 ? 2 : 4));
   rows = rows < 1 ? 1 : rows;
-  gated_t a = {{x, w_gate, b_gate, y, x_bf16, w_bf16, bias_bf16, y_bf16, 1, N, K, N, rows},
-               {x, w_up, b_up, y, x_bf16, w_bf16, bias_bf16, y_bf16, 1, N, K, N, rows}};
+  gated_t a = {{xf, w_gate, b_gate, y, perm, w_bf16, bias_bf16, y_bf16, 1, N, K, N, rows},
+               {xf, w_up, b_up, y, perm, w_bf16, bias_bf16, y_bf16, 1, N, K, N, rows}};
   pool_run((N + rows - 1) / rows, run_gated_chunk, &a, sizeof a);
   return 0;
 }

@@ -105,6 +105,8 @@ int pool_set_threads(int n) {
   return n_workers + 1;
 }
 
+int pool_threads(void) { return n_workers + 1; }
+
 void pool_run(int64_t n_chunks, pool_chunk_fn fn, const void *context, int context_size) {
   pthread_mutex_lock(&lock);
   uint32_t g = ++generation;

@@ -19,6 +19,9 @@ typedef void (*pool_chunk_fn)(const void *context, int64_t chunk);
 /* Use n threads in all: the caller plus n - 1 workers. Returns the count in effect. */
 int pool_set_threads(int n);
 
+/* The count in effect. */
+int pool_threads(void);
+
 /* Run fn(context, c) for every c in [0, n_chunks) and return when all are done.
  * The context (at most POOL_MAX_CONTEXT bytes) is copied: a worker that reads it
  * late never sees the next job's. */

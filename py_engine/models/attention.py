@@ -64,10 +64,10 @@ def single_query_attention(q: Tensor, k: Tensor, v: Tensor, spec: AttentionSpec)
     """One query per row over every key given (the caller has cut them to what it may see).
 
     q [B, H, 1, D], k and v [B, KV, S, D] -> [B, H, 1, D]. Plain matmuls in
-    float32: on CPU, scaled_dot_product_attention takes ~10 ms here (a flash
-    kernel with a parallel region per head for a few thousand multiply-adds),
-    and bf16 matmuls have no fast path without AVX-512 BF16. Cutting k and v
-    to the window replaces the mask.
+    float32 (softmax's precision anyway): on a busy CPU,
+    scaled_dot_product_attention took ~10 ms here (a flash kernel with a
+    parallel region per head for a few thousand multiply-adds). Cutting k
+    and v to the window replaces the mask.
     """
     B, H, _, D = q.shape
     kv_heads = k.shape[1]
