@@ -6,7 +6,9 @@ prints one JSON line: load time, then per prompt length the time to first
 token, prefill and decode rates and the first greedy tokens, and the peak RSS
 of this process (so each engine's is its own). ENGINE is `ruvllm` or
 `transformers`, with options after a colon: `ruvllm:noopt` (no CPU
-transforms), `ruvllm:nokernels` (fused projections, torch's matmuls); the
+transforms), `ruvllm:nokernels` (fused projections, torch's matmuls),
+`ruvllm:nolayers` (fused projections on the kernels, norms and attention
+in torch); the
 parent sets environment variants such as `:thp` before this starts.
 `ruvllm@REV` runs py_engine as of git revision REV (unpacked under .cache),
 to measure against the engine before a change.
@@ -101,10 +103,14 @@ def ruvllm_runner(folder: Path, dtype: str, options: set[str], revision: str = "
 
     model, config = load_model(folder, dtype=dtype)
     if not revision:  # older revisions have no CPU transforms
-        from py_engine.models.cpu_transforms import fuse_projections, optimize_for_cpu
+        from py_engine.kernels import cpu_kernels
+        from py_engine.models.cpu_transforms import fuse_projections, optimize_for_cpu, use_cpu_kernels
 
         if "nokernels" in options:
             fuse_projections(model)
+        elif "nolayers" in options:
+            fuse_projections(model)
+            use_cpu_kernels(model, cpu_kernels())
         elif "noopt" not in options:
             optimize_for_cpu(model)
     backend = TorchBackend(model, config, config.max_position_embeddings)

@@ -14,7 +14,8 @@ every measurement is a fresh process (decode_engines.py), engines alternate
 within a round (the order rotating between rounds), and the table gives the
 median with min and max; ratios are per-round pairs, then their median.
 Engine variants: `ruvllm:noopt` (no CPU transforms), `ruvllm:nokernels`
-(fused projections only), `ruvllm@REV` (py_engine at git revision REV), and
+(fused projections only), `ruvllm:nolayers` (projections on the kernels,
+norms and attention in torch), `ruvllm@REV` (py_engine at git revision REV), and
 `:thp` on any engine, which runs it with THP_MEM_ALLOC_ENABLE=1 (torch's
 allocator asks for huge pages).
 
