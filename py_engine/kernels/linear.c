@@ -26,7 +26,12 @@
 #include "linear.h"
 #include "pool.h"
 
-#define CHUNK_BYTES 32768 /* weight bytes per claimed chunk: fits L1/L2, and small enough to balance */
+/* Weight bytes per claimed chunk: about a quarter of each thread's share, within
+ * these bounds. Long runs let the prefetchers stream (fp32 decode went from
+ * 24.5 to 27.7 GB/s, bf16 from 17.9 to 20.8, going from 32 KiB to 512 KiB);
+ * several chunks per thread let one thread take over from a descheduled one. */
+#define MIN_CHUNK_BYTES 32768
+#define MAX_CHUNK_BYTES 524288
 #define MR 4              /* x rows per tile */
 #define NR 3              /* w rows per tile: 12 accumulators + 3 weights + 1 x = 16 ymm registers */
 
@@ -150,6 +155,12 @@ static void run_chunk(const void *context, int64_t c) {
   run_part_chunk(&job->part[p], c - job->first_chunk[p]);
 }
 
+static int64_t chunk_rows(int64_t n_rows, int64_t row_bytes) {
+  int64_t bytes = n_rows * row_bytes / (4 * pool_threads());
+  bytes = bytes < MIN_CHUNK_BYTES ? MIN_CHUNK_BYTES : bytes > MAX_CHUNK_BYTES ? MAX_CHUNK_BYTES : bytes;
+  return bytes / row_bytes < 1 ? 1 : bytes / row_bytes;
+}
+
 /* x as the kernels read it: fp32, and for bf16 weights each block of 16 in the
  * order bf16_lo/bf16_hi produce (0-3, 8-11, 4-7, 12-15). Converted once per call
  * by the caller's thread into its own buffer (jobs run one at a time per thread). */
@@ -181,8 +192,9 @@ int rk_linear_parts(const void *x, int x_bf16, int n_parts, const void *const *w
   const float *xf = prepare_x(x, x_bf16, M, K, perm);
   if (!xf) return -2;
   parts_t job = {.n_parts = n_parts};
-  int64_t rows = CHUNK_BYTES / (K * (w_bf16 ? 2 : 4)), ldy = 0;
+  int64_t ldy = 0;
   for (int p = 0; p < n_parts; ++p) ldy += ns[p];
+  int64_t rows = chunk_rows(ldy, K * (w_bf16 ? 2 : 4));
   if (blas) rows = ldy / (BLAS_CHUNKS * pool_threads()) + 1;
   rows = rows < NR ? NR : (rows + NR - 1) / NR * NR;
   int64_t column = 0;
@@ -230,8 +242,7 @@ int rk_linear_gated(const void *x, int x_bf16, const void *w_gate, const void *w
   const int perm = w_bf16 && K % 16 == 0;
   const float *xf = prepare_x(x, x_bf16, 1, K, perm);
   if (!xf) return -2;
-  int64_t rows = CHUNK_BYTES / (2 * K * (w_bf16 ? 2 : 4));
-  rows = rows < 1 ? 1 : rows;
+  int64_t rows = chunk_rows(N, 2 * K * (w_bf16 ? 2 : 4));
   gated_t a = {{xf, w_gate, b_gate, y, perm, w_bf16, bias_bf16, y_bf16, 1, N, K, N, rows},
                {xf, w_up, b_up, y, perm, w_bf16, bias_bf16, y_bf16, 1, N, K, N, rows}};
   pool_run((N + rows - 1) / rows, run_gated_chunk, &a, sizeof a);
