@@ -84,14 +84,15 @@ static void rope(const attend_t *a, const void *src, int64_t off, float *dst) {
   }
 }
 
+static inline __m256 load8(const void *p, int bf16, int64_t i) { /* a bf16 is an fp32's top half */
+  if (!bf16) return _mm256_loadu_ps((const float *)p + i);
+  __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)p + i));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
 static inline float dot(const float *q, const void *k, int bf16, int64_t n) {
   __m256 acc = _mm256_setzero_ps();
-  for (int64_t i = 0; i < n; i += 8) {
-    __m256 kv = bf16 ? _mm256_castsi256_ps(_mm256_slli_epi32(
-                           _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)((const uint16_t *)k + i))), 16))
-                     : _mm256_loadu_ps((const float *)k + i);
-    acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), kv, acc);
-  }
+  for (int64_t i = 0; i < n; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), load8(k, bf16, i), acc);
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
   s = _mm_add_ps(s, _mm_movehl_ps(s, s));
   return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
@@ -123,11 +124,12 @@ static void attend_head(const void *context, int64_t g) {
       top = v > top ? v : top;
     }
     for (int64_t s = 0; s < n; ++s) sum += scores[s] = expf(scores[s] - top);
-    float acc[D]; /* the weighted sum of values, reusing qh would need it later */
+    float acc[D] __attribute__((aligned(32))); /* the weighted sum of values */
     for (int64_t i = 0; i < D; ++i) acc[i] = 0.f;
     for (int64_t s = 0; s < n; ++s) {
-      float p = scores[s] / sum;
-      for (int64_t i = 0; i < D; ++i) acc[i] += p * ld(values, a->bf16, s * D + i);
+      __m256 p = _mm256_set1_ps(scores[s] / sum);
+      for (int64_t i = 0; i < D; i += 8)
+        _mm256_store_ps(acc + i, _mm256_fmadd_ps(p, load8(values, a->bf16, s * D + i), _mm256_load_ps(acc + i)));
     }
     for (int64_t i = 0; i < D; ++i) st(a->out, a->bf16, (g * G + h) * D + i, acc[i]);
   }
