@@ -11,7 +11,9 @@ transforms), `ruvllm:nokernels` (fused projections, torch's matmuls),
 in torch); the
 parent sets environment variants such as `:thp` before this starts.
 `ruvllm@REV` runs py_engine as of git revision REV (unpacked under .cache),
-to measure against the engine before a change.
+to measure against the engine before a change. `llama.cpp` runs the same
+weights as GGUF (f32, or bf16 made from it) through llama-cpp-python, in
+that package's own environment (decode_speed.py --llama-cpp-python).
 
 The model is Qwen2.5-0.5B's shape with seeded random weights, written once
 to benchmarks/.cache as float32 safetensors; both engines load the same file
@@ -155,16 +157,70 @@ def transformers_runner(folder: Path, dtype: str, options: set[str], revision: s
     return run
 
 
-def measure(engine: str, dtype: str, threads: int, new_tokens: int, lengths: list[int]) -> dict:
-    import torch
+def gguf(dtype: str, threads: int) -> Path:
+    """The checkpoint as GGUF: f32 from benchmarks/llama_cpp_bench.py's conversion, bf16 made from it."""
+    folder = CACHE / f"qwen2.5-0.5b-random-seed{SEED}-gguf"
+    f32 = folder / "qwen-f32.gguf"
+    if not f32.is_file():
+        raise SystemExit(f"{f32} is missing: convert the checkpoint first (see benchmarks/llama_cpp_bench.py)")
+    if dtype == "float32":
+        return f32
+    import ctypes
 
-    torch.set_num_threads(threads)
+    import llama_cpp
+
+    target = folder / "qwen-bf16.gguf"
+    if not target.is_file():
+        params = llama_cpp.llama_model_quantize_default_params()
+        params.ftype, params.nthread = llama_cpp.LLAMA_FTYPE_MOSTLY_BF16, threads
+        tmp = folder / "qwen-bf16.gguf.tmp"
+        if llama_cpp.llama_model_quantize(str(f32).encode(), str(tmp).encode(), ctypes.byref(params)) != 0:
+            raise SystemExit("llama_model_quantize to BF16 failed")
+        os.replace(tmp, target)
+    return target
+
+
+def llama_cpp_runner(dtype: str, threads: int) -> Runner:
+    """llama.cpp through llama-cpp-python's low-level calls: eval, then argmax of the last logits."""
+    import llama_cpp
+    import numpy as np
+
+    llm = llama_cpp.Llama(model_path=str(gguf(dtype, threads)), n_ctx=1024, n_batch=512, n_ubatch=512,
+                          n_threads=threads, n_threads_batch=threads, logits_all=False, verbose=False)
+    vocab = llm.n_vocab()
+
+    def greedy() -> int:
+        logits = llama_cpp.llama_get_logits_ith(llm._ctx.ctx, -1)
+        return int(np.argmax(np.ctypeslib.as_array(logits, shape=(vocab,))))
+
+    def run(ids: list[int], new_tokens: int) -> tuple[list[float], list[int]]:
+        llm.reset()
+        stamps = [time.perf_counter()]
+        llm.eval(ids)
+        tokens = [greedy()]
+        stamps.append(time.perf_counter())
+        while len(tokens) < new_tokens:
+            llm.eval(tokens[-1:])
+            tokens.append(greedy())
+            stamps.append(time.perf_counter())
+        return stamps, tokens
+    return run
+
+
+def measure(engine: str, dtype: str, threads: int, new_tokens: int, lengths: list[int]) -> dict:
     name, _, opts = engine.partition(":")
     name, _, revision = name.partition("@")
-    folder = build_model()
     start = time.perf_counter()
-    runner = {"ruvllm": ruvllm_runner, "transformers": transformers_runner}[name]
-    run = runner(folder, dtype, set(opts.split("+")) if opts else set(), revision)
+    if name == "llama.cpp":  # runs in llama-cpp-python's own environment, without torch
+        run = llama_cpp_runner(dtype, threads)
+    else:
+        import torch
+
+        torch.set_num_threads(threads)
+        folder = build_model()
+        start = time.perf_counter()
+        runner = {"ruvllm": ruvllm_runner, "transformers": transformers_runner}[name]
+        run = runner(folder, dtype, set(opts.split("+")) if opts else set(), revision)
     result = {"engine": engine, "dtype": dtype, "threads": threads, "load_s": time.perf_counter() - start}
     run(prompt_ids(8), 4)  # warm up allocators and lazy initialisation, the same for both
     for length in lengths:

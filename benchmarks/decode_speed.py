@@ -13,7 +13,8 @@ The machine is shared and its memory bandwidth swings within minutes, so
 every measurement is a fresh process (decode_engines.py), engines alternate
 within a round (the order rotating between rounds), and the table gives the
 median with min and max; ratios are per-round pairs, then their median.
-Engine variants: `ruvllm:noopt` (no CPU transforms), `ruvllm:nokernels`
+`llama.cpp` (with --llama-cpp-python) runs the same weights as GGUF through
+llama-cpp-python. Engine variants: `ruvllm:noopt` (no CPU transforms), `ruvllm:nokernels`
 (fused projections only), `ruvllm:nolayers` (projections on the kernels,
 norms and attention in torch), `ruvllm@REV` (py_engine at git revision REV), and
 `:thp` on any engine, which runs it with THP_MEM_ALLOC_ENABLE=1 (torch's
@@ -49,6 +50,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--new-tokens", type=int, default=128)
     p.add_argument("--engines", type=csv, default=["ruvllm", "transformers"])
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--llama-cpp-python", type=Path, default=None,
+                   help="the python of an environment with llama-cpp-python, for the llama.cpp engine")
     p.add_argument("--out", type=Path, default=RESULTS)
     return p.parse_args()
 
@@ -57,7 +60,12 @@ def run_child(engine: str, dtype: str, args: argparse.Namespace) -> dict:
     env = dict(os.environ)
     if "thp" in engine.partition(":")[2].split("+"):
         env["THP_MEM_ALLOC_ENABLE"] = "1"
-    cmd = [sys.executable, str(HERE / "decode_engines.py"), engine, dtype, str(args.threads),
+    python = sys.executable
+    if engine.startswith("llama.cpp"):
+        if args.llama_cpp_python is None:
+            return {"engine": engine, "dtype": dtype, "error": ["--llama-cpp-python is needed for llama.cpp"]}
+        python = str(args.llama_cpp_python)
+    cmd = [python, str(HERE / "decode_engines.py"), engine, dtype, str(args.threads),
            str(args.new_tokens), *map(str, args.prompt_lengths)]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if done.returncode != 0:
@@ -90,11 +98,10 @@ def summarize(runs: list[dict], args: argparse.Namespace) -> list[dict]:
 
 
 def paired_ratios(runs: list[dict], args: argparse.Namespace) -> list[dict]:
-    """Each engine's decode and prefill over transformers' in the same round, median over rounds."""
+    """Each engine's decode and prefill over transformers' (and llama.cpp's) in the same round."""
     out = []
-    base = "transformers"
-    for dtype in args.dtypes:
-        for engine in (e for e in args.engines if e != base):
+    for base, dtype in ((b, d) for b in ("transformers", "llama.cpp") if b in args.engines for d in args.dtypes):
+        for engine in (e for e in args.engines if e.startswith("ruvllm")):
             ratio: dict[str, float | None] = {}
             for n in map(str, args.prompt_lengths):
                 for metric in ("decode_tok_s", "prefill_tok_s"):
@@ -103,7 +110,7 @@ def paired_ratios(runs: list[dict], args: argparse.Namespace) -> list[dict]:
                              and a["engine"] == engine and b["engine"] == base
                              and "error" not in a and "error" not in b]
                     ratio[f"{metric}@{n}"] = statistics.median(x / y for x, y in pairs) if pairs else None
-            out.append({"engine": engine, "dtype": dtype, "vs_transformers": ratio})
+            out.append({"engine": engine, "dtype": dtype, "vs": base, "ratios": ratio})
     return out
 
 
@@ -123,8 +130,8 @@ def print_table(rows: list[dict], ratios: list[dict], args: argparse.Namespace) 
     for row in table:
         print("  ".join(c.ljust(w) for c, w in zip(row, widths)))
     for r in ratios:
-        parts = [f"{k} x{v:.2f}" for k, v in r["vs_transformers"].items() if v is not None]
-        print(f"{r['engine']} {r['dtype']} vs transformers (paired): " + ", ".join(parts))
+        parts = [f"{k} x{v:.2f}" for k, v in r["ratios"].items() if v is not None]
+        print(f"{r['engine']} {r['dtype']} vs {r['vs']} (paired): " + ", ".join(parts))
     for r in rows:
         if r["engine"].startswith("ruvllm") and r["dtype"] in LLAMA_CPP and r.get(f"decode_tok_s@{lengths[0]}"):
             lo, hi = LLAMA_CPP[r["dtype"]]
