@@ -33,7 +33,9 @@ from py_engine.config import GenerationConfig
 from py_engine.engine import pick_device
 from py_engine.generate import eos_token_ids
 from py_engine.hub import resolve_model
-from py_engine.models import load_model, longrope_switch_length
+from py_engine.models import longrope_switch_length
+from py_engine.quant.config import QuantConfig
+from py_engine.quant.load import load_quantized
 from py_engine.sampling import SampleOutput
 from py_engine.sampling_params import SamplingParams
 from py_engine.tokenizer import Tokenizer
@@ -60,11 +62,14 @@ class LLMEngine:
     def __init__(self, model_path: str, *, dtype: str = "auto", device: str = "auto", block_size: int = 16,
                  kv_cache_memory: int | None = None, gpu_memory_fraction: float = 0.9, max_num_seqs: int = 64,
                  max_num_batched_tokens: int = 2048, max_model_len: int | None = None, max_queue: int = 1024,
-                 enable_prefix_caching: bool = True, model_name: str | None = None) -> None:
+                 enable_prefix_caching: bool = True, model_name: str | None = None,
+                 quantization: str | QuantConfig | None = None) -> None:
         path: Path = resolve_model(model_path)
         self.model_name = model_name or model_path
         self.device = torch.device(pick_device(device))
-        self.model, self.model_config = load_model(path, dtype=dtype, device=self.device)
+        # In-situ quantization (none by default) happens here, before the KV cache is sized from what is left.
+        self.model, self.model_config, self.quant_report = load_quantized(path, quantization, dtype=dtype,
+                                                                          device=self.device)
         self.tokenizer = Tokenizer.from_pretrained(path)
         config = self.model_config
         self.eos_token_ids = eos_token_ids(GenerationConfig.from_model_dir(path), config, self.tokenizer)

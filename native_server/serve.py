@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from py_engine.hub import BUILTIN_MODEL, load_aliases, resolve_model
+from py_engine.quant.config import add_quantization_options, quant_config_from_args
 
 logger = logging.getLogger("ruvllm.server")
 
@@ -75,6 +76,7 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
                    help="weights' dtype (auto: the checkpoint's)")
     p.add_argument("--cache-dir", metavar="DIR", help="model cache (default: $RUVLLM_CACHE_DIR or ~/.cache/ruvllm)")
+    add_quantization_options(p)
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     p.set_defaults(func=run_serve)
     return p
@@ -89,7 +91,8 @@ def _aliases(model: str, path: Path) -> tuple[str, ...]:
 def _log_configuration(args: argparse.Namespace, path: Path, engine: Any) -> None:
     stats = engine.stats()
     block_size = stats.block_size
-    logger.info("model %s (%s), context %d tokens", args.model, path, engine.max_model_len)
+    logger.info("model %s (%s), context %d tokens, quantization %s", args.model, path, engine.max_model_len,
+                quant_config_from_args(args).describe())
     logger.info("KV cache: %d blocks of %d tokens = %d tokens; batch: %d sequences, %d tokens per step; "
                 "queue: %d", stats.kv_blocks_total, block_size, stats.kv_blocks_total * block_size,
                 args.max_concurrent, args.max_num_batched_tokens, args.max_queue)
@@ -116,7 +119,7 @@ def run_serve(args: argparse.Namespace) -> int:
                        kv_cache_memory=args.kv_cache_memory, gpu_memory_fraction=args.gpu_memory_fraction,
                        max_num_seqs=args.max_concurrent, max_num_batched_tokens=args.max_num_batched_tokens,
                        max_model_len=args.max_context, max_queue=args.max_queue,
-                       enable_prefix_caching=not args.no_prefix_caching)
+                       enable_prefix_caching=not args.no_prefix_caching, quantization=quant_config_from_args(args))
     async_engine = AsyncEngine(engine)
     ctx = ServerContext.for_engine(async_engine, path, name, _aliases(args.model, path))
     _log_configuration(args, path, async_engine)

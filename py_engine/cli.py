@@ -1,4 +1,5 @@
-"""The `ruvllm` command line: generate, chat, download, list, info, import-llama2c, serve, benchmark.
+"""The `ruvllm` command line: generate, chat, download, list, info, import-llama2c, serve, benchmark,
+export, quantize, eval.
 
 Every subcommand is registered by the module that owns it; this file only
 builds the parser and turns expected failures (unknown model, bad option,
@@ -14,6 +15,7 @@ from typing import Any, Sequence
 
 from py_engine import __version__
 from py_engine.cli_hub import add_subparsers as add_hub_subparsers
+from py_engine.quant.config import add_quantization_options, quant_config_from_args
 from py_engine.sampling_params import SamplingParams
 
 BUILTIN = "tiny-shakespeare"
@@ -28,6 +30,7 @@ def _model_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
                         help="weights' dtype (auto: the checkpoint's)")
     parser.add_argument("--cache-dir", metavar="DIR", help="model cache (default: $RUVLLM_CACHE_DIR or ~/.cache/ruvllm)")
+    add_quantization_options(parser)
 
 
 def _sampling_options(parser: argparse.ArgumentParser, max_tokens: int) -> None:
@@ -53,7 +56,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from py_engine.engine import LLM
 
     dtype = args.precision if args.backend == "onnx" and args.precision != "auto" else args.dtype
-    llm = LLM(args.model, dtype=dtype, device=args.device, cache_dir=args.cache_dir, backend=args.backend)
+    llm = LLM(args.model, dtype=dtype, device=args.device, cache_dir=args.cache_dir, backend=args.backend,
+              quantization=quant_config_from_args(args))
     params = sampling_params(args, llm.generation_config)
     if args.json:
         out = llm.generate(args.prompt, params)
@@ -99,6 +103,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     from native_server.bench.cli import add_benchmark_parser
     add_benchmark_parser(sub)
+
+    from py_engine.cli_quant import add_quantize_parser
+    add_quantize_parser(sub)
+
+    from py_engine.cli_eval import add_eval_parser
+    add_eval_parser(sub)
 
     from py_engine.llama2c import add_import_llama2c_arguments, run_import_llama2c
     p = sub.add_parser("import-llama2c", help="convert a llama2.c checkpoint and tokenizer.bin to a Hugging Face folder")

@@ -96,8 +96,10 @@ class ChatSession:
 def cmd_chat(args: argparse.Namespace) -> int:
     from py_engine.cli import sampling_params
     from py_engine.engine import LLM
+    from py_engine.quant.config import quant_config_from_args
 
-    llm = LLM(args.model, dtype=args.dtype, device=args.device, cache_dir=args.cache_dir)
+    llm = LLM(args.model, dtype=args.dtype, device=args.device, cache_dir=args.cache_dir,
+              quantization=quant_config_from_args(args))
     llm.chat_prompt([{"role": "user", "content": "hi"}])  # fail now, not after the first question
     session = ChatSession(llm, sampling_params(args, llm.generation_config), args.system, sys.stdout)
     interactive = sys.stdin.isatty()

@@ -5,6 +5,7 @@
     print(llm.generate("ROMEO:", SamplingParams(max_tokens=40, seed=0)).text)
     for chunk in llm.stream("JULIET:", SamplingParams(max_tokens=40)):
         print(chunk.text, end="", flush=True)
+    LLM("tiny-shakespeare", quantization="int4")         # or a QuantConfig: quantized at load time
 
 `TorchBackend` is the forward pass of one sequence over a dense KV cache; the
 loop itself (sampling, detokenizing, stops) is py_engine.generate's, shared
@@ -22,8 +23,10 @@ from py_engine.chat import ChatConfig, load_chat_config, render_chat
 from py_engine.config import GenerationConfig, ModelConfig
 from py_engine.generate import Completion, GenerationChunk, complete, eos_token_ids, start_ids, stream
 from py_engine.hub import resolve_model
-from py_engine.models import CausalLM, DenseKVCache, load_model, longrope_switch_length
+from py_engine.models import CausalLM, DenseKVCache, longrope_switch_length
 from py_engine.models.cpu_transforms import kernel_step, model_kernels, optimize_for_cpu
+from py_engine.quant.config import QuantConfig
+from py_engine.quant.load import as_quant_config, load_quantized
 from py_engine.sampling_params import SamplingParams
 from py_engine.tokenizer import Tokenizer
 
@@ -105,9 +108,14 @@ class LLM:
 
     def __init__(self, model: str = "tiny-shakespeare", *, dtype: str = "auto", device: str = "auto",
                  cache_dir: str | None = None, max_context: int | None = None, backend: str = "torch",
-                 optimize: bool = True) -> None:
+                 optimize: bool = True, quantization: str | QuantConfig | None = None) -> None:
         self.path: Path = resolve_model(model, cache_dir)
         self.backend = backend
+        self.quantization = as_quant_config(quantization)
+        self.quant_report = None
+        if backend == "onnx" and self.quantization.enabled:
+            raise ValueError("quantization applies to the torch backend; an ONNX export is quantized when exported "
+                             "(ruvllm export --quantization ...)")
         if backend == "onnx":  # an export folder; dtype picks its graph (auto, fp32, fp16, int8, int4)
             from py_engine.onnx_backend import OnnxModel
             precision = {"float32": "fp32", "float16": "fp16"}.get(dtype, dtype)
@@ -115,7 +123,8 @@ class LLM:
             self.config = self.model.config
         elif backend == "torch":
             self.device = pick_device(device)
-            self.model, self.config = load_model(self.path, dtype=dtype, device=self.device)
+            self.model, self.config, self.quant_report = load_quantized(
+                self.path, self.quantization, dtype=dtype, device=self.device)
             if optimize:  # on CPU: fused projections and native GEMV kernels (no-op elsewhere)
                 optimize_for_cpu(self.model)
         else:

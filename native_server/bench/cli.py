@@ -25,6 +25,7 @@ from typing import Any, Sequence
 from native_server.bench.report import FORMATS, flatten, render
 from native_server.bench.stats import RequestTiming, RunResult, summarize
 from native_server.bench.workload import Workload
+from py_engine.quant.config import add_quantization_options, quant_config_from_args
 
 SERVER_LEVELS = (1, 4, 16, 64)
 
@@ -82,6 +83,7 @@ def add_benchmark_parser(subparsers: Any) -> argparse.ArgumentParser:
                         help="most tokens in one forward pass (default 2048)")
     engine.add_argument("--no-prefix-caching", action="store_true", help="turn the prefix cache off")
     engine.add_argument("--cache-dir", metavar="DIR", help="model cache (default: $RUVLLM_CACHE_DIR or ~/.cache/ruvllm)")
+    add_quantization_options(engine)
     p.set_defaults(func=run_benchmark)
     return p
 
@@ -107,7 +109,8 @@ def run_offline(args: argparse.Namespace, workload: Workload, levels: Sequence[i
     engine = LLMEngine(str(path), dtype=args.dtype, device=args.device, block_size=args.block_size,
                        kv_cache_memory=args.kv_cache_memory, max_num_seqs=max(levels),
                        max_num_batched_tokens=args.max_num_batched_tokens,
-                       enable_prefix_caching=not args.no_prefix_caching, model_name=args.model)
+                       enable_prefix_caching=not args.no_prefix_caching, model_name=args.model,
+                       quantization=quant_config_from_args(args))
     vocab = args.vocab_size or engine.model_config.vocab_size
     if args.warmup:
         run_engine(engine, workload.prompts(args.warmup, vocab, "warmup"), workload.gen_len, 1)
@@ -137,7 +140,8 @@ def run_offline(args: argparse.Namespace, workload: Workload, levels: Sequence[i
     meta = {"mode": "offline", "model": args.model, "path": str(path), "device": str(engine.device),
             "dtype": str(next(engine.model.parameters()).dtype).removeprefix("torch."),
             "kv_blocks": kv.num_blocks, "block_size": kv.block_size, "max_model_len": engine.max_model_len,
-            "parameters": config.num_parameters(), "torch_threads": _torch_threads()}
+            "parameters": config.num_parameters(), "torch_threads": _torch_threads(),
+            "quantization": quant_config_from_args(args).describe()}
     return rows, meta
 
 
@@ -173,6 +177,10 @@ def _torch_threads() -> int:
 
 
 def run_benchmark(args: argparse.Namespace) -> int:
+    quant = quant_config_from_args(args)
+    if args.url and quant.enabled:
+        raise ValueError("--quantization applies to the in-process engine; with --url the server runs what "
+                         "`ruvllm serve --quantization ...` loaded")
     workload = Workload(args.prompt_length, args.gen_length, args.seed)
     levels = args.concurrency or (SERVER_LEVELS if args.url else (1,))
     rows, meta = (run_server if args.url else run_offline)(args, workload, levels)
@@ -191,5 +199,6 @@ def run_benchmark(args: argparse.Namespace) -> int:
 
 
 def _short(meta: dict[str, Any]) -> dict[str, Any]:
-    keep = ("device", "dtype", "kv_blocks", "block_size", "torch_threads", "url", "prompt_len", "gen_len")
+    keep = ("device", "dtype", "quantization", "kv_blocks", "block_size", "torch_threads", "url", "prompt_len",
+            "gen_len")
     return {k: meta[k] for k in keep if k in meta}

@@ -8,7 +8,8 @@ Weights come from `model.safetensors`, sharded safetensors
 `torch.load(weights_only=True)`, which refuses arbitrary pickles). Anything
 wrong (a truncated or foreign file, a missing tensor, a shape mismatch, a
 tensor the config does not explain) raises `ModelLoadError` naming the file
-and tensor.
+and tensor. A checkpoint whose config.json has a GPTQ or AWQ `quantization_config`
+gets `QuantLinear`s built from its packed tensors (py_engine.quant.hf_format).
 """
 from __future__ import annotations
 
@@ -125,19 +126,33 @@ def load_model(path: str | Path, dtype: str | torch.dtype = "auto",
     with torch.device("meta"):
         model = CausalLM(config)
     checkpoint = Checkpoint(folder)
+    consumed = _install_quantized(folder, model, checkpoint, device)
     expected = dict(model.named_parameters())  # tied lm_head.weight is listed once, as the embedding
-    _check_names(checkpoint, expected, config)
+    _check_names(checkpoint, expected, config, consumed)
     for name, param in expected.items():
         tensor = _checked_tensor(checkpoint, name, tuple(param.shape))
         converted = tensor.to(device=device, dtype=torch_dtype)
         _set_parameter(model, name, converted)
         if converted.data_ptr() != tensor.data_ptr():  # a copy (another dtype or device)
             checkpoint.release(name)
-    model.tie_weights()
+    if isinstance(model.lm_head, nn.Linear):  # a quantized head is its own tensor
+        model.tie_weights()
     return model.eval().requires_grad_(False), config
 
 
-def _check_names(checkpoint: Checkpoint, expected: Mapping[str, nn.Parameter], config: ModelConfig) -> None:
+def _install_quantized(folder: Path, model: CausalLM, checkpoint: Checkpoint, device) -> set[str]:
+    """QuantLinears for a GPTQ/AWQ checkpoint's packed layers; the names of the tensors they took."""
+    from ..quant.hf_format import QuantFormatError, install_quantized_linears, read_quantization  # quant imports models
+
+    try:
+        quant = read_quantization(folder)
+        return set() if quant is None else install_quantized_linears(model, quant, checkpoint, device)
+    except QuantFormatError as e:
+        raise ModelLoadError(str(e)) from None
+
+
+def _check_names(checkpoint: Checkpoint, expected: Mapping[str, nn.Parameter], config: ModelConfig,
+                 consumed: set[str] = frozenset()) -> None:
     missing = [n for n in expected if n not in checkpoint.where]
     if missing:
         files = ", ".join(checkpoint.files)
@@ -145,7 +160,7 @@ def _check_names(checkpoint: Checkpoint, expected: Mapping[str, nn.Parameter], c
                              + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""))
     ignorable = {"lm_head.weight"} if config.tie_word_embeddings else set()
     unexpected = sorted(n for n in checkpoint.where if n not in expected and n not in ignorable
-                        and not n.endswith(IGNORED_SUFFIXES))
+                        and n not in consumed and not n.endswith(IGNORED_SUFFIXES))
     if unexpected:
         raise ModelLoadError(
             f"{checkpoint.folder}: {checkpoint.where[unexpected[0]]} holds tensors a {config.model_type} model "
