@@ -3,7 +3,7 @@
     POST /v1/chat/completions   chat, streaming (SSE) or not          serving_chat.py
     POST /v1/completions        legacy completions, prompts or ids    serving_completions.py
     GET  /v1/models             the one served model
-    GET  /health                200 while serving, 503 once shutting down
+    GET  /health                200 while serving, 503 once shutting down or when the engine loop died
     GET  /metrics               Prometheus text                        metrics.py
     GET  /openapi.json, /docs   the schema of all of the above
     GET  /*                     web/dist (the browser demo), when it exists
@@ -110,6 +110,9 @@ def _add_routes(app: FastAPI, ctx: ServerContext) -> None:
     async def health() -> Response:
         if ctx.draining:
             return error_response(503, SHUTTING_DOWN)
+        dead = getattr(ctx.engine, "dead_reason", lambda: None)()
+        if dead is not None:  # a load balancer should stop sending here: every request would fail
+            return error_response(503, dead, code="engine_dead")
         return JSONResponse({"status": "ok"})
 
     @app.get("/metrics", response_class=PlainTextResponse)

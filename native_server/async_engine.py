@@ -85,6 +85,14 @@ class AsyncEngine:
         # Reads ints and copies small lists the loop thread writes: safe under the GIL, and never blocks.
         return self.engine.stats()
 
+    def dead_reason(self) -> str | None:
+        """Why this engine can no longer serve (its loop failed or its thread is gone), else None."""
+        if self._error is not None:
+            return f"the engine stopped after an error: {self._error!r}"
+        if self._thread is not None and not self._thread.is_alive() and not self._stop:
+            return "the engine loop thread is not running"
+        return None
+
     async def shutdown(self, timeout: float) -> None:
         """Refuse new requests, let running ones finish for up to `timeout` seconds, abort the rest, stop."""
         self._closing = True

@@ -290,3 +290,13 @@ def test_draining_refuses_new_requests_and_fails_health():
         assert client.get("/health").status_code == 503
         refused = client.post("/v1/completions", json={"prompt": "x"})
         assert refused.status_code == 503 and refused.json()["error"]["type"] == "service_unavailable"
+
+
+def test_health_is_503_when_the_engine_loop_died():
+    engine = _ScriptedEngine([])
+    ctx = ServerContext(engine, "m", ("m",), Path("."), None)
+    with TestClient(create_app(ctx)) as client:
+        assert client.get("/health").status_code == 200
+        engine.dead_reason = lambda: "the engine stopped after an error: RuntimeError('kaput')"
+        response = client.get("/health")
+        assert response.status_code == 503 and "kaput" in response.json()["error"]["message"]

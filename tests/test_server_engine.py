@@ -285,9 +285,11 @@ def test_async_engine_failure_reaches_every_stream_and_shutdown_refuses(model_di
                 pass
         with pytest.raises(EngineDeadError):
             await async_engine.generate("y", [1], SamplingParams()).__anext__()
+        assert "kaput" in async_engine.dead_reason()  # what /health reports with its 503
 
         healthy = AsyncEngine(engine(model_dir))
         healthy.start()
+        assert healthy.dead_reason() is None
         await healthy.shutdown(timeout=0.1)
         with pytest.raises(EngineShutdownError):
             await healthy.generate("z", [1], SamplingParams()).__anext__()
