@@ -199,3 +199,14 @@ def test_onnxruntime_node_when_installed(scratch, models, tmp_path):
     for name, (model, export) in models.items():
         assert got["stats"][name]["load"]["runtime"] == "onnxruntime-node"
         assert got["greedy"][name]["token_ids"] == _reference(model, export), name
+
+
+def test_pack_refuses_without_the_wheels(tmp_path):
+    """`npm pack` runs the prepack check: no wheels, no tarball, and a message that says how to build them."""
+    if not shutil.which("node") or not shutil.which("npm"):
+        pytest.skip("node and npm are needed for the npm package tests")
+    copy = tmp_path / "npm"
+    shutil.copytree(NPM_DIR, copy, ignore=shutil.ignore_patterns("node_modules", "wheels"))
+    packed = _run(["npm", "pack", "--dry-run", "--ignore-scripts=false"], copy, timeout=120)
+    assert packed.returncode != 0
+    assert "build:wheels" in packed.stderr and not list(copy.glob("*.tgz"))
