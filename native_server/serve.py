@@ -78,6 +78,8 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--cache-dir", metavar="DIR", help="model cache (default: $RUVLLM_CACHE_DIR or ~/.cache/ruvllm)")
     add_quantization_options(p)
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    p.add_argument("--web-dir", type=Path, default=WEB_DIST, metavar="DIR",
+                   help="the demo page served at / (default: web/dist, built by `ruvllm web build`)")
     p.set_defaults(func=run_serve)
     return p
 
@@ -123,7 +125,7 @@ def run_serve(args: argparse.Namespace) -> int:
     async_engine = AsyncEngine(engine)
     ctx = ServerContext.for_engine(async_engine, path, name, _aliases(args.model, path))
     _log_configuration(args, path, async_engine)
-    app = create_app(ctx, api_key=args.api_key, static_dir=WEB_DIST, shutdown_timeout=args.shutdown_timeout)
+    app = create_app(ctx, api_key=args.api_key, static_dir=args.web_dir, shutdown_timeout=args.shutdown_timeout)
     # uvicorn's own graceful timeout is the backstop should a connection outlive the engine's drain.
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
                             timeout_graceful_shutdown=int(args.shutdown_timeout) + 5, lifespan="on")

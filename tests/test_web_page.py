@@ -4,8 +4,9 @@ Golden matrix (browser leg): greedy tokens from the page's engine (Web Worker, P
 onnxruntime-web wasm) equal the torch engine's, for random-weight models of two families
 and the built-in model when trained. The page renders its chat UI (screenshot), streams a
 reply, stops on request, loads the model from the browser's cache after a reload (no second
-download), reports a missing model as a readable error, and makes no request outside
-127.0.0.1.
+download), reports a missing model and an unsupported browser as readable errors, sends the
+same conversation to a real `ruvllm serve` with the same greedy reply, and makes no request
+outside 127.0.0.1.
 
 Needs Debian's Chromium (/usr/bin/chromium), Python's playwright (no browser download) and
 npm/node_modules (`npm ci --prefix npm`); skips, saying which, when one is missing.
@@ -163,6 +164,39 @@ def test_missing_model_is_a_readable_error(site):
     text = page.inner_text("#error")
     assert text.startswith("ModelNotFoundError") and "ruvllm_contract.json" in text
     page.close()
+
+
+def test_unsupported_browser_is_a_readable_error(site):
+    base, context, _ = site
+    page = context.new_page()
+    page.add_init_script("delete globalThis.WebAssembly;")  # a browser without wasm, before the page runs
+    page.goto(f"{base}?model=models/qwen2/")
+    page.wait_for_function("document.body.dataset.status === 'error'", timeout=60_000)
+    text = page.inner_text("#error")
+    assert text.startswith("UnsupportedRuntimeError") and "WebAssembly" in text
+    page.close()
+
+
+def test_switch_sends_the_same_conversation_to_the_server(site, dist, tmp_path):
+    """The page served by a real `ruvllm serve` (torch, paged KV): the same prompt, greedy, gives the
+    same reply on the server as in the browser."""
+    from server_harness import running_server
+
+    _, context, _ = site
+    hf = dist.parent / "llama"  # the torch checkpoint the page's llama export came from
+    with running_server(hf, "--web-dir", str(dist), "--max-concurrent", "2", log_dir=tmp_path) as server:
+        replies = {}
+        for target in ("server", "browser"):
+            page = _open(context, f"{server.url}/", "llama")
+            assert page.evaluate("crossOriginIsolated") is True  # the server sends COOP/COEP too
+            page.fill("#temperature", "0")
+            page.fill("#max_tokens", "24")
+            page.select_option("#target", target)
+            run = _send(page, "To be, or not to be?")
+            assert run["target"] == target and run["finish"] in ("stop", "length"), page.inner_text("#error")
+            replies[target] = run["text"]
+            page.close()
+    assert replies["server"] == replies["browser"] and replies["server"]
 
 
 def test_no_request_leaves_loopback(site):
