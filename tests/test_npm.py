@@ -210,3 +210,18 @@ def test_pack_refuses_without_the_wheels(tmp_path):
     packed = _run(["npm", "pack", "--dry-run", "--ignore-scripts=false"], copy, timeout=120)
     assert packed.returncode != 0
     assert "build:wheels" in packed.stderr and not list(copy.glob("*.tgz"))
+
+
+def test_out_of_memory_reaches_the_caller_as_a_typed_error():
+    """A wasm memory that cannot grow, a failed ArrayBuffer and Python's MemoryError inside the real
+    Pyodide: each crosses the worker's wire format as OutOfMemoryError with a readable message."""
+    pyodide = NPM_DIR / "node_modules" / "pyodide"
+    if not shutil.which("node") or not pyodide.is_dir():
+        pytest.skip("node and npm/node_modules/pyodide (npm ci --prefix npm) are needed")
+    done = _run(["node", str(REPO / "tests" / "js" / "errors_oom.mjs"), str(NPM_DIR / "src"), str(pyodide)],
+                REPO, timeout=120)
+    assert done.returncode == 0, done.stderr
+    results = json.loads(done.stdout.strip().splitlines()[-1])
+    assert len(results) == 3 and results[2]["raw"].startswith("PythonError")
+    for r in results:
+        assert r["oom"] and r["name"] == "OutOfMemoryError" and r["message"].startswith("out of memory"), r

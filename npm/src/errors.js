@@ -62,7 +62,7 @@ export function fromWire(wire) {
 export function asRuvllmError(error) {
   if (error instanceof RuvllmError) return error;
   const text = String(error?.message ?? error);
-  if (/out of memory|Cannot enlarge memory|RangeError: (Array buffer allocation|WebAssembly\.Memory)/i.test(text)
+  if (/out of memory|Cannot enlarge memory|Aborted\(OOM\)|RangeError: (Array buffer allocation|WebAssembly\.Memory)/i.test(text)
       || error instanceof RangeError && /memory|allocation/i.test(text)) {
     return new OutOfMemoryError(`out of memory: ${firstLine(text)} (try a smaller or quantized export)`, { cause: error });
   }
