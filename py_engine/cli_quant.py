@@ -65,14 +65,13 @@ def run_quantize(args: argparse.Namespace) -> int:
         raise ValueError(f"--out {args.out} is the source model's folder; write the quantized copy elsewhere")
     start = time.perf_counter()
     model, config, report = load_quantized(path, qconfig, dtype="float32", device=args.device, progress=True)
-    quantize_seconds = time.perf_counter() - start
     out = save_quantized(model, config, qconfig, args.out, path)
     total = time.perf_counter() - start
     rows = [("method", qconfig.describe()), ("layout", f"{layout} ({_written_format(out)})"),
             ("layers", str(quantized_layers(model))),
             ("weights before", _mb(_weights_bytes(path))), ("weights after", _mb(_weights_bytes(out))),
-            ("quantize seconds", f"{quantize_seconds:.1f} (load included)"), ("total seconds", f"{total:.1f}"),
-            ("peak memory", _mb(_peak_rss_bytes())), ("written to", str(out))]
+            ("quantize seconds", f"{report.seconds:.1f}"), ("total seconds", f"{total:.1f} (load and write included)"),
+            ("peak memory", f"{_mb(_peak_rss_bytes())} (process RSS)"), ("written to", str(out))]
     width = max(len(k) for k, _ in rows)
     print("\n".join(f"{k:<{width}}  {v}" for k, v in rows))
     sys.stdout.flush()

@@ -74,9 +74,9 @@ def _matches(q: QuantizedWeight, bits: int, group: int) -> bool:
 def _quantized_modules(model: nn.Module) -> dict[str, QuantLinear]:
     found = {}
     for name, module in model.named_modules():
-        if isinstance(module, QuantLinear):
+        if isinstance(module, QuantLinear) and not module.per_row:  # per_row: W8A8, int8 activations too
             found[name] = module
-        elif isinstance(getattr(module, "qweight", None), QuantizedWeight) and not isinstance(module, nn.Embedding):
+        elif hasattr(module, "qweight") and not isinstance(module, nn.Embedding):
             raise QuantFormatError(f"{name} is a {type(module).__name__}: only weight-only QuantLinear layers "
                                    "fit the GPTQ and AWQ layouts")
     if not found:
