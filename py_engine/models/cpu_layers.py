@@ -73,8 +73,9 @@ class KernelMLP(MLP):
     def _gate_up(self) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None] | None:
         """Gate and up weights and biases as separate [I, H] tensors, when the layout allows."""
         proj = getattr(self, "gate_up_proj", None)
-        if isinstance(proj, FusedLinear) and len(proj.parts) == 2:
-            gate, up = proj.parts
+        parts = proj.parts if isinstance(proj, FusedLinear) else []
+        if len(parts) == 2 and all(isinstance(p, nn.Linear) for p in parts):  # not quantized ones
+            gate, up = parts
             return gate.weight, up.weight, gate.bias, up.bias
         if isinstance(proj, KernelLinear):  # Phi-3's stored [2 I, H]: gate rows, then up rows
             w_gate, w_up = proj.weight.chunk(2)

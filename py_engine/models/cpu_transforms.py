@@ -73,6 +73,10 @@ class FusedLinear(nn.Module):
         self._plan: LinearPlan | None = None
 
     def forward(self, x: Tensor) -> Tensor:
+        if not all(isinstance(p, nn.Linear) for p in self.parts):  # quantized parts (py_engine.quant)
+            from ..quant.linear import fused_forward
+
+            return fused_forward(self, list(self.parts), x)
         plan = _plan(self, [p.weight for p in self.parts], [p.bias for p in self.parts])
         if plan is not None and x.is_cpu and x.dtype == plan.dtype and not _needs_grad(x, plan.weights[0]):
             return plan(x)

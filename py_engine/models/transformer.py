@@ -85,8 +85,9 @@ class CausalLM(nn.Module):
         self.tie_weights()
 
     def tie_weights(self) -> None:
-        """Share the embedding matrix with the LM head; call again after replacing it."""
-        if self.config.tie_word_embeddings:
+        """Share the embedding matrix with the LM head; call again after replacing it. A head that is
+        not a Linear (a quantized one, py_engine.quant) keeps its own weight."""
+        if self.config.tie_word_embeddings and isinstance(self.lm_head, nn.Linear):
             self.lm_head.weight = self.model.embed_tokens.weight
 
     def forward(self, input_ids: Tensor, positions: Tensor, kv: KVCache | None = None,

@@ -2,57 +2,219 @@
 
     layer = QuantLinear.from_weight(quantize_rtn(linear.weight, 4, 128, False), linear.bias)
     y = layer(x)  # x [..., K] -> y [..., N], in x's dtype
+    w8a8 = W8A8Linear.from_float(linear)  # SmoothQuant: int8 weights and int8 activations per token
 
-`QuantLinear` keeps its `QuantizedWeight` (codes, scales, zero points) as the
-source of truth: the checkpoint writer and the ONNX exporter read it, and the
-forward runs it through the fastest kernel for the device (this reference
-version dequantizes and runs a float matmul, the MPS fallback and the oracle
-every kernel is tested against).
+A layer holds its weight in the kernels' layout (kernels.PackedWeight, half a
+byte per 4-bit code); `.qweight` unpacks the `QuantizedWeight` it was built
+from, byte for byte, for the checkpoint writer and the ONNX exporter. The
+forward runs the fastest kernel for the device (kernels.py); the
+dequantize-then-matmul `reference_forward` is the MPS fallback and the oracle
+every kernel is tested against.
 """
 from __future__ import annotations
+
+import warnings
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .rtn import QuantizedWeight
+from .kernels import PackedWeight, QuantPlan, cpu_kernels_for, cpu_plan_fits, fake_quantize_rows
+from .rtn import QuantizedWeight, quantize_rtn
 
 
 class QuantLinear(nn.Module):
     """y = x @ dequantize(W)^T + b for a weight stored as integer codes in groups."""
 
+    per_row = False  # W8A8Linear: x is rounded to int8 per row too
+    # Decode (fewer than 16 rows of x) on the CPU rounds x to int8 per 32 values and multiplies in
+    # integers (quant.c); False multiplies the dequantized codes by x in fp32 (exact, ~2x slower).
+    int8_activations = True
+
     def __init__(self, qweight: QuantizedWeight, bias: Tensor | None = None) -> None:
         super().__init__()
-        self.qweight = qweight
         self.in_features, self.out_features = qweight.in_features, qweight.out_features
+        self.packed = PackedWeight.pack(qweight) if PackedWeight.packable(qweight) else None
+        self._raw = None if self.packed is not None else qweight  # a layout no kernel takes (groups of 16)
         self.bias = None if bias is None else nn.Parameter(bias.detach(), requires_grad=False)
+        self._plan: QuantPlan | None = None  # built on the first CPU call
+        self._device_weight: tuple | None = None  # torch's CUDA layout, made on first use
+        self._token = object()  # renewed when the tensors move: fused plans over this layer check it
 
     @classmethod
     def from_weight(cls, qweight: QuantizedWeight, bias: Tensor | None = None) -> "QuantLinear":
         return cls(qweight, bias)
 
     @property
+    def qweight(self) -> QuantizedWeight:
+        """The QuantizedWeight (on the CPU) this layer was built from."""
+        return self._raw if self.packed is None else self.packed.unpack()
+
+    @property
+    def kernel_mode(self) -> int:
+        if self.per_row:
+            return QuantPlan.INT8_ROWS
+        return QuantPlan.INT8_BLOCKS if self.int8_activations else QuantPlan.EXACT
+
+    @property
     def bits(self) -> int:
-        return self.qweight.bits
+        return self.qweight.bits if self.packed is None else self.packed.bits
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held: codes, scales, zero points and bias."""
+        q = self.packed or self._raw
+        weight = q.nbytes if self.packed is not None else sum(
+            t.numel() * t.element_size() for t in (q.codes, q.scales, q.zero_points))
+        return weight + (0 if self.bias is None else self.bias.numel() * self.bias.element_size())
 
     def dequantize(self) -> Tensor:
-        """W as float32 [N, K]."""
-        return self.qweight.dequantize()
+        """W as float32 [N, K], on the layer's device."""
+        if self.packed is None:
+            return self._raw.dequantize()
+        return dequantize_packed(self.packed)
+
+    def _apply(self, fn, recurse: bool = True):
+        """.to(device) moves the codes; .to(dtype) leaves scales in float32 (the bias follows it)."""
+        device = fn(torch.zeros(1)).device
+        if self.packed is not None and self.packed.codes.device != device:
+            self.packed = self.packed.to(device)
+        self._plan, self._device_weight, self._token = None, None, object()
+        return super()._apply(fn, recurse)
 
     def forward(self, x: Tensor) -> Tensor:
-        w = self.dequantize().to(device=x.device, dtype=x.dtype)
+        plan = self._plan
+        if plan is not None and x.dtype in _KERNEL_DTYPES and x.is_cpu and not _grad(x):  # decode: ~6 us a call
+            return plan(x)
+        kernels = cpu_kernels_for(x)
+        if kernels is not None and self.packed is not None and cpu_plan_fits([self.packed], [self.bias]):
+            self._plan = QuantPlan(kernels, [self.packed], [self.bias], self.kernel_mode)
+            return self._plan(x)
+        if x.is_cuda and not self.per_row:
+            y = _cuda_forward(self, x)
+            if y is not None:
+                return y
+        xr = fake_quantize_rows(x).to(x.dtype) if self.per_row else x
         bias = None if self.bias is None else self.bias.to(x.dtype)
-        return F.linear(x, w, bias)
+        return F.linear(xr, self.dequantize().to(device=x.device, dtype=x.dtype), bias)
 
     def extra_repr(self) -> str:
-        q = self.qweight
+        q = self.packed or self._raw
         group = f"group={q.block_size}" if q.block_size < q.in_features else "per-channel"
         return (f"in_features={self.in_features}, out_features={self.out_features}, bits={q.bits}, {group}, "
                 f"{'sym' if q.symmetric else 'asym'}, bias={self.bias is not None}")
 
 
+class W8A8Linear(QuantLinear):
+    """SmoothQuant's W8A8: int8 weights per output channel (symmetric) and x rounded to int8 per
+    token (d = max|x| / 127), multiplied in integers on the CPU; y = d * s * (q_x . q_w) + b."""
+
+    per_row = True
+
+    def __init__(self, qweight: QuantizedWeight, bias: Tensor | None = None) -> None:
+        if qweight.bits != 8 or qweight.blocks != 1 or not bool((qweight.zero_points == 128).all()):
+            raise ValueError("W8A8 takes 8-bit symmetric weights with one scale per output channel")
+        super().__init__(qweight, bias)
+
+    @classmethod
+    def from_float(cls, linear: nn.Linear) -> "W8A8Linear":
+        return cls(quantize_rtn(linear.weight, 8, None, True), linear.bias)
+
+
+def set_int8_activations(model: nn.Module, enabled: bool) -> int:
+    """Choose the decode path of every QuantLinear in model (see QuantLinear.int8_activations);
+    W8A8 layers always round x. Returns how many layers changed."""
+    count = 0
+    for m in model.modules():
+        if isinstance(m, QuantLinear) and not m.per_row and m.int8_activations != enabled:
+            m.int8_activations, m._plan, m._token = enabled, None, object()
+            count += 1
+    return count
+
+
+def dequantize_packed(p: PackedWeight) -> Tensor:
+    """(q - z) * s as float32 [N, K] on the codes' device (QuantizedWeight.dequantize's arithmetic)."""
+    n = p.codes.shape[0]
+    if p.bits <= 4:
+        c = p.codes.view(n, -1, 1, 16)  # [N, nb, 1, 16]
+        q = torch.cat([c & 15, c >> 4], dim=2).reshape(n, -1).float()  # [N, nb * 32]
+    else:
+        q = p.codes.view(torch.int8).float() + 128.0
+    blocks = p.scales.shape[1]
+    q = q[:, : blocks * p.block_size].view(n, blocks, p.block_size)  # [N, blocks, block]
+    w = (q - p.zero_points.float()[:, :, None]) * p.scales[:, :, None]
+    return w.reshape(n, -1)[:, : p.in_features]
+
+
 @torch.no_grad()
 def reference_forward(layer: QuantLinear, x: Tensor) -> Tensor:
-    """Dequantize-then-matmul in float32: what every kernel must match."""
+    """Dequantize-then-matmul in float32 (x rounded per token first for W8A8): what every kernel must match."""
     bias = None if layer.bias is None else layer.bias.float()
-    return F.linear(x.float(), layer.dequantize().to(x.device), bias)
+    xr = fake_quantize_rows(x) if layer.per_row else x.float()
+    return F.linear(xr, layer.dequantize().to(x.device), bias)
+
+
+def fused_forward(module: nn.Module, parts: list[nn.Module], x: Tensor) -> Tensor:
+    """QuantLinears that read the same x as one kernel call where they share a layout; else one by one.
+    The plan is cached on `module` (a FusedLinear)."""
+    quant = all(isinstance(p, QuantLinear) and p.packed is not None for p in parts)
+    if quant and len({p.kernel_mode for p in parts}) == 1:
+        kernels = cpu_kernels_for(x)
+        if kernels is not None and cpu_plan_fits([p.packed for p in parts], [p.bias for p in parts]):
+            key = [p._token for p in parts]
+            plan = getattr(module, "_quant_plan", None)
+            if plan is None or plan.key != key:  # first call, or a part moved
+                plan = QuantPlan(kernels, [p.packed for p in parts], [p.bias for p in parts], parts[0].kernel_mode)
+                plan.key = key
+                module._quant_plan = plan
+            return plan(x)
+    return torch.cat([p(x) for p in parts], dim=-1)
+
+
+_KERNEL_DTYPES = (torch.float32, torch.bfloat16)
+
+
+def _grad(x: Tensor) -> bool:
+    return torch.is_grad_enabled() and x.requires_grad
+
+
+def _cuda_forward(layer: QuantLinear, x: Tensor) -> Tensor | None:
+    """torch's CUDA weight-only kernels where the layout fits; None to dequantize instead."""
+    p = layer.packed
+    if p is None or x.dtype not in (torch.bfloat16, torch.float16, torch.float32) or layer._device_weight == ():
+        return None
+    try:
+        if layer._device_weight is None:
+            layer._device_weight = _cuda_layout(p, x.dtype) or ()
+        if not layer._device_weight:
+            return None
+        kind, w, extra = layer._device_weight
+        x2 = x.reshape(-1, x.shape[-1])
+        if kind == "int8":
+            y = torch.ops.aten._weight_int8pack_mm(x2, w, extra.to(x.dtype))
+        else:
+            y = torch.ops.aten._weight_int4pack_mm(x2.to(torch.bfloat16), w, p.block_size, extra).to(x.dtype)
+        y = y.reshape(*x.shape[:-1], -1)
+        return y if layer.bias is None else y + layer.bias.to(x.dtype)
+    except (RuntimeError, NotImplementedError) as error:  # an op this torch build lacks: dequantize from now on
+        warnings.warn(f"CUDA quantized matmul unavailable ({error}); dequantizing instead", stacklevel=2)
+        layer._device_weight = ()
+        return None
+
+
+def _cuda_layout(p: PackedWeight, dtype: torch.dtype) -> tuple | None:
+    """int8 [N, K] + scales, or torch's int4 tiles + [K / g, N, 2] scales and zeros (w = (q - 8) s + zero)."""
+    q = PackedWeight.unpack(p)
+    codes, k = q.codes.to(p.codes.device), p.in_features
+    if p.bits == 8 and q.blocks == 1 and bool((q.zero_points == 128).all()):
+        w = (codes[:, :k].to(torch.int16) - 128).to(torch.int8).contiguous()
+        return "int8", w, q.scales[:, 0].to(codes.device)
+    if p.bits <= 4 and p.block_size in (32, 64, 128, 256) and k % p.block_size == 0 and k % 128 == 0:
+        pairs = codes[:, :k].to(torch.uint8)
+        packed = (pairs[:, ::2] << 4 | pairs[:, 1::2]).contiguous()  # [N, K / 2]
+        w = torch.ops.aten._convert_weight_to_int4pack(packed, 8 if k % 256 == 0 else 4)
+        s = q.scales.to(codes.device)  # [N, groups]
+        zero = (8.0 - q.zero_points.to(codes.device).float()) * s
+        extra = torch.stack([s, zero], dim=-1).transpose(0, 1).contiguous().to(torch.bfloat16)  # [groups, N, 2]
+        return "int4", w, extra
+    return None

@@ -1,0 +1,426 @@
+/* y[M, N] = x[M, K] @ W^T (+ bias) for W stored as integer codes in groups
+ * (py_engine/quant), on AVX2 + FMA, split over pool.h's threads. Several
+ * matrices that read the same x run as one job (fused qkv, gate/up).
+ *
+ * Layout (py_engine/quant/kernels.py packs it): each row is cut into
+ * sub-blocks of 32 columns, zero-padded at the end; a group (one scale s and
+ * zero point z) is `spg` sub-blocks. 4-bit (and 2/3-bit) codes: 16 bytes per
+ * sub-block, byte j = code[j] | code[j + 16] << 4 (llama.cpp's Q4_0 order);
+ * 8-bit codes: 32 bytes of code - 128 as int8. `mins` holds s * z' per group
+ * (z' = z, or z - 128 for 8 bits), `zeros` the zero points themselves.
+ *
+ * Decode (rows of x < QUANT_BLAS_ROWS): x is quantized per sub-block of 32
+ * (d = max|x| / 127, q = round(x / d)), or per row for W8A8, and each
+ * sub-block is one integer dot product (_mm256_maddubs_epi16, as llama.cpp's
+ * Q8_0 x Q4_0), scaled by d * s:  y = sum_g s_g (sum_b d_b q_w.q_x - z'_g X_g)
+ * with X_g = sum_b d_b sum(q_x). Dequantizing to fp32 and using FMA took
+ * twice the instructions per weight (measured below the memory's rate on
+ * these cores: see quant/kernels.py for the numbers).
+ * Prefill (more rows): each chunk of weight rows is dequantized exactly as
+ * QuantizedWeight.dequantize does ((q - z) * s in fp32) into a per-thread
+ * buffer and multiplied by torch's MKL sgemm (blas.c); W8A8 first rounds x
+ * to its int8 grid, so both paths compute the same product.
+ */
+#include <immintrin.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "linear.h"
+#include "pool.h"
+
+#define Q_MAX_PARTS 8
+#define QUANT_BLAS_ROWS 16
+#define Q_MIN_CHUNK_BYTES 32768
+#define Q_MAX_CHUNK_BYTES 524288
+
+typedef struct { /* one quantized matrix, as kernels.py's QMat structure */
+  const uint8_t *codes; /* [N, nb * (bits4 ? 16 : 32)] */
+  const float *scales;  /* [N, ng] */
+  const float *mins;    /* [N, ng] s * z', or NULL when every z' is 0 */
+  const uint8_t *zeros; /* [N, ng] the zero points z */
+  const void *bias;     /* [N] or NULL */
+  int64_t N, ng, spg;   /* rows, groups per row, sub-blocks per group */
+  int32_t bits4, bias_bf16;
+} qmat_t;
+
+typedef struct {
+  qmat_t w;
+  const float *xg; /* [M, ng] X_g of this part's groups, or NULL */
+  void *y;         /* this part's first column */
+  int64_t rows_per_chunk;
+} qpart_t;
+
+typedef struct { /* what the parts share */
+  const int8_t *qx; /* [M, nb * 32] */
+  const float *dx;  /* [M, nb] sub-block scales of x */
+  const float *xf;  /* [M, K] fp32 x for the sgemm path */
+  const float *xp;  /* [M, nb * 32] fp32 x zero-padded, for the float path */
+  int y_bf16, blas, n_parts, exact;
+  int64_t M, K, ldy;
+  int64_t first_chunk[Q_MAX_PARTS + 1];
+  qpart_t part[Q_MAX_PARTS];
+} qjob_t;
+_Static_assert(sizeof(qjob_t) <= POOL_MAX_CONTEXT, "the pool copies at most POOL_MAX_CONTEXT bytes");
+
+static inline int64_t nb_of(const qmat_t *w) { return w->ng * w->spg; }
+static inline int64_t row_bytes(const qmat_t *w) { return nb_of(w) * (w->bits4 ? 16 : 32); }
+
+static inline float hsum8(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+
+/* 32 codes of a sub-block as unsigned bytes (4-bit) against 32 int8 of x: 8 int32 sums. */
+static inline __m256i dot4(const uint8_t *c, const int8_t *x) {
+  const __m128i raw = _mm_loadu_si128((const __m128i *)c);
+  const __m256i w = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(raw, 4), raw), _mm256_set1_epi8(0x0f));
+  const __m256i p = _mm256_maddubs_epi16(w, _mm256_loadu_si256((const __m256i *)x));
+  return _mm256_madd_epi16(p, _mm256_set1_epi16(1));
+}
+
+/* 32 signed 8-bit codes against 32 int8 of x: |w| times x with w's sign (maddubs takes u8 x s8;
+ * |w| <= 128 and |x| <= 127, so the pair sums fit int16). */
+static inline __m256i dot8(const uint8_t *c, const int8_t *x) {
+  const __m256i w = _mm256_loadu_si256((const __m256i *)c);
+  const __m256i xv = _mm256_loadu_si256((const __m256i *)x);
+  const __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(xv, w));
+  return _mm256_madd_epi16(p, _mm256_set1_epi16(1));
+}
+
+static inline void put_q(const qjob_t *j, const qpart_t *a, int64_t m, int64_t n, float v) {
+  if (a->w.bias) v += load1(a->w.bias, a->w.bias_bf16, n);
+  if (j->y_bf16) ((uint16_t *)a->y)[m * j->ldy + n] = to_bf16(v);
+  else ((float *)a->y)[m * j->ldy + n] = v;
+}
+
+/* Rows n and n + 1 (when two) of W against row m of quantized x: two independent chains. */
+static inline __attribute__((always_inline)) void rows2(const qjob_t *j, const qpart_t *a, int64_t m, int64_t n, int two, int bits4) {
+  const qmat_t *w = &a->w;
+  const int64_t nb = nb_of(w), rb = row_bytes(w), bb = bits4 ? 16 : 32;
+  const int8_t *qx = j->qx + m * nb * 32;
+  const float *dx = j->dx + m * nb;
+  const uint8_t *c0 = w->codes + n * rb, *c1 = two ? c0 + rb : c0;
+  const float *s0 = w->scales + n * w->ng, *s1 = two ? s0 + w->ng : s0;
+  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+  for (int64_t g = 0, b = 0; g < w->ng; ++g) {
+    __m256 g0 = _mm256_setzero_ps(), g1 = _mm256_setzero_ps();
+    for (int64_t e = b + w->spg; b < e; ++b) {
+      const __m256 d = _mm256_broadcast_ss(dx + b);
+      const __m256i p0 = bits4 ? dot4(c0 + b * bb, qx + b * 32) : dot8(c0 + b * bb, qx + b * 32);
+      g0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p0), d, g0);
+      if (two) {
+        const __m256i p1 = bits4 ? dot4(c1 + b * bb, qx + b * 32) : dot8(c1 + b * bb, qx + b * 32);
+        g1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p1), d, g1);
+      }
+    }
+    acc0 = _mm256_fmadd_ps(g0, _mm256_broadcast_ss(s0 + g), acc0);
+    if (two) acc1 = _mm256_fmadd_ps(g1, _mm256_broadcast_ss(s1 + g), acc1);
+  }
+  float y0 = hsum8(acc0), y1 = two ? hsum8(acc1) : 0.f;
+  if (w->mins && a->xg) {
+    const float *xg = a->xg + m * w->ng, *m0 = w->mins + n * w->ng, *m1 = two ? m0 + w->ng : m0;
+    for (int64_t g = 0; g < w->ng; ++g) {
+      y0 -= m0[g] * xg[g];
+      if (two) y1 -= m1[g] * xg[g];
+    }
+  }
+  put_q(j, a, m, n, y0);
+  if (two) put_q(j, a, m, n + 1, y1);
+}
+
+/* 8 codes as fp32: 4-bit ones from a byte vector of nibble values, 8-bit ones straight from memory. */
+static inline __m256 codes8(__m128i bytes) { return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes)); }
+static inline __m256 codes8s(const uint8_t *c) {
+  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)c)));
+}
+
+/* The exact float path (QUANT_FLOAT): rows n, n + 1 against fp32 row m of x,
+ * y = sum_g s_g (sum_i q_i x_i) - s_g z'_g X_g with X_g the group's sum of x. */
+static inline __attribute__((always_inline)) void rows2f(const qjob_t *j, const qpart_t *a, int64_t m, int64_t n, int two, int bits4) {
+  const qmat_t *w = &a->w;
+  const int64_t nb = nb_of(w), rb = row_bytes(w), bb = bits4 ? 16 : 32;
+  const float *xr = j->xp + m * nb * 32;
+  const uint8_t *c0 = w->codes + n * rb, *c1 = two ? c0 + rb : c0;
+  const float *s0 = w->scales + n * w->ng, *s1 = two ? s0 + w->ng : s0;
+  const __m128i low = _mm_set1_epi8(0x0f);
+  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+  for (int64_t g = 0, b = 0; g < w->ng; ++g) {
+    __m256 f0[4], f1[4];
+    for (int i = 0; i < 4; ++i) f0[i] = f1[i] = _mm256_setzero_ps();
+    for (int64_t e = b + w->spg; b < e; ++b) {
+      const float *x = xr + b * 32;
+      for (int r = 0; r < 1 + two; ++r) {
+        const uint8_t *c = (r ? c1 : c0) + b * bb;
+        __m256 *f = r ? f1 : f0;
+        if (bits4) {
+          const __m128i raw = _mm_loadu_si128((const __m128i *)c);
+          const __m128i lo = _mm_and_si128(raw, low), hi = _mm_and_si128(_mm_srli_epi16(raw, 4), low);
+          f[0] = _mm256_fmadd_ps(codes8(lo), _mm256_loadu_ps(x), f[0]);
+          f[1] = _mm256_fmadd_ps(codes8(_mm_srli_si128(lo, 8)), _mm256_loadu_ps(x + 8), f[1]);
+          f[2] = _mm256_fmadd_ps(codes8(hi), _mm256_loadu_ps(x + 16), f[2]);
+          f[3] = _mm256_fmadd_ps(codes8(_mm_srli_si128(hi, 8)), _mm256_loadu_ps(x + 24), f[3]);
+        } else {
+          for (int i = 0; i < 4; ++i) f[i] = _mm256_fmadd_ps(codes8s(c + 8 * i), _mm256_loadu_ps(x + 8 * i), f[i]);
+        }
+      }
+    }
+    acc0 = _mm256_fmadd_ps(_mm256_add_ps(_mm256_add_ps(f0[0], f0[1]), _mm256_add_ps(f0[2], f0[3])),
+                           _mm256_broadcast_ss(s0 + g), acc0);
+    if (two)
+      acc1 = _mm256_fmadd_ps(_mm256_add_ps(_mm256_add_ps(f1[0], f1[1]), _mm256_add_ps(f1[2], f1[3])),
+                             _mm256_broadcast_ss(s1 + g), acc1);
+  }
+  float y0 = hsum8(acc0), y1 = two ? hsum8(acc1) : 0.f;
+  if (w->mins) {
+    const float *xg = a->xg + m * w->ng, *m0 = w->mins + n * w->ng, *m1 = two ? m0 + w->ng : m0;
+    for (int64_t g = 0; g < w->ng; ++g) {
+      y0 -= m0[g] * xg[g];
+      if (two) y1 -= m1[g] * xg[g];
+    }
+  }
+  put_q(j, a, m, n, y0);
+  if (two) put_q(j, a, m, n + 1, y1);
+}
+
+/* Rows r0..r1 of W as fp32 [rows, K], exactly (q - z) * s as QuantizedWeight.dequantize. */
+static void dequantize_rows(const qmat_t *w, int64_t r0, int64_t r1, int64_t K, float *out) {
+  const int64_t nb = nb_of(w), rb = row_bytes(w);
+  const float offset = w->bits4 ? 0.f : 128.f;
+  for (int64_t n = r0; n < r1; ++n) {
+    const uint8_t *c = w->codes + n * rb;
+    float *o = out + (n - r0) * K;
+    float tmp[32];
+    for (int64_t b = 0; b < nb; ++b) {
+      const int64_t g = b / w->spg;
+      const __m256 z = _mm256_set1_ps((float)w->zeros[n * w->ng + g] - offset);
+      const __m256 s = _mm256_set1_ps(w->scales[n * w->ng + g]);
+      __m256i v8;
+      if (w->bits4) {
+        const __m128i raw = _mm_loadu_si128((const __m128i *)(c + b * 16));
+        v8 = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(raw, 4), raw), _mm256_set1_epi8(0x0f));
+      } else {
+        v8 = _mm256_loadu_si256((const __m256i *)(c + b * 32));
+      }
+      for (int h = 0; h < 4; ++h) {
+        const __m128i part = h < 2 ? _mm256_castsi256_si128(v8) : _mm256_extracti128_si256(v8, 1);
+        const __m128i bytes = (h & 1) ? _mm_srli_si128(part, 8) : part;
+        const __m256i i32 = w->bits4 ? _mm256_cvtepu8_epi32(bytes) : _mm256_cvtepi8_epi32(bytes);
+        _mm256_storeu_ps(tmp + 8 * h, _mm256_mul_ps(_mm256_sub_ps(_mm256_cvtepi32_ps(i32), z), s));
+      }
+      const int64_t k0 = b * 32, take = K - k0 < 32 ? K - k0 : 32;
+      if (take > 0) memcpy(o + k0, tmp, (size_t)take * 4);
+    }
+  }
+}
+
+static float *q_scratch(int64_t n) {
+  static __thread float *buffer;
+  static __thread int64_t size;
+  if (size < n) {
+    free(buffer);
+    buffer = aligned_alloc(64, (size_t)((n * 4 + 63) / 64 * 64));
+    size = buffer ? n : 0;
+  }
+  return buffer;
+}
+
+static void run_qpart_chunk(const qjob_t *j, const qpart_t *a, int64_t c) {
+  int64_t n0 = c * a->rows_per_chunk, n1 = n0 + a->rows_per_chunk;
+  if (n1 > a->w.N) n1 = a->w.N;
+  if (j->blas) {
+    float *wf = q_scratch((n1 - n0) * j->K);
+    if (wf) {
+      dequantize_rows(&a->w, n0, n1, j->K, wf);
+      const int ybytes = j->y_bf16 ? 2 : 4, bbytes = a->w.bias_bf16 ? 2 : 4;
+      linear_t l = {j->xf, wf, a->w.bias ? (const char *)a->w.bias + n0 * bbytes : NULL,
+                    (char *)a->y + n0 * ybytes, 0, 0, a->w.bias_bf16, j->y_bf16, j->M, n1 - n0, j->K, j->ldy, 0};
+      if (blas_rows(&l, 0, n1 - n0) == 0) return;
+    }
+  }
+  const int bits4 = a->w.bits4;
+  for (int64_t n = n0; n < n1; n += 2) { /* the two rows stay in L1 while every row of x passes */
+    const int two = n + 1 < n1;
+    for (int64_t m = 0; m < j->M; ++m) {
+      if (j->exact) {
+        if (bits4) rows2f(j, a, m, n, two, 1);
+        else rows2f(j, a, m, n, two, 0);
+      } else {
+        if (bits4) rows2(j, a, m, n, two, 1);
+        else rows2(j, a, m, n, two, 0);
+      }
+    }
+  }
+}
+
+static void run_qchunk(const void *context, int64_t c) {
+  const qjob_t *job = context;
+  int p = 0;
+  while (c >= job->first_chunk[p + 1]) ++p;
+  run_qpart_chunk(job, &job->part[p], c - job->first_chunk[p]);
+}
+
+/* 8 values of x from k (fewer past K: zeros), as fp32. */
+static inline __m256 load_x8(const void *x, int bf16, int64_t k, int64_t K) {
+  if (k + 8 <= K) {
+    if (!bf16) return _mm256_loadu_ps((const float *)x + k);
+    const __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)x + k));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+  }
+  float tmp[8] = {0};
+  for (int64_t j = k; j < K; ++j) tmp[j - k] = load1(x, bf16, j);
+  return _mm256_loadu_ps(tmp);
+}
+
+static inline float hmax8(__m256 v) {
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  return _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
+}
+
+/* Row m of x as int8 in sub-blocks of 32, zero-padded to nb * 32: q = round(x / d) (ties to
+ * even, as torch.round) with d = max|x| / 127 per sub-block, or one d for the row (per_row).
+ * dx gets the scales, xs d * sum(q) per sub-block. */
+static void quantize_row(const void *x, int bf16, int64_t K, int64_t nb, int per_row, int8_t *qx, float *dx,
+                         float *xs) {
+  const __m256 sign = _mm256_set1_ps(-0.f);
+  float row_max = 0.f;
+  if (per_row) {
+    __m256 mx = _mm256_setzero_ps();
+    for (int64_t k = 0; k < nb * 32; k += 8) mx = _mm256_max_ps(mx, _mm256_andnot_ps(sign, load_x8(x, bf16, k, K)));
+    row_max = hmax8(mx);
+  }
+  for (int64_t b = 0; b < nb; ++b) {
+    __m256 v[4];
+    __m256 mx = _mm256_setzero_ps();
+    for (int i = 0; i < 4; ++i) {
+      v[i] = load_x8(x, bf16, b * 32 + 8 * i, K);
+      mx = _mm256_max_ps(mx, _mm256_andnot_ps(sign, v[i]));
+    }
+    const float d = per_row ? row_max / 127.f : hmax8(mx) / 127.f;
+    __m256i q[4];
+    const __m256 dv = _mm256_set1_ps(d > 0.f ? d : 1.f);
+    for (int i = 0; i < 4; ++i) {
+      __m256 r = _mm256_round_ps(_mm256_div_ps(v[i], dv), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+      r = _mm256_min_ps(_mm256_max_ps(r, _mm256_set1_ps(-127.f)), _mm256_set1_ps(127.f));
+      q[i] = _mm256_cvtps_epi32(r);
+    }
+    const __m256i sum4 = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
+    const __m256i packed = _mm256_permutevar8x32_epi32(
+        _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3])),
+        _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    _mm256_storeu_si256((__m256i *)(qx + b * 32), packed);
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(sum4), _mm256_extracti128_si256(sum4, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
+    dx[b] = d;
+    xs[b] = d * (float)_mm_cvtsi128_si32(s);
+  }
+}
+
+/* x [M, K] for the parts: int8 sub-blocks (decode, and W8A8's grid) and fp32 rows for sgemm
+ * (W8A8: its int8 values times d, so both paths multiply the same x). */
+static void quantize_x(const void *x, int x_bf16, int64_t M, int64_t K, int64_t nb, int per_row, int need_q,
+                       int need_f, int8_t *qx, float *dx, float *xs, float *xf) {
+  for (int64_t m = 0; m < M; ++m) {
+    const void *row = (const char *)x + m * K * (x_bf16 ? 2 : 4);
+    if (need_q) quantize_row(row, x_bf16, K, nb, per_row, qx + m * nb * 32, dx + m * nb, xs + m * nb);
+    if (!need_f) continue;
+    float *f = xf + m * K;
+    if (per_row)
+      for (int64_t k = 0; k < K; ++k) f[k] = (float)qx[m * nb * 32 + k] * dx[m * nb + k / 32];
+    else
+      for (int64_t k = 0; k < K; ++k) f[k] = load1(row, x_bf16, k);
+  }
+}
+
+static int64_t q_chunk_rows(int64_t n_rows, int64_t bytes_per_row) {
+  int64_t bytes = n_rows * bytes_per_row / (4 * pool_threads());
+  bytes = bytes < Q_MIN_CHUNK_BYTES ? Q_MIN_CHUNK_BYTES : bytes > Q_MAX_CHUNK_BYTES ? Q_MAX_CHUNK_BYTES : bytes;
+  int64_t rows = bytes / bytes_per_row;
+  return rows < 2 ? 2 : rows & ~(int64_t)1;
+}
+
+static void *grow(void **buffer, int64_t *size, int64_t n) {
+  if (*size < n) {
+    free(*buffer);
+    *buffer = aligned_alloc(64, (size_t)((n + 63) / 64 * 64));
+    *size = *buffer ? n : 0;
+  }
+  return *buffer;
+}
+
+/* x as fp32 rows zero-padded to nb * 32, with each sub-block's sum in xs (the exact float path). */
+static void pad_x(const void *x, int x_bf16, int64_t M, int64_t K, int64_t nb, float *xp, float *xs) {
+  for (int64_t m = 0; m < M; ++m) {
+    const void *row = (const char *)x + m * K * (x_bf16 ? 2 : 4);
+    for (int64_t b = 0; b < nb; ++b) {
+      __m256 sum = _mm256_setzero_ps();
+      for (int i = 0; i < 4; ++i) {
+        const __m256 v = load_x8(row, x_bf16, b * 32 + 8 * i, K);
+        _mm256_storeu_ps(xp + m * nb * 32 + b * 32 + 8 * i, v);
+        sum = _mm256_add_ps(sum, v);
+      }
+      xs[m * nb + b] = hsum8(sum);
+    }
+  }
+}
+
+/* y[M, sum N_p] = x[M, K] @ concat(W_p)^T (+ concat(bias_p)) for n_parts matrices with the same
+ * sub-block count per row. mode: 0 int8 x per sub-block, 1 W8A8 (int8 x per row, in the sgemm
+ * path too), 2 exact (fp32 x, dequantize-then-FMA). */
+int rk_qlinear_parts(const void *x, int x_bf16, int n_parts, const qmat_t *parts, void *y, int y_bf16,
+                     int64_t M, int64_t K, int mode) {
+  if (M < 1 || K < 1 || n_parts < 1 || n_parts > Q_MAX_PARTS || mode < 0 || mode > 2) return -1;
+  const int64_t nb = nb_of(&parts[0]);
+  if (nb * 32 < K) return -1;
+  for (int p = 0; p < n_parts; ++p)
+    if (nb_of(&parts[p]) != nb || parts[p].N < 1) return -1;
+  static __thread void *buffers[5];
+  static __thread int64_t sizes[5];
+  const int blas = M >= QUANT_BLAS_ROWS && blas_available(), exact = mode == 2;
+  int8_t *qx = grow(&buffers[0], &sizes[0], M * nb * 32);
+  float *dx = grow(&buffers[1], &sizes[1], M * nb * 4 * 2);
+  float *xf = grow(&buffers[2], &sizes[2], M * K * 4 + 64);
+  float *xp = exact ? grow(&buffers[4], &sizes[4], M * nb * 32 * 4) : NULL;
+  int64_t groups = 0;
+  for (int p = 0; p < n_parts; ++p) groups += parts[p].ng;
+  float *xg = grow(&buffers[3], &sizes[3], M * groups * 4);
+  if (!qx || !dx || !xf || !xg || (exact && !xp)) return -2;
+  float *xs = dx + M * nb;
+  if (exact) {
+    pad_x(x, x_bf16, M, K, nb, xp, xs);
+    if (blas)
+      for (int64_t m = 0; m < M; ++m) memcpy(xf + m * K, xp + m * nb * 32, (size_t)K * 4);
+  } else { /* q also when sgemm runs: a chunk whose buffer cannot be had falls back to it */
+    quantize_x(x, x_bf16, M, K, nb, mode == 1, 1, blas, qx, dx, xs, xf);
+  }
+  qjob_t job = {.qx = qx, .dx = dx, .xf = xf, .xp = xp, .y_bf16 = y_bf16, .blas = blas, .n_parts = n_parts,
+                .exact = exact, .M = M, .K = K};
+  int64_t ldy = 0, column = 0, group = 0;
+  for (int p = 0; p < n_parts; ++p) ldy += parts[p].N;
+  job.ldy = ldy;
+  for (int p = 0; p < n_parts; ++p) {
+    const qmat_t *w = &parts[p];
+    float *part_xg = NULL;
+    if (w->mins) { /* X_g per row of x for this part's grouping */
+      part_xg = xg + group * M;
+      for (int64_t m = 0; m < M; ++m)
+        for (int64_t g = 0; g < w->ng; ++g) {
+          float s = 0.f;
+          for (int64_t b = g * w->spg; b < (g + 1) * w->spg; ++b) s += xs[m * nb + b];
+          part_xg[m * w->ng + g] = s;
+        }
+      group += w->ng;
+    }
+    int64_t rows = blas ? w->N / (2 * pool_threads()) + 1 : q_chunk_rows(w->N, row_bytes(w));
+    rows = (rows + 1) & ~(int64_t)1;
+    job.part[p] = (qpart_t){*w, part_xg, (char *)y + column * (y_bf16 ? 2 : 4), rows};
+    job.first_chunk[p + 1] = job.first_chunk[p] + (w->N + rows - 1) / rows;
+    column += w->N;
+  }
+  pool_run(job.first_chunk[n_parts], run_qchunk, &job, sizeof job);
+  return 0;
+}

@@ -1,0 +1,187 @@
+"""The quantized matmul kernels' weight layout and their calls, per device.
+
+    packed = PackedWeight.pack(qweight)      # once, at quantization or load time
+    y = quant_matmul([packed], x, [bias])    # x [..., K] -> [..., N], in x's dtype
+
+CPU (x86-64 with AVX2): py_engine/kernels/quant.c on the kernels' thread
+pool. Measured on this 2-core AVX2 EPYC (Zen, no AVX-512/VNNI), torch 2.13,
+Qwen2.5-0.5B's shapes, one token (M = 1), while other jobs ran:
+- `aten._weight_int8pack_mm`: 1.0 GB/s of int8 weights with fp32 x (a scalar
+  loop), 7-13 GB/s with bf16 x on one thread, 6.4 GB/s on the 136 MB LM head;
+  at 2 threads its OpenMP region waited ~8 ms per call on the busy machine.
+- `aten._weight_int4pack_mm_for_cpu`: 0.3 GB/s fp32, 2-3.5 GB/s bf16.
+- `torch._int_mm`: ~1.5 GOP/s (no vectorized int8 GEMM on CPU): 49 ms for
+  [17, 896] x [896, 4864]; fp32 MKL takes 0.5 ms.
+- prefill (M = 128, [4864, 896]): int8pack/int4pack bf16 27 ms, fp32 MKL 14 ms.
+The int8 model's weights (~0.5 GB per token) need ~26 GB/s for llama.cpp's
+Q8_0 rate, so none of these can reach it; quant.c reads the codes with
+int8 dot products on x quantized per 32 values (llama.cpp's Q8_0 x Q4_0
+scheme, see quant.c) and runs prefill on MKL's sgemm over dequantized rows.
+CUDA: torch's `_weight_int8pack_mm` (int8 per channel, symmetric) and
+`_weight_int4pack_mm` (4-bit groups of 32-256); anything else, and MPS,
+dequantizes then multiplies.
+"""
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from ..kernels import CpuKernels, cpu_kernels
+from .rtn import QuantizedWeight
+
+SUB = 32  # columns per sub-block: one int8 dot product (quant.c)
+
+
+@dataclass
+class PackedWeight:
+    """A QuantizedWeight in quant.c's layout; `unpack()` gives the same bytes back."""
+
+    codes: Tensor  # [N, nb * 16] (bits <= 4, two codes a byte) or [N, nb * 32] int8-as-uint8 (code - 128)
+    scales: Tensor  # [N, ng] float32
+    zero_points: Tensor  # [N, ng] uint8
+    mins: Tensor | None  # [N, ng] float32 s * z' (z' = z, or z - 128 for 8 bits); None when all z' are 0
+    bits: int
+    block_size: int
+    in_features: int
+    symmetric: bool
+    spg: int  # sub-blocks per group
+
+    @staticmethod
+    def packable(q: QuantizedWeight) -> bool:
+        """Whether quant.c takes this layout: groups of whole sub-blocks, or one group a row."""
+        return q.bits in (2, 3, 4, 8) and (q.block_size % SUB == 0 or q.blocks == 1)
+
+    @classmethod
+    def pack(cls, q: QuantizedWeight) -> "PackedWeight":
+        if not cls.packable(q):
+            raise ValueError(f"no kernel layout for {q.bits}-bit groups of {q.block_size}")
+        n, padded = q.codes.shape
+        nb = -(-padded // SUB)
+        codes = q.codes.cpu()
+        if nb * SUB != padded:  # one group a row, K not a multiple of 32: x is zero there
+            codes = F.pad(codes, (0, nb * SUB - padded))
+        if q.bits <= 4:
+            halves = codes.view(n, nb, 2, 16)  # [N, nb, 2, 16]: columns 0-15, 16-31 of each sub-block
+            codes = (halves[:, :, 0] | (halves[:, :, 1] << 4)).reshape(n, nb * 16)
+            offset = 0
+        else:
+            codes = codes.to(torch.int16).sub_(128).to(torch.int8).view(torch.uint8)
+            offset = 128
+        z = q.zero_points.cpu().float() - offset  # [N, ng]
+        scales = q.scales.cpu().float().contiguous()
+        mins = None if not z.any() else (scales * z).contiguous()
+        return cls(codes.contiguous(), scales, q.zero_points.cpu().contiguous(), mins, q.bits, q.block_size,
+                   q.in_features, q.symmetric, nb // q.blocks)
+
+    def unpack(self) -> QuantizedWeight:
+        """The QuantizedWeight this was packed from, byte for byte."""
+        n = self.codes.shape[0]
+        padded = self.scales.shape[1] * self.block_size
+        if self.bits <= 4:
+            c = self.codes.cpu().view(n, -1, 1, 16)  # [N, nb, 1, 16]
+            codes = torch.cat([c & 15, c >> 4], dim=2).reshape(n, -1)
+        else:
+            codes = self.codes.cpu().view(torch.int8).to(torch.int16).add_(128).to(torch.uint8)
+        return QuantizedWeight(codes[:, :padded].contiguous(), self.scales.cpu(), self.zero_points.cpu(),
+                               self.bits, self.block_size, self.in_features, self.symmetric)
+
+    def to(self, device: torch.device | str) -> "PackedWeight":
+        move = lambda t: None if t is None else t.to(device)  # noqa: E731
+        return PackedWeight(move(self.codes), move(self.scales), move(self.zero_points), move(self.mins),
+                            self.bits, self.block_size, self.in_features, self.symmetric, self.spg)
+
+    @property
+    def out_features(self) -> int:
+        return self.codes.shape[0]
+
+    @property
+    def sub_blocks(self) -> int:
+        return self.scales.shape[1] * self.spg
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.codes, self.scales, self.zero_points, self.mins)
+                   if t is not None)
+
+
+class QMat(ctypes.Structure):
+    """quant.c's qmat_t."""
+
+    _fields_ = [("codes", ctypes.c_void_p), ("scales", ctypes.c_void_p), ("mins", ctypes.c_void_p),
+                ("zeros", ctypes.c_void_p), ("bias", ctypes.c_void_p), ("N", ctypes.c_int64),
+                ("ng", ctypes.c_int64), ("spg", ctypes.c_int64), ("bits4", ctypes.c_int32),
+                ("bias_bf16", ctypes.c_int32)]
+
+
+class QuantPlan:
+    """Packed weights that read the same x, as one rk_qlinear_parts call (built once, like LinearPlan)."""
+
+    INT8_BLOCKS, INT8_ROWS, EXACT = 0, 1, 2  # quant.c's modes: how x is taken in the decode path
+
+    def __init__(self, kernels: CpuKernels, weights: Sequence[PackedWeight], biases: Sequence[Tensor | None],
+                 mode: int = INT8_BLOCKS) -> None:
+        lib = kernels.lib
+        if not getattr(lib, "_quant_bound", False):
+            p, i, i64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64
+            lib.rk_qlinear_parts.argtypes = [p, i, i, p, p, i, i64, i64, i]
+            lib.rk_qlinear_parts.restype = i
+            lib._quant_bound = True
+        if not kernels.threads:
+            kernels.set_threads(torch.get_num_threads())
+        self.weights, self.biases = list(weights), [None if b is None else b.contiguous() for b in biases]
+        self.k, self.out, self.mode = weights[0].in_features, sum(w.out_features for w in weights), mode
+        self._mats = (QMat * len(weights))(*(
+            QMat(w.codes.data_ptr(), w.scales.data_ptr(), 0 if w.mins is None else w.mins.data_ptr(),
+                 w.zero_points.data_ptr(), 0 if b is None else b.data_ptr(), w.out_features, w.scales.shape[1],
+                 w.spg, int(w.bits <= 4), int(b is not None and b.dtype == torch.bfloat16))
+            for w, b in zip(self.weights, self.biases)))
+        self._fn = lib.rk_qlinear_parts
+
+    def __call__(self, x: Tensor) -> Tensor:
+        """x [..., K] fp32 or bf16 on the CPU -> [..., sum of N] in x's dtype."""
+        x = x.contiguous()
+        y = torch.empty(*x.shape[:-1], self.out, dtype=x.dtype)
+        bf16 = int(x.dtype == torch.bfloat16)
+        status = self._fn(x.data_ptr(), bf16, len(self.weights), ctypes.addressof(self._mats), y.data_ptr(),
+                          bf16, x.numel() // self.k, self.k, self.mode)
+        if status != 0:
+            raise RuntimeError(f"rk_qlinear_parts failed ({status}) for x {tuple(x.shape)} {x.dtype}")
+        return y
+
+
+def cpu_plan_fits(weights: Sequence[PackedWeight], biases: Sequence[Tensor | None]) -> bool:
+    """Whether quant.c can run these as one call: CPU tensors, same K and sub-block count, fp32/bf16 biases."""
+    first = weights[0]
+    return (len(weights) <= 8 and all(w.codes.is_cpu and w.in_features == first.in_features
+                                      and w.sub_blocks == first.sub_blocks for w in weights)
+            and all(b is None or (b.is_cpu and b.dtype in (torch.float32, torch.bfloat16)) for b in biases))
+
+
+def fake_quantize_rows(x: Tensor) -> Tensor:
+    """x rounded to a symmetric int8 grid per row (d = max|x| / 127), in float32: W8A8's activations."""
+    x = x.float()
+    d = x.abs().amax(dim=-1, keepdim=True) / 127.0  # [..., 1]
+    q = torch.where(d > 0, torch.round(x / torch.where(d > 0, d, torch.ones_like(d))), torch.zeros_like(x))
+    return q.clamp_(-127, 127) * d
+
+
+def fake_quantize_blocks(x: Tensor, k_padded: int) -> Tensor:
+    """x rounded to int8 per 32 values as quant.c's decode path does: its products are exactly
+    dequantized W times this (up to float summation order)."""
+    k = x.shape[-1]
+    xp = F.pad(x.float(), (0, k_padded - k)).unflatten(-1, (-1, SUB))  # [..., nb, 32]
+    return fake_quantize_rows(xp).flatten(-2)[..., :k]
+
+
+def cpu_kernels_for(x: Tensor) -> CpuKernels | None:
+    """The CPU kernels when they can take x, else None."""
+    if not x.is_cpu or x.dtype not in (torch.float32, torch.bfloat16):
+        return None
+    if torch.is_grad_enabled() and x.requires_grad:
+        return None
+    return cpu_kernels()

@@ -1,0 +1,169 @@
+"""In-situ quantization: swap a loaded CausalLM's `nn.Linear`s for quantized modules, in place.
+
+    model, config = load_model(path)
+    report = quantize_model(model, QuantConfig.from_options("int4"), model_dir=path, tokenizer=tok)
+    optimize_for_cpu(model)  # after: q/k/v and gate/up are fused over the quantized parts
+    print(report.table())
+
+The model code never changes (gpt-fast's `replace_linears`): every Linear in
+the decoder blocks becomes a `QuantLinear` (weight-only: int8, int4, AWQ,
+GPTQ) or a `W8A8Linear` (SmoothQuant), except a mixture-of-experts router,
+whose few columns decide which experts run. The LM head becomes int8 per
+channel (or 4-bit groups) per `lm_head_bits`; a tied embedding keeps
+gathering from its float table, the head quantizes a copy of it.
+Calibrated methods (calibration.py, awq.py, gptq.py, smoothquant.py) are
+imported only when asked for.
+"""
+from __future__ import annotations
+
+import resource
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+
+from .config import QuantConfig
+from .linear import QuantLinear, W8A8Linear
+from .rtn import QuantizedWeight, quantize_rtn
+
+
+@dataclass(frozen=True)
+class QuantReport:
+    """What quantize_model did: the CLI prints `table()`."""
+
+    method: str  # QuantConfig.describe()
+    layers: int  # modules swapped, the LM head included
+    bytes_before: int  # the swapped Linears' weights and biases
+    bytes_after: int  # their codes, scales, zero points and biases
+    seconds: float
+    peak_rss_mb: float  # the process's peak so far
+
+    def table(self) -> str:
+        rows = [("method", self.method), ("layers swapped", str(self.layers)),
+                ("weights", f"{self.bytes_before / 2**20:,.1f} MiB -> {self.bytes_after / 2**20:,.1f} MiB"),
+                ("time", f"{self.seconds:.1f} s"), ("peak RSS", f"{self.peak_rss_mb:,.0f} MiB")]
+        width = max(len(name) for name, _ in rows)
+        return "\n".join(f"{name:<{width}}  {value}" for name, value in rows)
+
+
+def quantize_model(model: nn.Module, qconfig: QuantConfig, *, model_dir: str | Path | None = None,
+                   tokenizer=None, progress: bool = True) -> QuantReport:
+    """Quantize `model` (a CausalLM before optimize_for_cpu) in place as `qconfig` says."""
+    start = time.perf_counter()
+    qconfig.validate()
+    if not qconfig.enabled:
+        return QuantReport("none", 0, 0, 0, 0.0, _peak_rss_mb())
+    targets = block_linears(model)
+    if not targets:
+        raise ValueError("quantize_model runs before optimize_for_cpu: found no nn.Linear in the decoder "
+                         "blocks (fused projections hold their parts in FusedLinear)")
+    before = after = 0
+    if qconfig.method in ("int8", "int4"):
+        weights = _rtn_weights(targets, qconfig, progress)
+    else:
+        calibration = _calibration(model, qconfig, model_dir, tokenizer)
+        weights = _calibrated_weights(model, qconfig, calibration, progress)
+        targets = block_linears(model)  # the methods change weights (and may swap modules) in place
+    for name, weight in weights.items():
+        linear = targets.get(name)
+        if linear is None:
+            raise KeyError(f"{qconfig.method} returned a weight for {name!r}, not a Linear of the decoder blocks")
+        layer = (W8A8Linear if qconfig.method == "smoothquant" else QuantLinear)(weight, linear.bias)
+        before, after = before + _nbytes(linear), after + layer.nbytes
+        _replace(model, name, layer.to(linear.weight.device))
+    swapped = len(weights)
+    head = _quantize_head(model, qconfig)
+    if head is not None:
+        before, after, swapped = before + head[0], after + head[1], swapped + 1
+    return QuantReport(qconfig.describe(), swapped, before, after, time.perf_counter() - start, _peak_rss_mb())
+
+
+def block_linears(model: nn.Module) -> dict[str, nn.Linear]:
+    """The decoder blocks' Linears by module name (model.named_modules()), routers left out."""
+    routers = {id(m.gate) for m in model.modules() if type(m).__name__ == "SparseMoE"}
+    head = getattr(model, "lm_head", None)
+    return {name: m for name, m in model.named_modules()
+            if type(m) is nn.Linear and m is not head and id(m) not in routers and ".layers." in f".{name}"}
+
+
+def _rtn_weights(targets: dict[str, nn.Linear], qconfig: QuantConfig, progress: bool) -> dict[str, QuantizedWeight]:
+    out = {}
+    for i, (name, linear) in enumerate(targets.items()):
+        out[name] = rtn(linear.weight, qconfig.bits, qconfig.group_size, qconfig.symmetric)
+        if progress:
+            _progress(f"quantizing {qconfig.method}", i + 1, len(targets))
+    return out
+
+
+def rtn(weight: Tensor, bits: int, block_size: int | None, symmetric: bool) -> QuantizedWeight:
+    """quantize_rtn, single-threaded below a million values: each of its ~20 torch ops is an OpenMP
+    region, and on a busy 2-core machine one measured ~8 ms waiting for its second thread (a
+    2-layer model took 8 s to quantize, 0.1 s on one thread)."""
+    if weight.numel() >= 1 << 20:
+        return quantize_rtn(weight, bits, block_size, symmetric)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return quantize_rtn(weight, bits, block_size, symmetric)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _calibration(model: nn.Module, qconfig: QuantConfig, model_dir, tokenizer) -> Tensor:
+    from .calibration import calibration_ids
+
+    if model_dir is None or tokenizer is None:
+        raise ValueError(f"{qconfig.method} calibrates on text: quantize_model needs model_dir and tokenizer")
+    return calibration_ids(model_dir, tokenizer, qconfig)
+
+
+def _calibrated_weights(model: nn.Module, qconfig: QuantConfig, calibration: Tensor,
+                        progress: bool) -> dict[str, QuantizedWeight]:
+    if qconfig.method == "awq":
+        from .awq import awq_quantize
+
+        return awq_quantize(model, qconfig, calibration, progress)
+    if qconfig.method == "gptq":
+        from .gptq import gptq_quantize
+
+        return gptq_quantize(model, qconfig, calibration, progress)
+    from .smoothquant import smooth_model  # folds the smoothing into the norms, then W8A8 everywhere
+
+    smooth_model(model, qconfig, calibration, progress)
+    return {name: rtn(linear.weight, 8, None, True) for name, linear in block_linears(model).items()}
+
+
+def _quantize_head(model: nn.Module, qconfig: QuantConfig) -> tuple[int, int] | None:
+    """The LM head to int8 per channel (or 4-bit groups); a tied embedding keeps its float table."""
+    head = getattr(model, "lm_head", None)
+    if qconfig.lm_head_bits is None or type(head) is not nn.Linear:
+        return None
+    if qconfig.lm_head_bits == 8:
+        weight = rtn(head.weight, 8, None, True)
+    else:
+        weight = rtn(head.weight, 4, qconfig.group_size or 128, False)
+    layer = QuantLinear(weight, head.bias).to(head.weight.device)
+    model.lm_head = layer  # CausalLM.tie_weights ties only a float head
+    return _nbytes(head), layer.nbytes
+
+
+def _replace(model: nn.Module, name: str, module: nn.Module) -> None:
+    parent_name, _, attr = name.rpartition(".")
+    setattr(model.get_submodule(parent_name) if parent_name else model, attr, module)
+
+
+def _nbytes(linear: nn.Linear) -> int:
+    return sum(p.numel() * p.element_size() for p in linear.parameters(recurse=False))
+
+
+def _peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+
+
+def _progress(label: str, done: int, total: int) -> None:
+    if sys.stderr.isatty() or done == total:
+        end = "\n" if done == total else ""
+        print(f"\r{label}: {done}/{total} layers", end=end, file=sys.stderr, flush=True)
