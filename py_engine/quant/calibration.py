@@ -140,10 +140,11 @@ class LayerwiseCalibration:
         self.activation_bytes = 0
 
     def chunks(self, inputs: Tensor | None = None) -> Iterator[Tensor]:
-        """inputs [S, T, ...] (default `hidden`) in chunks of sequences."""
+        """inputs [S, T, ...] (default `hidden`) in chunks of sequences; [S * T, K] in as many rows."""
         inputs = self.hidden if inputs is None else inputs
-        for i in range(0, inputs.shape[0], self.chunk):
-            yield inputs[i: i + self.chunk]
+        step = self.chunk if inputs.dim() > 2 else self.chunk * self.length
+        for i in range(0, inputs.shape[0], step):
+            yield inputs[i: i + step]
 
     def call(self, module: nn.Module, x: Tensor) -> Tensor:
         """module(x) for one chunk x [b, T, ...]: decoder layers and attention get rope and positions."""

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import sys
 from contextlib import contextmanager
+from dataclasses import replace
 
 import torch
 from torch import Tensor, nn
@@ -37,7 +38,7 @@ from .config import QuantConfig
 from .groups import from_grid, grid_params, quantize_groups, reciprocal, to_codes
 from .rtn import QuantizedWeight
 
-__all__ = ["Hessian", "decoder_linears", "gptq_quantize", "gptq_weight", "stage_of"]
+__all__ = ["Hessian", "StageHessians", "decoder_linears", "split_rows", "gptq_quantize", "gptq_weight", "stage_of"]
 
 BLOCK = 128  # columns updated lazily together (the paper's B)
 
@@ -61,20 +62,81 @@ def stage_of(name: str) -> int:
 
 
 class Hessian:
-    """Running 2 X^T X / n over the inputs a forward hook sees."""
+    """Running 2 X^T X / n of one linear's inputs."""
 
     def __init__(self, linear: nn.Linear) -> None:
         k = linear.in_features
         self.sum = torch.zeros(k, k, dtype=torch.float32, device=linear.weight.device)
         self.rows = 0
 
-    def hook(self, module: nn.Module, inputs: tuple[Tensor, ...], output: Tensor) -> None:
-        x = inputs[0].reshape(-1, inputs[0].shape[-1]).float()  # [rows, K]
-        self.sum.addmm_(x.T, x)
-        self.rows += x.shape[0]
+    def add(self, xtx: Tensor, rows: int) -> None:
+        self.sum += xtx
+        self.rows += rows
 
     def matrix(self) -> Tensor:
         return self.sum * (2.0 / max(self.rows, 1))
+
+
+class _StageDone(Exception):
+    """Raised by a hook once every linear of the stage has seen the chunk: the rest of the layer is not needed."""
+
+
+class StageHessians:
+    """Forward hooks giving the Hessians of one stage's linears.
+
+    Linears fed the same tensor (q/k/v, gate/up) share one Hessian (`owner` maps each
+    linear to the first one of its input), and the layer's forward stops (_StageDone) as
+    soon as each linear of the stage has seen the chunk.
+    """
+
+    def __init__(self, linears: dict[str, nn.Linear]) -> None:
+        self.linears = linears
+        self.hessians: dict[str, Hessian] = {}  # owner name -> Hessian
+        self.owner: dict[str, str] = {}
+        self.seen: set[str] = set()
+        self.last: tuple[Tensor | None, str] = (None, "")  # (input, owner of it) in this chunk
+
+    def _hook(self, name: str):
+        def hook(module: nn.Module, inputs: tuple[Tensor, ...], output: Tensor) -> None:
+            x = inputs[0]
+            if name not in self.owner:
+                self.owner[name] = self.last[1] if self.last[0] is x else name
+            owner = self.owner[name]
+            if owner == name:
+                rows = x.numel() // x.shape[-1]
+                flat = x.reshape(rows, x.shape[-1]).float()  # [rows, K]
+                self.hessians.setdefault(name, Hessian(self.linears[name])).add(flat.T @ flat, rows)
+            self.last = (x, owner)
+            self.seen.add(name)
+            if len(self.seen) == len(self.linears):
+                raise _StageDone
+        return hook
+
+    @torch.no_grad()
+    def collect(self, runner: LayerwiseCalibration, layer: nn.Module) -> dict[str, list[str]]:
+        """Run the chunks through the layer; {owner: the linears sharing its Hessian}."""
+        handles = [m.register_forward_hook(self._hook(name)) for name, m in self.linears.items()]
+        try:
+            for x in runner.chunks():
+                self.seen.clear()
+                try:
+                    runner.call(layer, x)
+                except _StageDone:
+                    pass
+        finally:
+            for handle in handles:
+                handle.remove()
+            self.last = (None, "")
+        shared: dict[str, list[str]] = {}
+        for name in self.linears:
+            shared.setdefault(self.owner.get(name, name), []).append(name)
+        return shared
+
+
+def split_rows(qw: QuantizedWeight, sizes: list[int]) -> list[QuantizedWeight]:
+    """The QuantizedWeights of linears whose weights were stacked along the output dimension."""
+    parts = zip(qw.codes.split(sizes), qw.scales.split(sizes), qw.zero_points.split(sizes))
+    return [replace(qw, codes=c.contiguous(), scales=s.contiguous(), zero_points=z.contiguous()) for c, s, z in parts]
 
 
 def _inverse_cholesky(h: Tensor, damp_percent: float) -> Tensor:
@@ -182,22 +244,20 @@ def gptq_quantize(model: nn.Module, qconfig: QuantConfig, calibration: Tensor,
         linears = decoder_linears(layer)
         for stage in sorted({stage_of(name) for name in linears}):
             names = [name for name in linears if stage_of(name) == stage]
-            hessians = {name: Hessian(linears[name]) for name in names}
-            handles = [linears[name].register_forward_hook(hessians[name].hook) for name in names]
-            try:
-                runner.run(layer)
-            finally:
-                for handle in handles:
-                    handle.remove()
-            for name in names:
-                linear, hessian = linears[name], hessians[name]
-                if hessian.rows == 0:  # a Mixtral expert no calibration token reached: plain RTN
-                    qw = quantize_groups(linear.weight, qconfig.bits, qconfig.group_size, qconfig.symmetric)
+            stage_hessians = StageHessians({name: linears[name] for name in names})
+            for owner, sharing in stage_hessians.collect(runner, layer).items():
+                # linears with one input share H: GPTQ treats rows independently, so stack them
+                weights = [linears[name].weight for name in sharing]
+                hessian = stage_hessians.hessians.get(owner)
+                stacked = torch.cat(weights) if len(weights) > 1 else weights[0]
+                if hessian is None or hessian.rows == 0:  # an expert no calibration token reached: RTN
+                    qw = quantize_groups(stacked, qconfig.bits, qconfig.group_size, qconfig.symmetric)
                 else:
-                    qw = gptq_weight(linear.weight, hessian.matrix(), qconfig.bits, qconfig.group_size,
+                    qw = gptq_weight(stacked, hessian.matrix(), qconfig.bits, qconfig.group_size,
                                      qconfig.symmetric, qconfig.damp_percent, qconfig.act_order)
-                linear.weight.copy_(qw.dequantize().to(linear.weight))
-                out[f"model.layers.{index}.{name}"] = qw
+                for name, part in zip(sharing, split_rows(qw, [w.shape[0] for w in weights])):
+                    linears[name].weight.copy_(part.dequantize().to(linears[name].weight))
+                    out[f"model.layers.{index}.{name}"] = part
     if progress:
         print(runner.report(), file=sys.stderr)
     return out
