@@ -22,6 +22,7 @@ from .attention import AttentionInputs, group_query_attention, plain_attention
 from .graph import MS_DOMAIN, GraphBuilder
 from .linear import Linear
 from .options import ExportOptions
+from .quantized import concat, layer_weight
 
 
 @dataclass
@@ -79,27 +80,27 @@ class BlockEmitter:
             return g.node("FastGelu", [x], f"{name}/gelu_tanh", domain=MS_DOMAIN)
         return g.node("Gelu", [x], f"{name}/gelu", approximate=approximate)
 
-    def gated(self, x: str, gate_up: torch.Tensor, bias: torch.Tensor | None, down: nn.Linear, name: str) -> str:
-        """down(act(gate) * up) with gate and up as one [2I, h] projection, gate first."""
+    def gated(self, x: str, gate_up, bias: torch.Tensor | None, down: nn.Module, name: str) -> str:
+        """down(act(gate) * up) with gate and up as one [2I, h] projection (float or quantized), gate first."""
         both = self.linear(x, gate_up, bias, f"{name}/gate_up_proj")  # [B, T, 2I]
         gate, up = self.g.node("Split", [both], f"{name}/split", outputs=2, axis=-1, num_outputs=2)
         hidden = self.g.node("Mul", [self.act(gate, name), up], f"{name}/gated")
-        return self.linear(hidden, down.weight, down.bias, f"{name}/down_proj")
+        return self.linear(hidden, layer_weight(down), down.bias, f"{name}/down_proj")
 
     def mlp(self, x: str, mlp: MLP, name: str) -> str:
         if mlp.fused:
-            return self.gated(x, mlp.gate_up_proj.weight, mlp.gate_up_proj.bias, mlp.down_proj, name)
+            return self.gated(x, layer_weight(mlp.gate_up_proj), mlp.gate_up_proj.bias, mlp.down_proj, name)
         bias = None
         if mlp.gate_proj.bias is not None:
             bias = torch.cat([mlp.gate_proj.bias, mlp.up_proj.bias])
-        weight = torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])  # [2I, h]
+        weight = concat([layer_weight(mlp.gate_proj), layer_weight(mlp.up_proj)], f"{name}/gate_up_proj")  # [2I, h]
         return self.gated(x, weight, bias, mlp.down_proj, name)
 
     def moe(self, x: str, moe: SparseMoE, name: str) -> str:
         """Mixtral: every expert runs densely, weighted by the top-k renormalised router probabilities
         (zero for the others), which equals routing. Simple and exact; a routed kernel is future work."""
         g = self.g
-        logits = self.linear(x, moe.gate.weight, None, f"{name}/router", quantize=False)  # [B, T, E]
+        logits = self.linear(x, layer_weight(moe.gate), None, f"{name}/router", quantize=False)  # [B, T, E]
         probs = g.node("Softmax", [logits], f"{name}/router_softmax", axis=-1)
         top, chosen = g.node("TopK", [probs, g.const([moe.top_k])], f"{name}/topk", outputs=2, axis=-1)
         top = g.node("Div", [top, g.node("ReduceSum", [top, g.const([-1])], f"{name}/topk_sum", keepdims=1)],
@@ -109,18 +110,16 @@ class BlockEmitter:
         out = None
         for e, expert in enumerate(moe.experts):
             w = g.node("Slice", [weights, g.const([e]), g.const([e + 1]), g.const([-1])], f"{name}/w{e}")
-            y = self.gated(x, torch.cat([expert.w1.weight, expert.w3.weight]), None, expert.w2, f"{name}/expert{e}")
+            w13 = concat([layer_weight(expert.w1), layer_weight(expert.w3)], f"{name}/expert{e}")
+            y = self.gated(x, w13, None, expert.w2, f"{name}/expert{e}")
             y = g.node("Mul", [y, w], f"{name}/weighted{e}")
             out = y if out is None else g.node("Add", [out, y], f"{name}/sum{e}")
         return out
 
     def attention(self, x: str, attn: Attention, layer: int, past: tuple[str, str], shared: AttentionInputs,
                   name: str) -> tuple[str, str, str]:
-        q_w, k_w, v_w = _qkv_weights(attn)
-        bias = None
-        if q_w[1] is not None:
-            bias = torch.cat([q_w[1], k_w[1], v_w[1]])
-        qkv = self.linear(x, torch.cat([q_w[0], k_w[0], v_w[0]]), bias, f"{name}/qkv_proj")  # [B, T, (H+2KV)D]
+        weight, bias = _qkv_weight(attn, name)
+        qkv = self.linear(x, weight, bias, f"{name}/qkv_proj")  # [B, T, (H+2KV)D]
         h, kv, d = attn.n_heads, attn.n_kv_heads, attn.head_dim
         if self.options.contrib_ops and not attn.qk_norm and shared.rope_in_kernel:
             out, pk, pv = group_query_attention(self.g, self.config, layer, qkv, None, None, past, shared, name)
@@ -132,7 +131,7 @@ class BlockEmitter:
                 k = self.head_norm(k, attn.k_norm, kv, d, f"{name}/k_norm")
             fn = group_query_attention if self.options.contrib_ops else plain_attention
             out, pk, pv = fn(self.g, self.config, layer, q, k, v, past, shared, name)
-        return self.linear(out, attn.o_proj.weight, attn.o_proj.bias, f"{name}/o_proj"), pk, pv
+        return self.linear(out, layer_weight(attn.o_proj), attn.o_proj.bias, f"{name}/o_proj"), pk, pv
 
     def head_norm(self, x: str, norm: RMSNorm, heads: int, d: int, name: str) -> str:
         """RMSNorm over each head: [B, T, heads*D] -> [B, T, heads, D] -> norm -> back."""
@@ -142,11 +141,10 @@ class BlockEmitter:
         return g.node("Reshape", [x, g.const([0, 0, heads * d])], f"{name}/flat")
 
 
-def _qkv_weights(attn: Attention):
-    """((w, b), (w, b), (w, b)) of q, k and v, split from Phi-3's fused qkv_proj when needed."""
-    if not attn.fused:
-        return tuple((p.weight, p.bias) for p in (attn.q_proj, attn.k_proj, attn.v_proj))
-    sizes = [attn.n_heads * attn.head_dim, attn.n_kv_heads * attn.head_dim, attn.n_kv_heads * attn.head_dim]
-    ws = attn.qkv_proj.weight.split(sizes)
-    bs = attn.qkv_proj.bias.split(sizes) if attn.qkv_proj.bias is not None else (None,) * 3
-    return tuple(zip(ws, bs))
+def _qkv_weight(attn: Attention, name: str):
+    """(weight [(H+2KV)D, h], bias or None) of q, k and v stacked: Phi-3's fused qkv_proj as it is."""
+    if attn.fused:
+        return layer_weight(attn.qkv_proj), attn.qkv_proj.bias
+    parts = (attn.q_proj, attn.k_proj, attn.v_proj)
+    bias = None if parts[0].bias is None else torch.cat([p.bias for p in parts])
+    return concat([layer_weight(p) for p in parts], f"{name}/qkv_proj"), bias

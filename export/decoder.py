@@ -15,10 +15,12 @@ from typing import Callable
 
 import numpy as np
 import onnx
+import torch
 from onnx import TensorProto
 
 from py_engine.config import ModelConfig
 from py_engine.models import CausalLM
+from py_engine.quant import QuantizedWeight
 
 from . import contract as C
 from .attention import AttentionInputs
@@ -26,6 +28,7 @@ from .blocks import BlockEmitter
 from .graph import GraphBuilder, TensorStore
 from .linear import Linear, PackedInits, rows_len
 from .options import ExportOptions
+from .quantized import layer_weight
 from .rope_tables import rope_tables
 from .web_weights import gather_rows
 from py_engine.models.rope import rotary_dim
@@ -168,9 +171,10 @@ def _masks(g: GraphBuilder, config: ModelConfig, total: str) -> dict[int | None,
 def embed(emit: BlockEmitter, model: CausalLM) -> tuple[str, PackedInits | None]:
     """Token embeddings [B, T, hidden]; a quantized tied table is shared with the LM head."""
     g, config, options = emit.g, emit.config, emit.options
-    table = model.model.embed_tokens.weight
+    table = layer_weight(model.model.embed_tokens)  # a QuantizedWeight when the model quantized it
     packed = None
-    if options.quantized and options.quantize_lm_head:
+    if isinstance(table, QuantizedWeight) or (options.quantized and options.quantize_lm_head
+                                               and not options.prequantized):
         packed = emit.linear.packed(table, "model.embed_tokens")
         if options.target == "web":  # the same initializers as the LM head's DequantizeLinear
             x = gather_rows(g, packed.packed, (packed.B, packed.scales, packed.zero_points), C.INPUT_IDS,
@@ -185,7 +189,9 @@ def embed(emit: BlockEmitter, model: CausalLM) -> tuple[str, PackedInits | None]
         packed = w
     if config.embedding_multiplier != 1.0:  # Gemma: sqrt(hidden), rounded to the activation dtype
         x = g.node("Mul", [x, g.const(config.embedding_multiplier, emit.linear.float_dtype)], "embed/scale")
-    return x, packed if config.tie_word_embeddings else None
+    # A model whose quantizer replaced the tied head (a QuantLinear) has a head of its own.
+    tied = config.tie_word_embeddings and isinstance(model.lm_head, torch.nn.Linear)
+    return x, packed if tied else None
 
 
 def head(emit: BlockEmitter, model: CausalLM, hidden: str, tied) -> str:
@@ -201,7 +207,8 @@ def head(emit: BlockEmitter, model: CausalLM, hidden: str, tied) -> str:
                        "lm_head/out_shape", axis=0)
         logits = g.node("Reshape", [logits, shape], "lm_head/unflat")
     else:
-        logits = emit.linear(hidden, model.lm_head.weight, None, "lm_head", quantize=emit.options.quantize_lm_head)
+        logits = emit.linear(hidden, layer_weight(model.lm_head), None, "lm_head",
+                             quantize=emit.options.quantize_lm_head)
     if emit.linear.float_dtype != np.float32:
         logits = g.node("Cast", [logits], "logits/float", to=TensorProto.FLOAT)
     cap = config.final_logit_softcapping

@@ -24,7 +24,9 @@ from typing import Callable
 import onnx
 
 from py_engine.config import ModelConfig
-from py_engine.models import load_model
+from py_engine.models import CausalLM
+from py_engine.quant.config import QuantConfig
+from py_engine.quant.load import load_quantized, quantized_layers
 
 from . import contract as C
 from . import manifest
@@ -50,15 +52,25 @@ class ExportResult:
 
 
 def export_model(model_dir: str | Path, out_dir: str | Path, options: ExportOptions = ExportOptions(),
-                 progress: Callable[[int, int], None] | None = None) -> ExportResult:
-    """Export the model in model_dir to out_dir/onnx/<options.file_name>, plus the shared files."""
+                 progress: Callable[[int, int], None] | None = None, quantization: QuantConfig | None = None,
+                 model: CausalLM | None = None) -> ExportResult:
+    """Export the model in model_dir to out_dir/onnx/<options.file_name>, plus the shared files.
+
+    `quantization` quantizes the float model first (options.quantization names the method); a
+    pre-quantized checkpoint exports its own weights. `model` skips loading (an already-quantized
+    model of model_dir, so that several targets share one quantization run).
+    """
     start = time.perf_counter()
     model_dir, out_dir = Path(model_dir), Path(out_dir)
     config = ModelConfig.from_file(model_dir)
     check_supported(config, options)
     onnx_dir = out_dir / "onnx"
     onnx_dir.mkdir(parents=True, exist_ok=True)
-    model, config = load_model(model_dir, dtype="float32", device="cpu")
+    if model is None:
+        model, config, _ = load_quantized(model_dir, quantization, dtype="float32", device="cpu")
+    if options.prequantized and not quantized_layers(model):
+        raise ExportError(f"options ask for the model's quantized weights ({options.quantization}) but the "
+                          "model has no quantized layers")
     path = onnx_dir / options.file_name
     bytes_per_weight = {"fp32": 4, "fp16": 2, "int8": 1.1, "int4": 0.6}[options.precision]
     external = config.num_parameters() * bytes_per_weight > INLINE_LIMIT
@@ -77,11 +89,15 @@ def export_model(model_dir: str | Path, out_dir: str | Path, options: ExportOpti
 
 def _metadata(model_dir: Path, config: ModelConfig, options: ExportOptions) -> dict[str, str]:
     io = C.IOContract.for_config(config, "float16" if options.precision == "fp16" else "float32")
-    return {C.META_FORMAT: str(C.FORMAT_VERSION),
+    meta = {C.META_FORMAT: str(C.FORMAT_VERSION),
             C.META_CONFIG_HASH: C.config_hash((model_dir / "config.json").read_bytes()),
             C.META_PRECISION: options.precision, C.META_VARIANT: options.target,
             "ruvllm.block_size": str(options.block_size), "ruvllm.symmetric": str(options.symmetric).lower(),
             C.META_CONTRACT: C.contract_json(io).replace("\n", "")}
+    if options.prequantized:  # blocks and zero points are each layer's own, as the quantizer left them
+        meta.update({"ruvllm.block_size": "per-layer", "ruvllm.symmetric": "per-layer",
+                     "ruvllm.quantization": options.quantization})
+    return meta
 
 
 def _remove_stale(onnx_dir: Path, file_name: str) -> None:

@@ -11,6 +11,8 @@
 A quantized tied embedding reads the LM head's stored rows (native: Gather
 and bit ops below; web: GatherBlockQuantized) and dequantizes only the rows it
 needs, so the table is stored once.
+A weight that arrives as a `QuantizedWeight` (a QuantLinear of an AWQ / GPTQ /
+RTN model, see export.quantized) is packed as it is, whatever the options' precision.
 """
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ from py_engine.quant import QuantizedWeight, quantize_rtn
 from .graph import MS_DOMAIN, GraphBuilder
 from .options import ExportOptions
 from .packing import PackedNBits, pack_matmul_nbits
+from .quantized import for_matmul_nbits
 from .web_weights import dequantized, gemm, web_initializers
 
 
@@ -35,8 +38,10 @@ class Linear:
     options: ExportOptions
     float_dtype: type = np.float32  # activations and float weights
 
-    def __call__(self, x: str, weight: Tensor, bias: Tensor | None, name: str, quantize: bool = True) -> str:
-        if self.options.quantized and quantize:
+    def __call__(self, x: str, weight: Tensor | QuantizedWeight, bias: Tensor | None, name: str,
+                 quantize: bool = True) -> str:
+        if isinstance(weight, QuantizedWeight) or (self.options.quantized and quantize
+                                                   and not self.options.prequantized):
             packed = self.packed(weight, name)
             y = self.nbits(x, packed, name)
         else:
@@ -51,8 +56,11 @@ class Linear:
         o = self.options
         return quantize_rtn(weight, o.bits, o.block_size, o.symmetric)
 
-    def packed(self, weight: Tensor, name: str) -> "PackedInits":
-        p = pack_matmul_nbits(self.quantize(weight))
+    def packed(self, weight: Tensor | QuantizedWeight, name: str) -> "PackedInits":
+        if isinstance(weight, QuantizedWeight):  # already quantized by the model's own method
+            p = pack_matmul_nbits(for_matmul_nbits(weight, name))
+        else:
+            p = pack_matmul_nbits(self.quantize(weight))
         g = self.g
         if self.options.target == "web":
             return PackedInits(p, *web_initializers(g, p, name, self.float_dtype))

@@ -3,6 +3,9 @@
 precision   fp32 | fp16 | int8 | int4   (int8/int4: weights of linear layers only)
 block_size  32 | 64 | 128                quantization block along the input dimension
 symmetric   True: no zero points (code 2**(bits-1) is zero); False: per-block zero points
+quantization  none: int8/int4 weights are RTN-quantized here from the float model; a method (int4, int8,
+            awq, gptq, or the layout of a pre-quantized checkpoint): the model's own QuantLinear codes,
+            scales and zero points are packed as they are, layers it left float stay float
 target      native: onnxruntime contrib ops, quantized weights run by MatMulNBits;
             web: the same fused ops, but quantized weights are stored packed and
                  dequantized by one DequantizeLinear each that onnxruntime constant-folds
@@ -36,6 +39,7 @@ class ExportOptions:
     accuracy_level: int = 4  # MatMulNBits: 4 = int8 activations (fastest on CPU), 0 = as the weights
     target: str = "native"
     quantize_lm_head: bool = True  # int4/int8: the LM head (and a tied embedding) quantized too
+    quantization: str = "none"  # not none: export the model's already-quantized weights (see above)
 
     def __post_init__(self) -> None:
         if self.precision not in PRECISIONS:
@@ -47,6 +51,8 @@ class ExportOptions:
             raise ExportError(f"unsupported target {self.target!r}; choose from {', '.join(TARGETS)}")
         if self.accuracy_level not in (0, 1, 2, 3, 4):
             raise ExportError(f"accuracy level must be 0-4 (MatMulNBits), got {self.accuracy_level}")
+        if self.prequantized and not self.quantized:
+            raise ExportError(f"a {self.quantization}-quantized model exports as int4 or int8, not {self.precision}")
         if self.target == "plain" and self.quantized:
             raise ExportError(f"precision {self.precision} needs onnxruntime's MatMulNBits or 4-bit "
                               "DequantizeLinear; the plain target supports fp32 and fp16")
@@ -54,6 +60,11 @@ class ExportOptions:
     @property
     def quantized(self) -> bool:
         return self.precision in ("int8", "int4")
+
+    @property
+    def prequantized(self) -> bool:
+        """The weights come quantized from the model (QuantLinear), not from RTN at export time."""
+        return self.quantization != "none"
 
     @property
     def bits(self) -> int:

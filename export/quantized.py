@@ -1,0 +1,69 @@
+"""Weights of an already-quantized model (py_engine QuantLinear: AWQ, GPTQ, RTN) for the graph.
+
+The exporter reads a layer's weight through `layer_weight`: a float tensor for an nn.Linear, the
+layer's own `QuantizedWeight` (codes, scales, zero points) for a QuantLinear, which export.linear
+packs for MatMulNBits unchanged. Projections the graph fuses (q/k/v, gate/up) concatenate their
+codes along the output channels, which needs the same bits and groups; a per-channel weight (the
+int8 LM head) whose input width is not a power of two is re-cut into power-of-two blocks that repeat
+its scale, since MatMulNBits blocks are powers of two >= 16. Both are exact.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import torch
+from torch import Tensor, nn
+
+from py_engine.quant import QuantizedWeight
+
+from .options import ExportError
+
+MATMUL_NBITS_BITS = (4, 8)  # what export.packing packs; onnxruntime 1.31's CPU kernel also runs 2 (not 3)
+PER_CHANNEL_BLOCK = 128  # block used for a per-channel weight whose width is not a power of two
+
+
+def layer_weight(module: nn.Module) -> Tensor | QuantizedWeight:
+    """A Linear's float weight, or a weight-only quantized layer's QuantizedWeight."""
+    if getattr(module, "per_row", False):
+        raise ExportError(f"{type(module).__name__} quantizes activations too (W8A8), which MatMulNBits does not")
+    q = getattr(module, "qweight", None)
+    return q if isinstance(q, QuantizedWeight) else module.weight
+
+
+def concat(weights: list[Tensor | QuantizedWeight], name: str) -> Tensor | QuantizedWeight:
+    """Weights stacked along the output channels ([sum N, K])."""
+    if not any(isinstance(w, QuantizedWeight) for w in weights):
+        return torch.cat(weights)
+    first = weights[0]
+    same = all(isinstance(w, QuantizedWeight) and (w.bits, w.block_size, w.in_features)
+               == (first.bits, first.block_size, first.in_features) for w in weights)
+    if not same:
+        raise ExportError(f"{name}: the projections fused here are quantized differently "
+                          f"({', '.join(_describe(w) for w in weights)}); the graph needs one layout")
+    return QuantizedWeight(codes=torch.cat([w.codes for w in weights]), scales=torch.cat([w.scales for w in weights]),
+                           zero_points=torch.cat([w.zero_points for w in weights]), bits=first.bits,
+                           block_size=first.block_size, in_features=first.in_features,
+                           symmetric=all(w.symmetric for w in weights))
+
+
+def _describe(w: Tensor | QuantizedWeight) -> str:
+    return f"{w.bits}-bit block {w.block_size}" if isinstance(w, QuantizedWeight) else "float"
+
+
+def for_matmul_nbits(q: QuantizedWeight, name: str) -> QuantizedWeight:
+    """q on the CPU, with power-of-two blocks; bits MatMulNBits cannot take are refused."""
+    if q.bits not in MATMUL_NBITS_BITS:
+        raise ExportError(f"{name} is {q.bits}-bit; the ONNX export packs 4- and 8-bit weights for MatMulNBits "
+                          "(onnxruntime 1.31 runs 2, 4 and 8 bits, never 3)")
+    q = replace(q, codes=q.codes.cpu(), scales=q.scales.cpu().float(), zero_points=q.zero_points.cpu())
+    block = q.block_size
+    if block >= 16 and not block & (block - 1):
+        return q
+    if q.blocks != 1:
+        raise ExportError(f"{name} has groups of {block}; MatMulNBits blocks are powers of two >= 16")
+    new = PER_CHANNEL_BLOCK if q.in_features >= PER_CHANNEL_BLOCK else max(16, 1 << (q.in_features - 1).bit_length())
+    blocks = -(-q.in_features // new)
+    codes = torch.zeros(q.out_features, blocks * new, dtype=torch.uint8)
+    codes[:, : q.in_features] = q.codes[:, : q.in_features]
+    return replace(q, codes=codes, scales=q.scales.expand(-1, blocks).contiguous(),
+                   zero_points=q.zero_points.expand(-1, blocks).contiguous(), block_size=new)
