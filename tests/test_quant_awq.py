@@ -132,3 +132,16 @@ def test_awq_quantize_builtin_model(builtin):
             model.get_submodule(name).weight.copy_(qweights[name].dequantize())
     quantized = logits(model, ids)
     assert (quantized - before).abs().mean() < 0.2 * before.abs().mean()
+
+
+@pytest.mark.parametrize("family", ["mixtral", "phi3-longrope", "gemma2"])
+def test_calibrated_methods_return_what_the_transform_swaps(family):
+    from py_engine.quant.gptq import gptq_quantize
+    from py_engine.quant.transform import block_linears
+
+    ids = torch.randint(0, 256, (4, 16), generator=torch.Generator().manual_seed(0))
+    for method, run in (("awq", awq_quantize), ("gptq", gptq_quantize)):
+        model = random_model(family)
+        qc = QuantConfig.from_options(method, bits=4, group_size=32)
+        qweights = run(model, qc, ids, progress=False)
+        assert sorted(qweights) == sorted(block_linears(model))

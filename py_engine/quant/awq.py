@@ -18,8 +18,9 @@ float layer before it, computed before the layer is changed):
    (1 + w) norm: 1 + w' = (1 + w) / s) or the previous linear's output rows (and bias).
 3. auto-clip: per output row and group, the clipping ratio in {1, 0.95, ..., 0.55} of the
    group's max |w| with the least output error on 512 sampled tokens, for every linear
-   but q/k (attention scores amplify their errors) and the router; weights are clamped.
-4. Group-wise RTN of the scaled, clipped weights (asymmetric by default).
+   but q/k (attention scores amplify their errors); weights are clamped.
+4. Group-wise RTN of the scaled, clipped weights (asymmetric by default). Mixtral's router
+   is scaled with the experts (it shares their input) but stays float, as transform.py keeps it.
 
 The model is left holding the scaled and clipped float weights (and the folded norms);
 the transform swaps its linears for QuantLinear modules built from the returned weights.
@@ -35,6 +36,7 @@ from torch import Tensor, nn
 
 from .calibration import LayerwiseCalibration
 from .config import QuantConfig
+from .gptq import decoder_linears, is_router
 from .groups import fake_quantize, grid_params, quantize_groups, to_codes
 from .rtn import QuantizedWeight
 
@@ -146,7 +148,7 @@ def search_scale(runner: LayerwiseCalibration, layer: nn.Module, group: ScaleGro
     When the block is the group's one linear, its output error comes from the Gram matrix
     X^T X [K, K] of all its calibration inputs instead of a forward over x."""
     block = layer.get_submodule(group.block)
-    linears = [layer.get_submodule(name) for name in group.linears]
+    linears = [layer.get_submodule(name) for name in group.linears if not is_router(name)]  # the router stays float
     originals = [m.weight.detach().clone() for m in linears]
     if gram is None:
         reference = runner.forward(block, x).float()
@@ -248,10 +250,9 @@ def awq_quantize(model: nn.Module, qconfig: QuantConfig, calibration: Tensor,
                 _clip(layer.get_submodule(name), x, qconfig, (q_dim + kv_dim, q_dim + 2 * kv_dim))
             elif leaf not in NO_CLIP:
                 _clip(layer.get_submodule(name), x, qconfig)
-        for name, m in layer.named_modules():
-            if isinstance(m, nn.Linear):
-                out[f"model.layers.{index}.{name}"] = quantize_groups(m.weight, qconfig.bits, qconfig.group_size,
-                                                                      qconfig.symmetric)
+        for name, m in decoder_linears(layer).items():
+            out[f"model.layers.{index}.{name}"] = quantize_groups(m.weight, qconfig.bits, qconfig.group_size,
+                                                                  qconfig.symmetric)
     if progress:
         print(runner.report(), file=sys.stderr)
     return out

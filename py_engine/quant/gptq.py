@@ -38,19 +38,24 @@ from .config import QuantConfig
 from .groups import from_grid, grid_params, quantize_groups, reciprocal, to_codes
 from .rtn import QuantizedWeight
 
-__all__ = ["Hessian", "StageHessians", "decoder_linears", "split_rows", "gptq_quantize", "gptq_weight", "stage_of"]
+__all__ = ["Hessian", "StageHessians", "decoder_linears", "is_router", "split_rows", "gptq_quantize", "gptq_weight", "stage_of"]
 
 BLOCK = 128  # columns updated lazily together (the paper's B)
 
 
+def is_router(name: str) -> bool:
+    """Mixtral's router: it stays float (transform.block_linears leaves it out too)."""
+    return name.endswith("block_sparse_moe.gate")
+
+
 def decoder_linears(layer: nn.Module) -> dict[str, nn.Linear]:
-    """Every nn.Linear of a decoder layer by its name inside the layer."""
-    return {name: m for name, m in layer.named_modules() if isinstance(m, nn.Linear)}
+    """The nn.Linears of a decoder layer to quantize, by their names inside the layer (not the router)."""
+    return {name: m for name, m in layer.named_modules() if isinstance(m, nn.Linear) and not is_router(name)}
 
 
 def stage_of(name: str) -> int:
     """Which of a layer's sequential stages quantizes this linear: 0 attention inputs, 1 its
-    output, 2 feed-forward inputs (Mixtral's router and experts' w1/w3 too), 3 its output."""
+    output, 2 feed-forward inputs (Mixtral's experts' w1/w3 too), 3 its output."""
     leaf = name.rsplit(".", 1)[-1]
     if leaf in ("q_proj", "k_proj", "v_proj", "qkv_proj"):
         return 0
