@@ -71,6 +71,7 @@ def run_eval_ppl(args: argparse.Namespace) -> int:
     from py_engine.engine import pick_device
     from py_engine.evaluate import perplexity
     from py_engine.hub import resolve_model
+    from py_engine.quant.hf_format import read_quantization
     from py_engine.quant.load import load_quantized
     from py_engine.tokenizer import Tokenizer
 
@@ -90,13 +91,15 @@ def run_eval_ppl(args: argparse.Namespace) -> int:
     if len(ids) < 2:
         raise ValueError(f"{text_path} holds {len(ids)} token(s); perplexity needs at least 2")
     result = perplexity(model, ids, window, stride, progress=_progress() if not args.json else None)
-    out = result.to_dict() | {"quantization": qconfig.describe(), "model": str(path), "text_file": str(text_path),
+    checkpoint = read_quantization(path)  # a pre-quantized checkpoint is described by its own config
+    quantization = checkpoint.describe() if checkpoint is not None else qconfig.describe()
+    out = result.to_dict() | {"quantization": quantization, "model": str(path), "text_file": str(text_path),
                               "load_seconds": round(load_seconds, 3)}
     if args.json:
         print(json.dumps(out))
     else:
         print(f"perplexity {result.perplexity:.4f} (loss {result.loss:.4f} nats/token) over {result.tokens} tokens "
-              f"of {text_path.name}; window {window}, stride {stride}, quantization {qconfig.describe()}, "
+              f"of {text_path.name}; window {window}, stride {stride}, quantization {quantization}, "
               f"{result.seconds:.1f} s")
     return 0
 

@@ -212,6 +212,12 @@ class CheckpointQuantization:
     not_converted: tuple[str, ...] = ()
     source: str = "config.json"
 
+    def describe(self) -> str:
+        """'gptq checkpoint 4-bit g128 sym' — for logs and tables."""
+        d = self.default
+        group = "per-channel" if d.group_size == -1 else f"g{d.group_size}"
+        return f"{self.method} checkpoint {d.bits}-bit {group} {'sym' if d.symmetric else 'asym'}"
+
     def spec(self, module: str) -> LayerSpec | None:
         """The module's bits and group (gptqmodel's `dynamic`: first matching pattern wins)."""
         if any(module == n or module.startswith(n + ".") for n in self.not_converted):
