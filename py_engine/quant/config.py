@@ -134,7 +134,7 @@ def quant_config_from_args(args) -> QuantConfig:
     extra = {}
     if getattr(args, "calibration_file", None):
         extra["calibration_file"] = args.calibration_file
-    if getattr(args, "calibration_samples", None):
+    if getattr(args, "calibration_samples", None) is not None:
         extra["calibration_samples"] = args.calibration_samples
     return QuantConfig.from_options(getattr(args, "quantization", "none"), bits=getattr(args, "bits", None),
                                     group_size=getattr(args, "group_size", None), **extra)
