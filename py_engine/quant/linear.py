@@ -27,9 +27,7 @@ class QuantLinear(nn.Module):
     """y = x @ dequantize(W)^T + b for a weight stored as integer codes in groups."""
 
     per_row = False  # W8A8Linear: x is rounded to int8 per row too
-    # Decode (fewer than 16 rows of x) on the CPU rounds x to int8 per 32 values and multiplies in
-    # integers (quant.c); False multiplies the dequantized codes by x in fp32 (exact, ~2x slower).
-    int8_activations = True
+    _int8_activations = True
 
     def __init__(self, qweight: QuantizedWeight, bias: Tensor | None = None) -> None:
         super().__init__()
@@ -49,6 +47,17 @@ class QuantLinear(nn.Module):
     def qweight(self) -> QuantizedWeight:
         """The QuantizedWeight (on the CPU) this layer was built from."""
         return self._raw if self.packed is None else self.packed.unpack()
+
+    @property
+    def int8_activations(self) -> bool:
+        """Decode (fewer than 16 rows of x) on the CPU rounds x to int8 per 32 values and multiplies in
+        integers (quant.c); False multiplies the dequantized codes by x in fp32 (exact, ~2x slower)."""
+        return self._int8_activations
+
+    @int8_activations.setter
+    def int8_activations(self, enabled: bool) -> None:
+        if enabled != self._int8_activations:
+            self._int8_activations, self._plan, self._token = enabled, None, object()
 
     @property
     def kernel_mode(self) -> int:
@@ -127,7 +136,7 @@ def set_int8_activations(model: nn.Module, enabled: bool) -> int:
     count = 0
     for m in model.modules():
         if isinstance(m, QuantLinear) and not m.per_row and m.int8_activations != enabled:
-            m.int8_activations, m._plan, m._token = enabled, None, object()
+            m.int8_activations = enabled
             count += 1
     return count
 
