@@ -8,12 +8,16 @@ of this process (so each engine's is its own). ENGINE is `ruvllm` or
 `transformers`, with options after a colon: `ruvllm:noopt` (no CPU
 transforms), `ruvllm:nokernels` (fused projections, torch's matmuls),
 `ruvllm:nolayers` (fused projections on the kernels, norms and attention
-in torch); the
+in torch), `ruvllm:int8` / `ruvllm:int4` (in-situ RTN quantization before the
+CPU transforms; `+exact` decodes on the exact fp32 path, `+head4` makes the LM
+head 4-bit too, `+g32` uses groups of 32); the
 parent sets environment variants such as `:thp` before this starts.
 `ruvllm@REV` runs py_engine as of git revision REV (unpacked under .cache),
 to measure against the engine before a change. `llama.cpp` runs the same
-weights as GGUF (f32, or bf16 made from it) through llama-cpp-python, in
-that package's own environment (decode_speed.py --llama-cpp-python).
+weights as GGUF (f32, or bf16 made from it; `llama.cpp:q8_0` and
+`llama.cpp:q4_0` quantize it with llama.cpp's own quantizer) through
+llama-cpp-python, in that package's own environment (decode_speed.py
+--llama-cpp-python).
 
 The model is Qwen2.5-0.5B's shape with seeded random weights, written once
 to benchmarks/.cache as float32 safetensors; both engines load the same file
@@ -43,6 +47,7 @@ QWEN25_05B = {
     "torch_dtype": "float32", "transformers_version": "4.49.0", "use_cache": True, "use_sliding_window": False,
     "vocab_size": 151936,
 }
+ISQ: dict[str, float] = {}  # seconds the engine spent quantizing at load, when it did
 # run(prompt_ids, new_tokens) -> (perf_counter() at the call and at each new token, the greedy tokens)
 Runner = Callable[[list[int], int], tuple[list[float], list[int]]]
 
@@ -104,6 +109,14 @@ def ruvllm_runner(folder: Path, dtype: str, options: set[str], revision: str = "
     from py_engine.models import load_model
 
     model, config = load_model(folder, dtype=dtype)
+    method = next((m for m in ("int8", "int4") if m in options), None)
+    if method is not None:  # in-situ quantization, before the CPU transforms (as LLM(quantization=...) does)
+        from py_engine.quant.config import QuantConfig
+        from py_engine.quant.transform import quantize_model
+
+        qconfig = QuantConfig.from_options(method, group_size=32 if "g32" in options else None,
+                                           lm_head_bits=4 if "head4" in options else 8)
+        ISQ["seconds"] = quantize_model(model, qconfig, progress=False).seconds
     if not revision:  # older revisions have no CPU transforms
         from py_engine.kernels import cpu_kernels
         from py_engine.models.cpu_transforms import fuse_projections, optimize_for_cpu, use_cpu_kernels
@@ -115,6 +128,10 @@ def ruvllm_runner(folder: Path, dtype: str, options: set[str], revision: str = "
             use_cpu_kernels(model, cpu_kernels())
         elif "noopt" not in options:
             optimize_for_cpu(model)
+    if "exact" in options:
+        from py_engine.quant.linear import set_int8_activations
+
+        set_int8_activations(model, False)
     backend = TorchBackend(model, config, config.max_position_embeddings)
 
     def run(ids: list[int], new_tokens: int) -> tuple[list[float], list[int]]:
@@ -158,7 +175,8 @@ def transformers_runner(folder: Path, dtype: str, options: set[str], revision: s
 
 
 def gguf(dtype: str, threads: int) -> Path:
-    """The checkpoint as GGUF: f32 from benchmarks/llama_cpp_bench.py's conversion, bf16 made from it."""
+    """The checkpoint as GGUF: f32 from benchmarks/llama_cpp_bench.py's conversion; bf16, q8_0 and q4_0
+    made from it by llama_model_quantize (q4_0 keeps llama.cpp's default of a Q6_K output matrix)."""
     folder = CACHE / f"qwen2.5-0.5b-random-seed{SEED}-gguf"
     f32 = folder / "qwen-f32.gguf"
     if not f32.is_file():
@@ -169,13 +187,18 @@ def gguf(dtype: str, threads: int) -> Path:
 
     import llama_cpp
 
-    target = folder / "qwen-bf16.gguf"
+    kind = {"bfloat16": "bf16"}.get(dtype, dtype)
+    ftype = {"bf16": llama_cpp.LLAMA_FTYPE_MOSTLY_BF16, "q8_0": llama_cpp.LLAMA_FTYPE_MOSTLY_Q8_0,
+             "q4_0": llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_0}[kind]
+    target = folder / f"qwen-{kind}.gguf"
     if not target.is_file():
         params = llama_cpp.llama_model_quantize_default_params()
-        params.ftype, params.nthread = llama_cpp.LLAMA_FTYPE_MOSTLY_BF16, threads
-        tmp = folder / "qwen-bf16.gguf.tmp"
+        params.ftype, params.nthread = ftype, threads
+        tmp = folder / f"qwen-{kind}.gguf.tmp"
+        start = time.perf_counter()
         if llama_cpp.llama_model_quantize(str(f32).encode(), str(tmp).encode(), ctypes.byref(params)) != 0:
-            raise SystemExit("llama_model_quantize to BF16 failed")
+            raise SystemExit(f"llama_model_quantize to {kind} failed")
+        ISQ["seconds"] = time.perf_counter() - start  # only when made in this run
         os.replace(tmp, target)
     return target
 
@@ -212,7 +235,7 @@ def measure(engine: str, dtype: str, threads: int, new_tokens: int, lengths: lis
     name, _, revision = name.partition("@")
     start = time.perf_counter()
     if name == "llama.cpp":  # runs in llama-cpp-python's own environment, without torch
-        run = llama_cpp_runner(dtype, threads)
+        run = llama_cpp_runner(opts or dtype, threads)
     else:
         import torch
 
@@ -221,7 +244,8 @@ def measure(engine: str, dtype: str, threads: int, new_tokens: int, lengths: lis
         start = time.perf_counter()
         runner = {"ruvllm": ruvllm_runner, "transformers": transformers_runner}[name]
         run = runner(folder, dtype, set(opts.split("+")) if opts else set(), revision)
-    result = {"engine": engine, "dtype": dtype, "threads": threads, "load_s": time.perf_counter() - start}
+    result = {"engine": engine, "dtype": dtype, "threads": threads, "load_s": time.perf_counter() - start,
+              "isq_s": ISQ.get("seconds")}
     run(prompt_ids(8), 4)  # warm up allocators and lazy initialisation, the same for both
     for length in lengths:
         stamps, tokens = run(prompt_ids(length), new_tokens)

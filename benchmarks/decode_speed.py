@@ -18,7 +18,12 @@ llama-cpp-python. Engine variants: `ruvllm:noopt` (no CPU transforms), `ruvllm:n
 (fused projections only), `ruvllm:nolayers` (projections on the kernels,
 norms and attention in torch), `ruvllm@REV` (py_engine at git revision REV), and
 `:thp` on any engine, which runs it with THP_MEM_ALLOC_ENABLE=1 (torch's
-allocator asks for huge pages).
+allocator asks for huge pages). Quantized: `ruvllm:int8`, `ruvllm:int4` (in-situ
+RTN at load, its seconds in the ISQ column) against `llama.cpp:q8_0` and
+`llama.cpp:q4_0` (GGUFs made once with llama.cpp's quantizer), e.g.
+
+    decode_speed.py --dtypes float32 --prompt-lengths 128 --engines ruvllm:int8,llama.cpp:q8_0,ruvllm:int4,llama.cpp:q4_0 \
+        --llama-cpp-python /tmp/lcp_venv/bin/python --out benchmarks/results/quant_speed.json
 
 Prints a table and writes benchmarks/results/decode_speed.json.
 """
@@ -38,7 +43,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results" / "decode_speed.json"
 # llama.cpp decoding this shape on this machine, as the issue states it (tok/s).
-LLAMA_CPP = {"float32": (14.0, 17.0), "bfloat16": (28.0, 43.0)}
+LLAMA_CPP = {"float32": (14.0, 17.0), "bfloat16": (28.0, 43.0), "q8_0": (52.0, 52.0), "q4_0": (72.0, 77.0)}
 
 
 def parse_args() -> argparse.Namespace:
@@ -91,6 +96,8 @@ def summarize(runs: list[dict], args: argparse.Namespace) -> list[dict]:
                     vals = [r[n][metric] for r in ok]
                     row[f"{metric}@{n}"] = {"median": statistics.median(vals), "min": min(vals),
                                             "max": max(vals)} if vals else None
+            isq = [r["isq_s"] for r in ok if r.get("isq_s") is not None]
+            row["isq_s"] = {"median": statistics.median(isq), "min": min(isq), "max": max(isq)} if isq else None
             rss = [r["peak_rss_mb"] for r in ok]
             row["peak_rss_mb"] = {"median": statistics.median(rss), "min": min(rss), "max": max(rss)} if rss else None
             rows.append(row)
@@ -100,7 +107,8 @@ def summarize(runs: list[dict], args: argparse.Namespace) -> list[dict]:
 def paired_ratios(runs: list[dict], args: argparse.Namespace) -> list[dict]:
     """Each engine's decode and prefill over transformers' (and llama.cpp's) in the same round."""
     out = []
-    for base, dtype in ((b, d) for b in ("transformers", "llama.cpp") if b in args.engines for d in args.dtypes):
+    bases = [b for b in args.engines if b == "transformers" or b.startswith("llama.cpp")]
+    for base, dtype in ((b, d) for b in bases for d in args.dtypes):
         for engine in (e for e in args.engines if e.startswith("ruvllm")):
             ratio: dict[str, float | None] = {}
             for n in map(str, args.prompt_lengths):
@@ -117,14 +125,15 @@ def paired_ratios(runs: list[dict], args: argparse.Namespace) -> list[dict]:
 def print_table(rows: list[dict], ratios: list[dict], args: argparse.Namespace) -> None:
     lengths = list(map(str, args.prompt_lengths))
     head = (["engine", "dtype"] + [f"prefill@{n}" for n in lengths] + [f"decode@{n}" for n in lengths]
-            + [f"TTFT ms@{n}" for n in lengths] + ["peak RSS MB"])
+            + [f"TTFT ms@{n}" for n in lengths] + ["peak RSS MB", "ISQ s"])
     table = [head]
     for r in rows:
         cell = lambda key, scale=1.0, fmt="{:.1f}": spread(  # noqa: E731
             [r[key][k] * scale for k in ("median", "min", "max")] if r.get(key) else [], fmt)
         table.append([r["engine"], r["dtype"]] + [cell(f"prefill_tok_s@{n}") for n in lengths]
                      + [cell(f"decode_tok_s@{n}") for n in lengths]
-                     + [cell(f"ttft_s@{n}", 1000, "{:.0f}") for n in lengths] + [cell("peak_rss_mb", fmt="{:.0f}")])
+                     + [cell(f"ttft_s@{n}", 1000, "{:.0f}") for n in lengths] + [cell("peak_rss_mb", fmt="{:.0f}")]
+                     + [cell("isq_s")])
     widths = [max(len(row[i]) for row in table) for i in range(len(head))]
     print("tok/s and ms: median [min-max] over the rounds")
     for row in table:
@@ -133,10 +142,12 @@ def print_table(rows: list[dict], ratios: list[dict], args: argparse.Namespace) 
         parts = [f"{k} x{v:.2f}" for k, v in r["ratios"].items() if v is not None]
         print(f"{r['engine']} {r['dtype']} vs {r['vs']} (paired): " + ", ".join(parts))
     for r in rows:
-        if r["engine"].startswith("ruvllm") and r["dtype"] in LLAMA_CPP and r.get(f"decode_tok_s@{lengths[0]}"):
-            lo, hi = LLAMA_CPP[r["dtype"]]
+        opts = set(r["engine"].partition(":")[2].split("+"))
+        stated = "q8_0" if "int8" in opts else "q4_0" if "int4" in opts else r["dtype"]
+        if r["engine"].startswith("ruvllm") and stated in LLAMA_CPP and r.get(f"decode_tok_s@{lengths[0]}"):
+            lo, hi = LLAMA_CPP[stated]
             med = r[f"decode_tok_s@{lengths[0]}"]["median"]
-            print(f"{r['engine']} {r['dtype']} decode@{lengths[0]} vs llama.cpp's stated {lo:g}-{hi:g} tok/s: "
+            print(f"{r['engine']} {r['dtype']} decode@{lengths[0]} vs llama.cpp's stated {stated} {lo:g}-{hi:g} tok/s: "
                   f"x{med / hi:.2f}-x{med / lo:.2f}")
 
 

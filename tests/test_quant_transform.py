@@ -157,3 +157,16 @@ def test_calibrated_methods_are_dispatched(tiny, monkeypatch):
     assert calls == ["calibration", "awq", "calibration", "gptq", "calibration", "smooth"]
     with pytest.raises(ValueError, match="model_dir and tokenizer"):
         quantize_model(load_model(tiny, dtype="float32")[0], QuantConfig.from_options("awq"), progress=False)
+
+
+@pytest.mark.parametrize("args", [(8, None, True), (4, 128, False), (4, 32, True)])
+def test_rtn_in_row_blocks_gives_quantize_rtn_bytes(args):
+    from py_engine.quant.rtn import quantize_rtn
+    from py_engine.quant.transform import rtn
+
+    w = torch.randn(1000, 200)
+    w[3, :50] = 0  # a zero block: scale 0
+    whole, blocks = quantize_rtn(w, *args), rtn(w, *args, chunk=3000)
+    for name in ("codes", "scales", "zero_points"):
+        assert torch.equal(getattr(whole, name), getattr(blocks, name)), name
+    assert whole.block_size == blocks.block_size
