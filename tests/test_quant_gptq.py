@@ -44,7 +44,9 @@ def textbook_gptq(w, h, bits, group, symmetric, damp, act_order):
         left.remove(c)
         w[:, left] -= err[:, None] * hinv[c, left][None, :]
         hinv = hinv - torch.outer(hinv[:, c], hinv[c, :]) / hinv[c, c]
-    return codes
+    scales = torch.stack([grids[g][0][:, 0] for g in sorted(grids)], dim=1)  # [N, groups]
+    zeros = torch.stack([grids[g][1][:, 0] for g in sorted(grids)], dim=1)
+    return codes, (codes - zeros.repeat_interleave(group, 1)[:, :k]) * scales.repeat_interleave(group, 1)[:, :k]
 
 
 def correlated_inputs(rows: int, k: int, seed: int = 0):
@@ -64,8 +66,9 @@ def test_gptq_equals_the_column_by_column_update(group, block, act_order, symmet
     x = correlated_inputs(200, 64)
     h = 2 * x.T @ x / len(x)
     qw = gptq_weight(w, h, 4, group, symmetric, 0.01, act_order, block_size=block)
-    expected = textbook_gptq(w, h, 4, group, symmetric, 0.01, act_order)
-    assert torch.equal(qw.codes[:, :64].float(), expected)
+    codes, dequantized = textbook_gptq(w, h, 4, group, symmetric, 0.01, act_order)
+    assert torch.equal(qw.codes[:, :64].float(), codes)
+    torch.testing.assert_close(qw.dequantize().double(), dequantized, atol=1e-5, rtol=0)
     grid = group or 64
     ref = quantize_groups(torch.zeros(16, 64), 4, grid, symmetric)  # shapes of the grid only
     assert qw.scales.shape == ref.scales.shape and qw.codes.shape == ref.codes.shape
