@@ -159,14 +159,40 @@ def test_calibrated_methods_are_dispatched(tiny, monkeypatch):
         quantize_model(load_model(tiny, dtype="float32")[0], QuantConfig.from_options("awq"), progress=False)
 
 
-@pytest.mark.parametrize("args", [(8, None, True), (4, 128, False), (4, 32, True)])
-def test_rtn_in_row_blocks_gives_quantize_rtn_bytes(args):
-    from py_engine.quant.rtn import quantize_rtn
-    from py_engine.quant.transform import rtn
+RTN_CASES = [(8, None, True), (8, None, False), (8, 64, True), (4, 128, False), (4, 32, True), (4, None, False)]
 
-    w = torch.randn(1000, 200)
-    w[3, :50] = 0  # a zero block: scale 0
-    whole, blocks = quantize_rtn(w, *args), rtn(w, *args, chunk=3000)
-    for name in ("codes", "scales", "zero_points"):
-        assert torch.equal(getattr(whole, name), getattr(blocks, name)), name
-    assert whole.block_size == blocks.block_size
+
+def rtn_weights() -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(300, 200, generator=g)
+    w[3, :64], w[4] = 0, 0  # zero blocks: scale 0
+    halves = torch.randint(-16, 16, (300, 200), generator=g).float() / 2  # many w / s + z on a .5 tie
+    return [w, halves, halves.to(torch.bfloat16)]
+
+
+def same_bytes(a, b) -> bool:
+    return (torch.equal(a.codes, b.codes) and torch.equal(a.zero_points, b.zero_points)
+            and torch.equal(a.scales.view(torch.int32), b.scales.view(torch.int32))  # -0.0 too
+            and (a.bits, a.block_size, a.in_features, a.symmetric) == (b.bits, b.block_size, b.in_features, b.symmetric))
+
+
+@pytest.mark.parametrize("args", RTN_CASES)
+def test_native_rtn_gives_quantize_rtn_bytes(args):
+    from py_engine.quant.kernels import quantize_rtn_native
+    from py_engine.quant.rtn import quantize_rtn
+
+    for w in rtn_weights():
+        native = quantize_rtn_native(w, *args)
+        if native is None:
+            pytest.skip("no CPU kernels")
+        assert same_bytes(native, quantize_rtn(w, *args))
+
+
+@pytest.mark.parametrize("args", RTN_CASES)
+def test_rtn_in_row_blocks_gives_quantize_rtn_bytes(args, monkeypatch):
+    from py_engine.quant import transform
+    from py_engine.quant.rtn import quantize_rtn
+
+    monkeypatch.setattr(transform, "quantize_rtn_native", lambda *a: None)
+    for w in rtn_weights():
+        assert same_bytes(transform.rtn(w, *args, chunk=3000), quantize_rtn(w, *args))

@@ -185,3 +185,35 @@ def cpu_kernels_for(x: Tensor) -> CpuKernels | None:
     if torch.is_grad_enabled() and x.requires_grad:
         return None
     return cpu_kernels()
+
+
+def quantize_rtn_native(weight: Tensor, bits: int, block_size: int | None, symmetric: bool) -> QuantizedWeight | None:
+    """rtn.quantize_rtn's result, byte for byte, from one pass in C (quant.c's rk_quantize_rtn);
+    None where the kernels cannot take the weight (then call quantize_rtn)."""
+    kernels = cpu_kernels()
+    if kernels is None or weight.device.type != "cpu" or weight.dtype not in (torch.float32, torch.bfloat16):
+        return None
+    if bits not in (4, 8):
+        raise ValueError(f"RTN supports 4 and 8 bits, not {bits}")
+    lib = kernels.lib
+    if not getattr(lib, "_rtn_bound", False):
+        p, i, i64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64
+        lib.rk_quantize_rtn.argtypes = [p, i, i64, i64, i, i64, i, p, p, p]
+        lib.rk_quantize_rtn.restype = i
+        lib._rtn_bound = True
+    if not kernels.threads:
+        kernels.set_threads(torch.get_num_threads())
+    w = weight.detach().contiguous()
+    n, k = w.shape
+    block = block_size or k
+    if block < 1:
+        raise ValueError(f"block_size must be positive, got {block_size}")
+    blocks = -(-k // block)
+    codes = torch.empty(n, blocks * block, dtype=torch.uint8)
+    scales = torch.empty(n, blocks, dtype=torch.float32)
+    zeros = torch.empty(n, blocks, dtype=torch.uint8)
+    status = lib.rk_quantize_rtn(w.data_ptr(), int(w.dtype == torch.bfloat16), n, k, bits, block, int(symmetric),
+                                 codes.data_ptr(), scales.data_ptr(), zeros.data_ptr())
+    if status != 0:
+        raise RuntimeError(f"rk_quantize_rtn failed ({status}) for {tuple(w.shape)}")
+    return QuantizedWeight(codes, scales, zeros, bits, block, k, symmetric)

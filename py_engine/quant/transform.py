@@ -26,6 +26,7 @@ import torch
 from torch import Tensor, nn
 
 from .config import QuantConfig
+from .kernels import quantize_rtn_native
 from .linear import QuantLinear, W8A8Linear
 from .rtn import QuantizedWeight, quantize_rtn
 
@@ -100,31 +101,20 @@ def _rtn_weights(targets: dict[str, nn.Linear], qconfig: QuantConfig, progress: 
 
 def rtn(weight: Tensor, bits: int, block_size: int | None, symmetric: bool,
         chunk: int = 1 << 22) -> QuantizedWeight:
-    """quantize_rtn, byte for byte, a block of rows at a time (rows are independent).
-
-    Whole, the 151936 x 896 LM head made ~10 temporaries of 0.5 GB (6.3 GB peak RSS
-    and page faults for a 0.5B model); in blocks of ~4M values they stay in cache.
-    Small weights run on one thread: each of quantize_rtn's ~20 torch ops is an OpenMP
-    region, and on a busy 2-core machine one measured ~8 ms waiting for its second
-    thread (a 2-layer model took 8 s to quantize, 0.1 s on one thread).
-    """
+    """quantize_rtn's bytes: in one C pass on the CPU kernels (quant.c's rk_quantize_rtn; torch's
+    ~20 passes took 30-50 s for a 0.5B model on a busy 2-core machine), else quantize_rtn a block
+    of rows at a time (rows are independent): whole, the 151936 x 896 LM head made ~10
+    temporaries of 0.5 GB (6.3 GB peak RSS for a 0.5B model)."""
+    native = quantize_rtn_native(weight, bits, block_size, symmetric)
+    if native is not None:
+        return native
     n, k = weight.shape
     rows = max(1, chunk // max(k, 1))
-    if n <= rows:
-        return _rtn_small(weight, bits, block_size, symmetric) if n * k < 1 << 20 else \
-            quantize_rtn(weight, bits, block_size, symmetric)
     parts = [quantize_rtn(weight[i:i + rows], bits, block_size, symmetric) for i in range(0, n, rows)]
+    if len(parts) == 1:
+        return parts[0]
     return QuantizedWeight(torch.cat([p.codes for p in parts]), torch.cat([p.scales for p in parts]),
                            torch.cat([p.zero_points for p in parts]), bits, parts[0].block_size, k, symmetric)
-
-
-def _rtn_small(weight: Tensor, bits: int, block_size: int | None, symmetric: bool) -> QuantizedWeight:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        return quantize_rtn(weight, bits, block_size, symmetric)
-    finally:
-        torch.set_num_threads(threads)
 
 
 def _calibration(model: nn.Module, qconfig: QuantConfig, model_dir, tokenizer) -> Tensor:
