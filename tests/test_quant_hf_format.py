@@ -272,3 +272,31 @@ def test_smoothquant_has_no_checkpoint_layout(tmp_path):
                          timeout=60)
     assert cli.returncode == 1 and "has no Hugging Face checkpoint layout" in cli.stderr
     assert not (tmp_path / "y").exists()
+
+
+@pytest.mark.parametrize("method", ["int4", "awq"])
+def test_widths_the_layout_cannot_pack_stay_float(tmp_path, method):
+    """An MLP 100 wide (stories260K's is 172): GPTQ cannot pack K=100 or N=100 4-bit codes into 32-bit words, AWQ
+    cannot pack N=100 by eights; those layers are written as exact dequantized float32 weights, marked unquantized."""
+    from model_cases import FAMILIES, save_hf_model
+    from py_engine.quant.load import load_quantized
+
+    save_hf_model(dict(FAMILIES["llama3-rope"], intermediate_size=100), tmp_path / "src")
+    model, config, _ = load_quantized(tmp_path / "src", QuantConfig.from_options("int4", group_size=32),
+                                      dtype="float32")
+    out = save_quantized(model, config, QuantConfig.from_options(method, group_size=32), tmp_path / "q",
+                         tmp_path / "src")
+    q = json.loads((out / "config.json").read_text())["quantization_config"]
+    if method == "awq":
+        assert q["modules_to_not_convert"] == [f"model.layers.{i}.mlp.{p}" for i in range(2)
+                                               for p in ("gate_proj", "up_proj")] + ["lm_head"]
+    else:
+        assert [k for k in q["dynamic"] if k.startswith("-:")] == [
+            f"-:^model\\.layers\\.{i}\\.mlp\\.{p}$" for i in range(2) for p in ("gate_proj", "up_proj", "down_proj")]
+    loaded, _ = load_model(out)
+    up, q_proj = loaded.model.layers[0].mlp.up_proj, loaded.model.layers[0].self_attn.q_proj
+    assert type(up) is torch.nn.Linear and isinstance(q_proj, QuantLinear)
+    assert torch.equal(up.weight, model.model.layers[0].mlp.up_proj.qweight.dequantize())  # exact
+    want, got = model.model.layers[0].self_attn.q_proj.qweight, q_proj.qweight
+    assert torch.equal(got.codes[:, :64], want.codes[:, :64]) and torch.equal(got.zero_points, want.zero_points)
+    assert torch.equal(got.scales, want.scales.half().float())  # the layouts' fp16 scales

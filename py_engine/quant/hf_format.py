@@ -13,7 +13,10 @@ The method is recorded in `quantization_config.meta.method`; the layout only say
 
 A layer whose bits or group differ from the checkpoint's (the int8 per-channel LM head beside 4-bit
 groups) gets a gptqmodel `dynamic` override in GPTQ checkpoints; AWQ cannot express one, so there such
-a layer is written as its dequantized float32 weight and listed in `modules_to_not_convert`. A
+a layer is written as its dequantized float32 weight and listed in `modules_to_not_convert`. A layer
+whose widths the layout cannot pack (GPTQ: K * bits and N * bits multiples of 32; AWQ: N a multiple
+of 8, e.g. stories260K's 172-wide MLP) is also written as its exact dequantized float32 weight, marked
+unquantized (`dynamic` "-:" / `modules_to_not_convert`): it loads as an nn.Linear. A
 quantized LM head of a tied model is its own tensor, so the written config unties the embeddings.
 
 GPTQ v1 stores zero - 1 and cannot store a zero point of 0 (asymmetric groups whose values are all
@@ -101,29 +104,40 @@ def _float_tensors(model: nn.Module, skip: set[str], dtype: torch.dtype) -> dict
     return out
 
 
-def _gptq_tensors(layers: dict[str, QuantLinear]) -> tuple[dict[str, Tensor], bool]:
-    """Every layer in GPTQ tensors, v1 when every zero point allows it (else v2); returns (tensors, v1)."""
-    v1 = all(not bool((m.qweight.zero_points == 0).any()) for m in layers.values())
-    tensors = {}
-    for name, m in layers.items():
-        for key, t in to_gptq(_cpu(m.qweight), v1=v1).items():
-            tensors[f"{name}.{key}"] = t
-        if m.bias is not None:
-            tensors[f"{name}.bias"] = m.bias.detach().cpu().float()
-    return tensors, v1
+def _gptq_fits(q: QuantizedWeight) -> bool:
+    """GPTQ packs codes along K and zero points along N into whole 32-bit words."""
+    return (q.in_features * q.bits) % 32 == 0 and (q.out_features * q.bits) % 32 == 0
+
+
+def _gptq_tensors(layers: dict[str, QuantLinear]) -> tuple[dict[str, Tensor], bool, list[str]]:
+    """Every layer in GPTQ tensors, v1 when every zero point allows it (else v2); returns (tensors, v1, left
+    float): a layer whose widths do not fill 32-bit words is written as its exact dequantized float32 weight."""
+    weights = {name: _cpu(m.qweight) for name, m in layers.items()}
+    v1 = all(not bool((q.zero_points == 0).any()) for q in weights.values() if _gptq_fits(q))
+    tensors, floats = {}, []
+    for name, q in weights.items():
+        if _gptq_fits(q):
+            tensors.update({f"{name}.{key}": t for key, t in to_gptq(q, v1=v1).items()})
+        else:
+            tensors[f"{name}.weight"] = q.dequantize()
+            floats.append(name)
+        if layers[name].bias is not None:
+            tensors[f"{name}.bias"] = layers[name].bias.detach().cpu().float()
+    return tensors, v1, floats
 
 
 def _cpu(q: QuantizedWeight) -> QuantizedWeight:
     return replace(q, codes=q.codes.cpu(), scales=q.scales.cpu().float(), zero_points=q.zero_points.cpu())
 
 
-def _gptq_config(qconfig: QuantConfig, layers: dict[str, QuantLinear], v1: bool) -> dict[str, Any]:
+def _gptq_config(qconfig: QuantConfig, layers: dict[str, QuantLinear], v1: bool, floats: list[str]) -> dict[str, Any]:
     bits, group = qconfig.bits, qconfig.group_size or -1
-    dynamic = {f"+:^{re.escape(name)}$": {"bits": m.qweight.bits, "group_size": _group(m.qweight),
-                                          "sym": m.qweight.symmetric}
-               for name, m in layers.items() if not _matches(m.qweight, bits, group)}
+    dynamic: dict[str, dict] = {f"-:^{re.escape(name)}$": {} for name in floats}  # gptqmodel: left unquantized
+    dynamic.update({f"+:^{re.escape(name)}$": {"bits": m.qweight.bits, "group_size": _group(m.qweight),
+                                               "sym": m.qweight.symmetric}
+                    for name, m in layers.items() if name not in floats and not _matches(m.qweight, bits, group)})
     config = {"quant_method": "gptq", "bits": bits, "group_size": group, "desc_act": False,
-              "sym": qconfig.symmetric, "lm_head": "lm_head" in layers,
+              "sym": qconfig.symmetric, "lm_head": "lm_head" in layers and "lm_head" not in floats,
               "checkpoint_format": "gptq" if v1 else "gptq_v2", "pack_dtype": "int32",
               "damp_percent": qconfig.damp_percent, "true_sequential": True}
     if dynamic:
@@ -171,8 +185,8 @@ def save_quantized(model: nn.Module, config: Any, qconfig: QuantConfig, out_dir:
     dtype = {"float16": torch.float16, "bfloat16": torch.bfloat16}.get(config.torch_dtype or "", torch.float32)
     group = qconfig.group_size or -1
     if layout == "gptq":
-        tensors, v1 = _gptq_tensors(layers)
-        raw["quantization_config"] = _gptq_config(qconfig, layers, v1)
+        tensors, v1, floats = _gptq_tensors(layers)
+        raw["quantization_config"] = _gptq_config(qconfig, layers, v1, floats)
     else:
         tensors, not_converted = _awq_tensors(layers, group)
         raw["quantization_config"] = {"quant_method": "awq", "bits": 4, "group_size": group, "zero_point": True,
