@@ -196,3 +196,25 @@ def test_rtn_in_row_blocks_gives_quantize_rtn_bytes(args, monkeypatch):
     monkeypatch.setattr(transform, "quantize_rtn_native", lambda *a: None)
     for w in rtn_weights():
         assert same_bytes(transform.rtn(w, *args, chunk=3000), quantize_rtn(w, *args))
+
+
+def test_server_engine_runs_a_quantized_model():
+    """Paged, batched [1, T] rows through QuantLinear under inference_mode: each prompt's greedy
+    tokens as the quantized LLM gives them alone (exact decode path, so batch size cannot matter)."""
+    from native_server.engine import LLMEngine
+
+    eng = LLMEngine(str(builtin_path()), dtype="float32", device="cpu", quantization="int4")
+    llm = LLM(str(builtin_path()), dtype="float32", quantization="int4")
+    assert isinstance(eng.model.lm_head, QuantLinear)
+    for model in (eng.model, llm.model):
+        set_int8_activations(model, False)
+    prompts = [llm.encode(text) for text in ("ROMEO:", "JULIET: O", "First Citizen:\nWe are", "KING")]
+    params = SamplingParams(max_tokens=12, temperature=0.0)
+    for i, ids in enumerate(prompts):
+        eng.add_request(f"r{i}", ids, params)
+    got: dict[str, list[int]] = {}
+    while eng.has_unfinished_requests():
+        for out in eng.step():
+            got.setdefault(out.request_id, []).extend(out.outputs[0].token_ids)
+    for i, ids in enumerate(prompts):
+        assert got[f"r{i}"] == llm.generate(ids, params).token_ids
