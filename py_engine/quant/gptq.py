@@ -21,6 +21,11 @@ Choices where the paper and the reference code leave room:
 - Layers are quantized in sequence and, inside a layer, in AutoGPTQ's "true sequential"
   stages (q/k/v, then o, then gate/up, then down): each stage's Hessians come from inputs
   computed by the stages and layers already quantized.
+- Linears fed the same input (q/k/v, gate/up) share one Hessian; GPTQ treats output rows
+  independently, so their weights are stacked and quantized in one pass. Each stage's forward
+  stops as soon as its linears have seen their inputs.
+- The grids are `groups.py`'s (onnxruntime's arithmetic: symmetric puts the group's extreme
+  value on a code, asymmetric stretches the range to hold 0), not the reference's.
 - The float model is left holding the dequantized weights of every quantized linear (the
   transform then swaps in QuantLinear modules built from the returned QuantizedWeights).
 """
