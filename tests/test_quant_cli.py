@@ -94,3 +94,19 @@ def test_llm_api_accepts_a_name_or_a_config():
         assert any(isinstance(m, QuantLinear) for m in llm.model.modules())
         assert llm.quant_report.layers == 43  # 42 block linears and the LM head
         assert len(llm.generate("ROMEO:", SamplingParams(temperature=0, max_tokens=4)).token_ids) == 4
+
+
+def test_server_engine_quantizes_at_load():
+    pytest.importorskip("torch")
+    from native_server.engine import LLMEngine
+    from py_engine.quant.linear import QuantLinear
+    from py_engine.sampling_params import SamplingParams
+
+    engine = LLMEngine("tiny-shakespeare", device="cpu", quantization="int4", kv_cache_memory=8 << 20)
+    assert sum(isinstance(m, QuantLinear) for m in engine.model.modules()) == 43
+    engine.add_request("r", [0, 5, 9, 11], SamplingParams(temperature=0, max_tokens=6))
+    tokens = []
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            tokens += [t for c in out.outputs for t in c.token_ids]
+    assert 1 <= len(tokens) <= 6
