@@ -166,6 +166,10 @@ def reference_forward(layer: QuantLinear, x: Tensor) -> Tensor:
 def fused_forward(module: nn.Module, parts: list[nn.Module], x: Tensor) -> Tensor:
     """QuantLinears that read the same x as one kernel call where they share a layout; else one by one.
     The plan is cached on `module` (a FusedLinear)."""
+    plan = getattr(module, "_quant_plan", None)
+    if (plan is not None and x.dtype in _KERNEL_DTYPES and x.is_cpu and not _grad(x)
+            and all(a is p._token for a, p in zip(plan.key, parts))):  # decode: the cached call
+        return plan(x)
     quant = all(isinstance(p, QuantLinear) and p.packed is not None for p in parts)
     if quant and len({p.kernel_mode for p in parts}) == 1:
         kernels = cpu_kernels_for(x)
