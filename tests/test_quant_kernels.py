@@ -121,6 +121,22 @@ def test_fused_parts_match_one_by_one(dtype, rows):
 @needs_kernels
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("rows", [1, 37])
+def test_gated_mlp_hidden_in_one_call(dtype, rows):
+    from py_engine.quant.linear import gated_forward
+
+    gate, up = (QuantLinear.from_weight(make_weight(4, 32, False, 72, 96, seed=s)) for s in (4, 5))
+    fused = FusedLinear([gate, up])
+    fused.kernels = KERNELS
+    x = torch.randn(1, rows, 96).to(dtype)
+    with torch.inference_mode():
+        got, expected = gated_forward(fused, x), F.silu(gate(x)) * up(x)
+    assert got.shape == (1, rows, 72) and got.dtype == dtype
+    assert_matches(got, expected.float())
+
+
+@needs_kernels
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows", [1, 37])
 def test_w8a8_matches_its_fake_quantized_reference(dtype, rows):
     linear = torch.nn.Linear(200, 48)
     layer = W8A8Linear.from_float(linear)

@@ -385,9 +385,30 @@ static void pad_x(const void *x, int x_bf16, int64_t M, int64_t K, int64_t nb, f
 /* y[M, sum N_p] = x[M, K] @ concat(W_p)^T (+ concat(bias_p)) for n_parts matrices with the same
  * sub-block count per row. mode: 0 int8 x per sub-block, 1 W8A8 (int8 x per row, in the sgemm
  * path too), 2 exact (fp32 x, dequantize-then-FMA). */
+static inline float as_stored(float v, int bf16) { /* the value a bf16 tensor would hold */
+  if (!bf16) return v;
+  const uint16_t h = to_bf16(v);
+  return load1(&h, 1, 0);
+}
+
+/* gated [M, N] = silu(y[:, :N]) * y[:, N:] for y [M, 2N], with torch's roundings in bf16
+ * (silu in fp32 from the stored gate, stored; the product stored). */
+static void gate(const void *y, void *gated, int bf16, int64_t M, int64_t N) {
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t n = 0; n < N; ++n) {
+      const float g = load1(y, bf16, m * 2 * N + n), u = load1(y, bf16, m * 2 * N + N + n);
+      const float v = as_stored(as_stored(g / (1.f + expf(-g)), bf16) * u, bf16);
+      if (bf16) ((uint16_t *)gated)[m * N + n] = to_bf16(v);
+      else ((float *)gated)[m * N + n] = v;
+    }
+}
+
+/* As rk_qlinear_parts, then, when gated is not NULL (two parts of equal N: gate and up),
+ * gated [M, N] = silu(gate) * up: a SiLU MLP's hidden layer in one call. */
 int rk_qlinear_parts(const void *x, int x_bf16, int n_parts, const qmat_t *parts, void *y, int y_bf16,
-                     int64_t M, int64_t K, int mode) {
+                     int64_t M, int64_t K, int mode, void *gated) {
   if (M < 1 || K < 1 || n_parts < 1 || n_parts > Q_MAX_PARTS || mode < 0 || mode > 2) return -1;
+  if (gated && (n_parts != 2 || parts[0].N != parts[1].N)) return -1;
   const int64_t nb = nb_of(&parts[0]);
   if (nb * 32 < K) return -1;
   for (int p = 0; p < n_parts; ++p)
@@ -436,6 +457,7 @@ int rk_qlinear_parts(const void *x, int x_bf16, int n_parts, const qmat_t *parts
     column += w->N;
   }
   pool_run(job.first_chunk[n_parts], run_qchunk, &job, sizeof job);
+  if (gated) gate(y, gated, y_bf16, M, parts[0].N);
   return 0;
 }
 

@@ -84,6 +84,13 @@ class KernelMLP(MLP):
         return None
 
     def forward(self, x: Tensor) -> Tensor:
+        proj = getattr(self, "gate_up_proj", None)
+        if self.act is F.silu and isinstance(proj, FusedLinear) and not isinstance(proj.parts[0], nn.Linear):
+            from ..quant.linear import gated_forward  # quantized gate and up: one call, the SiLU in C
+
+            hidden = gated_forward(proj, x)
+            if hidden is not None:
+                return self.down_proj(hidden)
         parts = self._gate_up() if self.act is F.silu and x.numel() == x.shape[-1] and not _grad(x) else None
         if parts is None or not all(self.kernels.supports(x, w) for w in parts[:2]):
             return super().forward(x)

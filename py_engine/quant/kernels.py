@@ -128,7 +128,7 @@ class QuantPlan:
         lib = kernels.lib
         if not getattr(lib, "_quant_bound", False):
             p, i, i64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64
-            lib.rk_qlinear_parts.argtypes = [p, i, i, p, p, i, i64, i64, i]
+            lib.rk_qlinear_parts.argtypes = [p, i, i, p, p, i, i64, i64, i, p]
             lib.rk_qlinear_parts.restype = i
             lib._quant_bound = True
         if not kernels.threads:
@@ -142,16 +142,18 @@ class QuantPlan:
             for w, b in zip(self.weights, self.biases)))
         self._fn = lib.rk_qlinear_parts
 
-    def __call__(self, x: Tensor) -> Tensor:
-        """x [..., K] fp32 or bf16 on the CPU -> [..., sum of N] in x's dtype."""
+    def __call__(self, x: Tensor, gated: bool = False) -> Tensor:
+        """x [..., K] fp32 or bf16 on the CPU -> [..., sum of N] in x's dtype; with gated (two parts,
+        gate and up, of N each) F.silu(gate) * up [..., N] instead."""
         x = x.contiguous()
         y = torch.empty(*x.shape[:-1], self.out, dtype=x.dtype)
+        out = torch.empty(*x.shape[:-1], self.out // 2, dtype=x.dtype) if gated else None
         bf16 = int(x.dtype == torch.bfloat16)
         status = self._fn(x.data_ptr(), bf16, len(self.weights), ctypes.addressof(self._mats), y.data_ptr(),
-                          bf16, x.numel() // self.k, self.k, self.mode)
+                          bf16, x.numel() // self.k, self.k, self.mode, None if out is None else out.data_ptr())
         if status != 0:
             raise RuntimeError(f"rk_qlinear_parts failed ({status}) for x {tuple(x.shape)} {x.dtype}")
-        return y
+        return y if out is None else out
 
 
 def cpu_plan_fits(weights: Sequence[PackedWeight], biases: Sequence[Tensor | None]) -> bool:

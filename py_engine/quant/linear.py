@@ -170,6 +170,27 @@ def fused_forward(module: nn.Module, parts: list[nn.Module], x: Tensor) -> Tenso
     if (plan is not None and x.dtype in _KERNEL_DTYPES and x.is_cpu and not _grad(x)
             and all(a is p._token for a, p in zip(plan.key, parts))):  # decode: the cached call
         return plan(x)
+    return _fused_slow(module, parts, x)
+
+
+def gated_forward(module: nn.Module, x: Tensor) -> Tensor | None:
+    """F.silu(gate(x)) * up(x) for a FusedLinear of two quantized parts [gate, up] in one kernel call
+    (the MLP's hidden layer); None when its parts cannot run that way."""
+    parts = list(module.parts)
+    if (len(parts) != 2 or not all(isinstance(p, QuantLinear) for p in parts)
+            or parts[0].out_features != parts[1].out_features):
+        return None
+    if x.dtype not in _KERNEL_DTYPES or not x.is_cpu or _grad(x):
+        return None
+    fresh = lambda plan: plan is not None and all(a is p._token for a, p in zip(plan.key, parts))  # noqa: E731
+    if not fresh(getattr(module, "_quant_plan", None)):
+        _fused_slow(module, parts, x.reshape(-1, x.shape[-1])[:1])  # plans them where the kernels take them
+        if not fresh(getattr(module, "_quant_plan", None)):
+            return None
+    return module._quant_plan(x, gated=True)
+
+
+def _fused_slow(module: nn.Module, parts: list[nn.Module], x: Tensor) -> Tensor:
     quant = all(isinstance(p, QuantLinear) and p.packed is not None for p in parts)
     if quant and len({p.kernel_mode for p in parts}) == 1:
         kernels = cpu_kernels_for(x)
