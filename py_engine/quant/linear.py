@@ -83,6 +83,11 @@ class QuantLinear(nn.Module):
             return self._raw.dequantize()
         return dequantize_packed(self.packed)
 
+    def __getstate__(self) -> dict:
+        """For copy.deepcopy and pickling: the kernel plan (ctypes pointers) is rebuilt on first use."""
+        state = super().__getstate__() if hasattr(super(), "__getstate__") else self.__dict__.copy()
+        return {**state, "_plan": None, "_device_weight": None}
+
     def _apply(self, fn, recurse: bool = True):
         """.to(device) moves the codes; .to(dtype) leaves scales in float32 (the bias follows it)."""
         device = fn(torch.zeros(1)).device
