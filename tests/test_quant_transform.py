@@ -218,3 +218,19 @@ def test_server_engine_runs_a_quantized_model():
             got.setdefault(out.request_id, []).extend(out.outputs[0].token_ids)
     for i, ids in enumerate(prompts):
         assert got[f"r{i}"] == llm.generate(ids, params).token_ids
+
+
+def test_released_mapped_weights_read_back_the_same(tmp_path):
+    """MappedPages drops pages of a checkpoint-mapped tensor; reading it maps the file's bytes again."""
+    from safetensors.torch import save_file
+
+    from py_engine.models.safetensors_io import SafetensorsFile
+    from py_engine.quant.mapped import MappedPages
+
+    w = torch.randn(512, 1024)
+    save_file({"w": w}, tmp_path / "w.safetensors")
+    mapped = SafetensorsFile(tmp_path / "w.safetensors").get("w")
+    assert torch.equal(mapped, w)
+    assert MappedPages().release(mapped) > 0
+    assert torch.equal(mapped, w)
+    assert MappedPages().release(torch.randn(512, 1024)) == 0  # anonymous memory is never touched

@@ -70,7 +70,7 @@ class PackedWeight:
             codes = (halves[:, :, 0] | (halves[:, :, 1] << 4)).reshape(n, nb * 16)
             offset = 0
         else:
-            codes = codes.to(torch.int16).sub_(128).to(torch.int8).view(torch.uint8)
+            codes = codes ^ 128  # code - 128 as an int8's bits, without an int16 copy
             offset = 128
         z = q.zero_points.cpu().float() - offset  # [N, ng]
         scales = q.scales.cpu().float().contiguous()
@@ -86,7 +86,7 @@ class PackedWeight:
             c = self.codes.cpu().view(n, -1, 1, 16)  # [N, nb, 1, 16]
             codes = torch.cat([c & 15, c >> 4], dim=2).reshape(n, -1)
         else:
-            codes = self.codes.cpu().view(torch.int8).to(torch.int16).add_(128).to(torch.uint8)
+            codes = self.codes.cpu() ^ 128
         return QuantizedWeight(codes[:, :padded].contiguous(), self.scales.cpu(), self.zero_points.cpu(),
                                self.bits, self.block_size, self.in_features, self.symmetric)
 

@@ -28,6 +28,7 @@ from torch import Tensor, nn
 from .config import QuantConfig
 from .kernels import quantize_rtn_native
 from .linear import QuantLinear, W8A8Linear
+from .mapped import MappedPages
 from .rtn import QuantizedWeight, quantize_rtn
 
 
@@ -62,8 +63,9 @@ def quantize_model(model: nn.Module, qconfig: QuantConfig, *, model_dir: str | P
         raise ValueError("quantize_model runs before optimize_for_cpu: found no nn.Linear in the decoder "
                          "blocks (fused projections hold their parts in FusedLinear)")
     before = after = 0
+    pages = MappedPages()  # float weights mapped from the checkpoint are given back once replaced
     if qconfig.method in ("int8", "int4"):
-        weights = _rtn_weights(targets, qconfig, progress)
+        weights = _rtn_weights(targets, qconfig, progress, pages)
     else:
         calibration = _calibration(model, qconfig, model_dir, tokenizer)
         weights = _calibrated_weights(model, qconfig, calibration, progress)
@@ -75,8 +77,9 @@ def quantize_model(model: nn.Module, qconfig: QuantConfig, *, model_dir: str | P
         layer = (W8A8Linear if qconfig.method == "smoothquant" else QuantLinear)(weight, linear.bias)
         before, after = before + _nbytes(linear), after + layer.nbytes
         _replace(model, name, layer.to(linear.weight.device))
+        pages.release(linear.weight)
     swapped = len(weights)
-    head = _quantize_head(model, qconfig)
+    head = _quantize_head(model, qconfig, pages)
     if head is not None:
         before, after, swapped = before + head[0], after + head[1], swapped + 1
     return QuantReport(qconfig.describe(), swapped, before, after, time.perf_counter() - start, _peak_rss_mb())
@@ -90,27 +93,35 @@ def block_linears(model: nn.Module) -> dict[str, nn.Linear]:
             if type(m) is nn.Linear and m is not head and id(m) not in routers and ".layers." in f".{name}"}
 
 
-def _rtn_weights(targets: dict[str, nn.Linear], qconfig: QuantConfig, progress: bool) -> dict[str, QuantizedWeight]:
+def _rtn_weights(targets: dict[str, nn.Linear], qconfig: QuantConfig, progress: bool,
+                 pages: MappedPages) -> dict[str, QuantizedWeight]:
     out = {}
     for i, (name, linear) in enumerate(targets.items()):
-        out[name] = rtn(linear.weight, qconfig.bits, qconfig.group_size, qconfig.symmetric)
+        # read once: peak memory stays near the codes, not the checkpoint
+        out[name] = rtn(linear.weight, qconfig.bits, qconfig.group_size, qconfig.symmetric, pages=pages)
         if progress:
             _progress(f"quantizing {qconfig.method}", i + 1, len(targets))
     return out
 
 
-def rtn(weight: Tensor, bits: int, block_size: int | None, symmetric: bool,
-        chunk: int = 1 << 22) -> QuantizedWeight:
-    """quantize_rtn's bytes: in one C pass on the CPU kernels (quant.c's rk_quantize_rtn; torch's
-    ~20 passes took 30-50 s for a 0.5B model on a busy 2-core machine), else quantize_rtn a block
-    of rows at a time (rows are independent): whole, the 151936 x 896 LM head made ~10
-    temporaries of 0.5 GB (6.3 GB peak RSS for a 0.5B model)."""
-    native = quantize_rtn_native(weight, bits, block_size, symmetric)
-    if native is not None:
-        return native
+def rtn(weight: Tensor, bits: int, block_size: int | None, symmetric: bool, chunk: int = 1 << 22,
+        pages: MappedPages | None = None) -> QuantizedWeight:
+    """quantize_rtn's bytes, a block of ~4M values (whole rows) at a time: rows are independent.
+
+    In one C pass each on the CPU kernels (quant.c's rk_quantize_rtn: torch's ~20 passes took
+    30-50 s for a 0.5B model on a busy 2-core machine), else with quantize_rtn (whole, the
+    151936 x 896 LM head made ~10 temporaries of 0.5 GB). With `pages`, each block's mapped
+    float pages are given back once read, so a large head never becomes resident whole.
+    """
     n, k = weight.shape
     rows = max(1, chunk // max(k, 1))
-    parts = [quantize_rtn(weight[i:i + rows], bits, block_size, symmetric) for i in range(0, n, rows)]
+    parts = []
+    for i in range(0, n, rows):
+        block = weight[i:i + rows]
+        parts.append(quantize_rtn_native(block, bits, block_size, symmetric)
+                     or quantize_rtn(block, bits, block_size, symmetric))
+        if pages is not None:
+            pages.release(block)
     if len(parts) == 1:
         return parts[0]
     return QuantizedWeight(torch.cat([p.codes for p in parts]), torch.cat([p.scales for p in parts]),
@@ -141,17 +152,18 @@ def _calibrated_weights(model: nn.Module, qconfig: QuantConfig, calibration: Ten
     return {name: rtn(linear.weight, 8, None, True) for name, linear in block_linears(model).items()}
 
 
-def _quantize_head(model: nn.Module, qconfig: QuantConfig) -> tuple[int, int] | None:
+def _quantize_head(model: nn.Module, qconfig: QuantConfig, pages: MappedPages) -> tuple[int, int] | None:
     """The LM head to int8 per channel (or 4-bit groups); a tied embedding keeps its float table."""
     head = getattr(model, "lm_head", None)
     if qconfig.lm_head_bits is None or type(head) is not nn.Linear:
         return None
     if qconfig.lm_head_bits == 8:
-        weight = rtn(head.weight, 8, None, True)
+        weight = rtn(head.weight, 8, None, True, pages=pages)
     else:
-        weight = rtn(head.weight, 4, qconfig.group_size or 128, False)
+        weight = rtn(head.weight, 4, qconfig.group_size or 128, False, pages=pages)
     layer = QuantLinear(weight, head.bias).to(head.weight.device)
     model.lm_head = layer  # CausalLM.tie_weights ties only a float head
+    pages.release(head.weight)  # tied: the embedding gathers its float rows from the file again
     return _nbytes(head), layer.nbytes
 
 
