@@ -34,6 +34,7 @@
 #define QUANT_BLAS_ROWS 16
 #define Q_MIN_CHUNK_BYTES 32768
 #define Q_MAX_CHUNK_BYTES 524288
+#define Q_MAX_DEQUANT (1 << 21) /* fp32 values of dequantized rows per sgemm chunk (8 MB) */
 /* Weight rows per pass over x in decode (even: the exact path takes them in pairs); measured
  * in cache on one core: 4 rows 1.19x faster than 2 for 4-bit codes, 2 rows 1.01-1.06x faster for 8-bit. */
 #define Q_ROWS4 4
@@ -451,6 +452,7 @@ int rk_qlinear_parts(const void *x, int x_bf16, int n_parts, const qmat_t *parts
       group += w->ng;
     }
     int64_t rows = blas ? w->N / (2 * pool_threads()) + 1 : q_chunk_rows(w->N, row_bytes(w));
+    if (blas && rows * K > Q_MAX_DEQUANT) rows = Q_MAX_DEQUANT / K + 1; /* the per-thread fp32 buffer */
     rows = (rows + Q_ROWS - 1) / Q_ROWS * Q_ROWS;
     job.part[p] = (qpart_t){*w, part_xg, (char *)y + column * (y_bf16 ? 2 : 4), rows};
     job.first_chunk[p + 1] = job.first_chunk[p] + (w->N + rows - 1) / rows;
