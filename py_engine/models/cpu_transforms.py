@@ -139,15 +139,24 @@ def use_cpu_kernels(model: nn.Module, kernels: CpuKernels) -> int:
         setattr(parent, name, new)
     for f in fused:
         f.kernels = kernels
+    takers = [m for m in model.modules() if isinstance(m, _quantized())]
+    for m in takers:  # quantized layers (py_engine.quant) run on these kernels already: recorded for kernel_step
+        m.kernels = kernels
     if isinstance(model, CausalLM):
         model.tie_weights()
-    return len(swaps) + len(fused)
+    return len(swaps) + len(fused) + len(takers)
 
 
 def model_kernels(model: nn.Module) -> CpuKernels | None:
     """The kernels a model's Linears use, or None if use_cpu_kernels was not applied."""
-    return next((m.kernels for m in model.modules() if isinstance(m, (KernelLinear, FusedLinear))
+    return next((m.kernels for m in model.modules() if isinstance(m, (KernelLinear, FusedLinear, *_quantized()))
                  and m.kernels is not None), None)
+
+
+def _quantized() -> tuple[type, ...]:
+    from ..quant.linear import QuantLinear  # quant imports models, not the other way at import time
+
+    return (QuantLinear,)
 
 
 @contextmanager

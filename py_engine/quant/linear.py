@@ -27,6 +27,7 @@ class QuantLinear(nn.Module):
     """y = x @ dequantize(W)^T + b for a weight stored as integer codes in groups."""
 
     per_row = False  # W8A8Linear: x is rounded to int8 per row too
+    kernels = None  # set by use_cpu_kernels: TorchBackend then runs steps in kernel_step (its forward needs none)
     _int8_activations = True
 
     def __init__(self, qweight: QuantizedWeight, bias: Tensor | None = None) -> None:
@@ -86,7 +87,9 @@ class QuantLinear(nn.Module):
     def __getstate__(self) -> dict:
         """For copy.deepcopy and pickling: the kernel plan (ctypes pointers) is rebuilt on first use."""
         state = super().__getstate__() if hasattr(super(), "__getstate__") else self.__dict__.copy()
-        return {**state, "_plan": None, "_device_weight": None}
+        state = {**state, "_plan": None, "_device_weight": None}
+        state.pop("kernels", None)
+        return state
 
     def _apply(self, fn, recurse: bool = True):
         """.to(device) moves the codes; .to(dtype) leaves scales in float32 (the bias follows it)."""
