@@ -11,8 +11,8 @@ the median time of
 - `torch _int_mm`: int8 x int8 -> int32 (x quantized beforehand, at least 17 rows);
 - `ruvllm int8` / `ruvllm int4 g128`: py_engine.quant's QuantLinear (x rounded to int8 per 32
   values in decode), and `... exact`, the fp32 dequantize-then-FMA path.
-GB/s counts the weight bytes each reads once (fp32 4, int8 1, int4 0.5 per weight, scales
-aside). The small shapes stay in the 32 MB L3 between repetitions, so only the LM head shows
+GB/s (one row) counts the weight bytes each reads once (fp32 4, int8 1, int4 0.5 per weight,
+scales aside); with more rows, GFLOP/s. The small shapes stay in the 32 MB L3 between repetitions, so only the LM head shows
 what streaming from memory allows; benchmarks/decode_speed.py measures whole tokens.
 torch runs on --threads OpenMP threads, py_engine's kernels on their own pool of as many.
 """
@@ -69,7 +69,8 @@ def measure_shape(n: int, k: int, rows: int, threads: int) -> dict:
     out: dict[str, dict] = {}
 
     def record(name: str, seconds: float, weight_bytes: float) -> None:
-        out[name] = {"ms": seconds * 1e3, "GB/s": weight_bytes / seconds / 1e9}
+        out[name] = {"ms": seconds * 1e3, "GB/s": weight_bytes / seconds / 1e9,
+                     "GFLOP/s": 2 * rows * n * k / seconds / 1e9}
 
     if kernels is not None:
         record("fp32 (ruvllm kernel)", median_time(lambda: kernels.linear(x, w)), 4 * n * k)
@@ -121,7 +122,8 @@ def main() -> None:
             results.append(row)
             print(f"rows {rows} {n}x{k}:")
             for name, r in row["results"].items():
-                print(f"  {name:32s} {r['ms']:9.3f} ms  {r['GB/s']:6.1f} GB/s")
+                rate = f"{r['GB/s']:6.1f} GB/s" if rows == 1 else f"{r['GFLOP/s']:6.1f} GFLOP/s"
+                print(f"  {name:32s} {r['ms']:9.3f} ms  {rate}")
     import os
     meta = {"threads": args.threads, "torch": torch.__version__, "loadavg": os.getloadavg(),
             "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
