@@ -148,6 +148,8 @@ class QuantPlan:
         x = x.contiguous()
         y = torch.empty(*x.shape[:-1], self.out, dtype=x.dtype)
         out = torch.empty(*x.shape[:-1], self.out // 2, dtype=x.dtype) if gated else None
+        if x.numel() == 0:  # no rows (an empty batch): nothing to call
+            return y if out is None else out
         bf16 = int(x.dtype == torch.bfloat16)
         status = self._fn(x.data_ptr(), bf16, len(self.weights), ctypes.addressof(self._mats), y.data_ptr(),
                           bf16, x.numel() // self.k, self.k, self.mode, None if out is None else out.data_ptr())
