@@ -4,7 +4,8 @@
     ruvllm generate --model tiny-awq "ROMEO:"      # loads as it is, no --quantization needed
 
 Methods go to layouts as py_engine.quant.hf_format decides: int4 / int8 / gptq -> GPTQ, awq 4-bit ->
-AWQ gemm, awq 2/3-bit -> GPTQ, smoothquant -> refused (W8A8 has no Hugging Face layout). The model is
+AWQ gemm (or GPTQ with --layout gptq: smaller, as it keeps the int8 head packed), awq 2/3-bit -> GPTQ,
+smoothquant -> refused (W8A8 has no Hugging Face layout). The model is
 loaded in float32 on the chosen device, quantized layer by layer with a progress bar, written, and
 summarised in one table: method, layers, weights size before and after, seconds, peak memory.
 """
@@ -37,6 +38,9 @@ def add_quantize_parser(sub) -> None:
     p.add_argument("--calibration-file", metavar="FILE",
                    help="text to calibrate AWQ/GPTQ on (default: the model's corpus)")
     p.add_argument("--calibration-samples", type=int, default=128, metavar="N", help="calibration sequences (default 128)")
+    p.add_argument("--layout", choices=("auto", "gptq", "awq"), default="auto",
+                   help="checkpoint layout (auto: AWQ for awq 4-bit, else GPTQ; gptq also holds AWQ's codes and "
+                        "keeps the int8 LM head packed)")
     p.add_argument("--out", required=True, metavar="DIR", help="folder to write (created)")
     p.add_argument("--device", default="cpu", help="where to quantize: cpu (default), cuda, mps")
     p.add_argument("--cache-dir", metavar="DIR", help="model cache (default: $RUVLLM_CACHE_DIR or ~/.cache/ruvllm)")
@@ -59,13 +63,13 @@ def run_quantize(args: argparse.Namespace) -> int:
     from py_engine.quant.load import load_quantized, quantized_layers
 
     qconfig = quant_config(args)
-    layout = checkpoint_layout(qconfig)  # refuses smoothquant before any weight is read
+    layout = checkpoint_layout(qconfig, args.layout)  # refuses smoothquant before any weight is read
     path = resolve_model(args.model, args.cache_dir)
     if Path(args.out).resolve() == path.resolve():
         raise ValueError(f"--out {args.out} is the source model's folder; write the quantized copy elsewhere")
     start = time.perf_counter()
     model, config, report = load_quantized(path, qconfig, dtype="float32", device=args.device, progress=True)
-    out = save_quantized(model, config, qconfig, args.out, path)
+    out = save_quantized(model, config, qconfig, args.out, path, layout)
     total = time.perf_counter() - start
     rows = [("method", qconfig.describe()), ("layout", f"{layout} ({_written_format(out)})"),
             ("layers", str(quantized_layers(model))),

@@ -176,16 +176,17 @@ def _in_memory_rtn(method: str):
     return load_quantized(BUILTIN, method, dtype="float32")
 
 
-@pytest.mark.parametrize("method", ["int4", "awq-layout"])
+@pytest.mark.parametrize("method", ["int4", "awq-layout", "awq-as-gptq"])
 def test_save_then_load_matches_in_memory_model_up_to_fp16_scales(tmp_path, method):
     model, config, _ = _in_memory_rtn("int4")
     qconfig = QuantConfig.from_options("int4")
-    if method == "awq-layout":  # an int4 RTN model in the AWQ layout (awq's own search is tested elsewhere)
+    if method != "int4":  # an int4 RTN model written as awq would be (awq's own search is tested elsewhere)
         qconfig = QuantConfig.from_options("awq")
-    save_quantized(model, config, qconfig, tmp_path / "out", BUILTIN)
+    layout = "gptq" if method == "awq-as-gptq" else "auto"
+    save_quantized(model, config, qconfig, tmp_path / "out", BUILTIN, layout=layout)
     written = json.loads((tmp_path / "out" / "config.json").read_text())
     q = written["quantization_config"]
-    assert q["quant_method"] == ("awq" if method == "awq-layout" else "gptq")
+    assert q["quant_method"] == ("awq" if method == "awq-layout" else "gptq") and q["meta"]["method"] == qconfig.method
     assert written["tie_word_embeddings"] is False  # the int8 head is its own tensor now
     if method == "awq-layout":
         assert q["modules_to_not_convert"] == ["lm_head"] and q["version"] == "gemm"

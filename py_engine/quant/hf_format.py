@@ -54,13 +54,22 @@ class QuantFormatError(ValueError):
 
 
 # --- writing --------------------------------------------------------------------------------
-def checkpoint_layout(qconfig: QuantConfig) -> str:
-    """'gptq' or 'awq': the layout `ruvllm quantize` writes for a method (see the module docstring)."""
+def checkpoint_layout(qconfig: QuantConfig, layout: str = "auto") -> str:
+    """'gptq' or 'awq': the layout `ruvllm quantize` writes for a method (see the module docstring).
+
+    `layout` "gptq" writes any method's codes in the GPTQ layout (AWQ's asymmetric groups fit it exactly,
+    and its `dynamic` override keeps the int8 head packed, where the AWQ layout stores it as float)."""
     if not qconfig.enabled:
         raise QuantFormatError("nothing to write: the quantization method is none")
     if qconfig.method == "smoothquant":
         raise QuantFormatError("smoothquant (W8A8) has no Hugging Face checkpoint layout; run the float model "
                                "with --quantization smoothquant instead of writing a quantized copy")
+    if layout not in ("auto", "gptq", "awq"):
+        raise QuantFormatError(f"unknown layout {layout!r}; choose auto, gptq or awq")
+    if layout == "awq" and qconfig.bits != 4:
+        raise QuantFormatError(f"the AWQ gemm layout holds 4-bit codes; {qconfig.describe()} needs the GPTQ layout")
+    if layout != "auto":
+        return layout
     return "awq" if qconfig.method == "awq" and qconfig.bits == 4 else "gptq"
 
 
@@ -172,11 +181,11 @@ def _awq_tensors(layers: dict[str, QuantLinear], group: int) -> tuple[dict[str, 
 
 
 def save_quantized(model: nn.Module, config: Any, qconfig: QuantConfig, out_dir: str | Path,
-                   source_dir: str | Path) -> Path:
+                   source_dir: str | Path, layout: str = "auto") -> Path:
     """Write model (quantized by quantize_model) as a Hugging Face checkpoint folder; returns out_dir."""
     from safetensors.torch import save_file
 
-    layout = checkpoint_layout(qconfig)
+    layout = checkpoint_layout(qconfig, layout)
     out, source = Path(out_dir), Path(source_dir)
     if out.resolve() == source.resolve():
         raise QuantFormatError(f"--out {out} is the source model's folder; write the quantized copy elsewhere")
