@@ -392,16 +392,57 @@ static inline float as_stored(float v, int bf16) { /* the value a bf16 tensor wo
   return load1(&h, 1, 0);
 }
 
+/* e^x for 8 floats (Cephes' expf as in avx_mathfun: ~1 ulp), clamped to fp32's range. */
+static inline __m256 exp8(__m256 x) {
+  x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-88.3762626647949f)), _mm256_set1_ps(88.3762626647949f));
+  __m256 fx = _mm256_floor_ps(_mm256_add_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                            _mm256_set1_ps(0.5f)));
+  x = _mm256_sub_ps(x, _mm256_mul_ps(fx, _mm256_set1_ps(0.693359375f)));
+  x = _mm256_sub_ps(x, _mm256_mul_ps(fx, _mm256_set1_ps(-2.12194440e-4f)));
+  const float c[6] = {1.9875691500e-4f, 1.3981999507e-3f, 8.3334519073e-3f, 4.1665795894e-2f,
+                      1.6666665459e-1f, 5.0000001201e-1f};
+  __m256 y = _mm256_set1_ps(c[0]);
+  for (int i = 1; i < 6; ++i) y = _mm256_add_ps(_mm256_mul_ps(y, x), _mm256_set1_ps(c[i]));
+  y = _mm256_add_ps(_mm256_add_ps(_mm256_mul_ps(y, _mm256_mul_ps(x, x)), x), _mm256_set1_ps(1.f));
+  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(fx), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+}
+
+static inline __m256 stored8(__m256 v, int bf16) { /* what a bf16 tensor would hold (round to nearest even) */
+  if (!bf16) return v;
+  const __m256i u = _mm256_castps_si256(v);
+  const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+  const __m256i r = _mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)), odd);
+  return _mm256_castsi256_ps(_mm256_and_si256(r, _mm256_set1_epi32((int)0xffff0000u)));
+}
+
 /* gated [M, N] = silu(y[:, :N]) * y[:, N:] for y [M, 2N], with torch's roundings in bf16
- * (silu in fp32 from the stored gate, stored; the product stored). */
+ * (silu in fp32 from the stored gate, stored; the product stored). Vectorized: on one thread,
+ * scalar expf took ~3 us per 1000 values, ~0.4 ms of a 24-layer token. */
 static void gate(const void *y, void *gated, int bf16, int64_t M, int64_t N) {
-  for (int64_t m = 0; m < M; ++m)
-    for (int64_t n = 0; n < N; ++n) {
+  for (int64_t m = 0; m < M; ++m) {
+    int64_t n = 0;
+    for (; n + 8 <= N; n += 8) {
+      const __m256 g = load_x8(y, bf16, m * 2 * N + n, m * 2 * N + n + 8);
+      const __m256 u = load_x8(y, bf16, m * 2 * N + N + n, m * 2 * N + N + n + 8);
+      const __m256 e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), g));
+      const __m256 act = stored8(_mm256_div_ps(g, _mm256_add_ps(_mm256_set1_ps(1.f), e)), bf16);
+      const __m256 v = stored8(_mm256_mul_ps(act, u), bf16);
+      if (bf16) {
+        const __m256i h = _mm256_srli_epi32(_mm256_castps_si256(v), 16); /* already rounded: the top halves */
+        const __m128i packed = _mm_packus_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+        _mm_storeu_si128((__m128i *)((uint16_t *)gated + m * N + n), packed);
+      } else {
+        _mm256_storeu_ps((float *)gated + m * N + n, v);
+      }
+    }
+    for (; n < N; ++n) {
       const float g = load1(y, bf16, m * 2 * N + n), u = load1(y, bf16, m * 2 * N + N + n);
       const float v = as_stored(as_stored(g / (1.f + expf(-g)), bf16) * u, bf16);
       if (bf16) ((uint16_t *)gated)[m * N + n] = to_bf16(v);
       else ((float *)gated)[m * N + n] = v;
     }
+  }
 }
 
 /* As rk_qlinear_parts, then, when gated is not NULL (two parts of equal N: gate and up),
