@@ -16,7 +16,7 @@ Texts:
 - stories260K (../shared/fixtures/checkpoints, imported with `ruvllm import-llama2c`): no TinyStories
   text exists on this machine, so the held-out text is benchmarks/data/stories_heldout.txt, seven short
   stories in TinyStories' style written for this benchmark (by the agent that wrote this script, not by
-  the model; ~1.6k tokens, so its perplexities carry sampling noise of a few percent, though every row
+  the model; 2,884 scored tokens, so its perplexities carry sampling noise of a few percent, though every row
   scores the same tokens). Calibration text for stories260K is self-generated: 64 samples of 256
   tokens from the fp32 model itself (temperature 1, seeded), labelled as such; it never touches the
   scored text.
@@ -152,6 +152,8 @@ def main() -> int:
     parser.add_argument("--rows", default=",".join(label for label, _, _ in ROWS), help="comma list of row labels")
     parser.add_argument("--max-tokens", type=int, help="score only the first N tokens of each text (default all)")
     parser.add_argument("--output", default=str(RESULTS))
+    parser.add_argument("--merge", action="store_true",
+                        help="replace only the rows measured now in --output's table (fp32 is re-measured too)")
     args = parser.parse_args()
     rows = args.rows.split(",")
     if "fp32" not in rows:
@@ -173,8 +175,15 @@ def main() -> int:
                       "stories260K": "benchmarks/data/stories_heldout.txt (written for this benchmark, not by the "
                                      "model); calibration: 64 self-generated samples"},
             "note": "every quantized row also has the LM head int8 per channel (QuantConfig's lm_head_bits=8)"}
-    Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.output).write_text(json.dumps({"meta": meta, "rows": results}, indent=1) + "\n", encoding="utf-8")
+    output = Path(args.output)
+    if args.merge and output.is_file():  # rows measured earlier stay, in ROWS order; the meta says when each was
+        fresh = {(r["model"], r["label"]): dict(r, measured=meta["date"]) for r in results}
+        old = json.loads(output.read_text(encoding="utf-8"))
+        kept = [fresh.pop((r["model"], r["label"]), r) for r in old["rows"]]
+        results = kept + list(fresh.values())
+        meta["merged_into"] = old["meta"]["date"]
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(json.dumps({"meta": meta, "rows": results}, indent=1) + "\n", encoding="utf-8")
     print(f"wrote {args.output} ({meta['seconds']} s)")
     return 0
 
