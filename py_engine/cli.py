@@ -15,7 +15,6 @@ from typing import Any, Sequence
 
 from py_engine import __version__
 from py_engine.cli_hub import add_subparsers as add_hub_subparsers
-from py_engine.quant.config import add_quantization_options, quant_config_from_args
 from py_engine.sampling_params import SamplingParams
 
 BUILTIN = "tiny-shakespeare"
@@ -30,6 +29,7 @@ def _model_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
                         help="weights' dtype (auto: the checkpoint's)")
     parser.add_argument("--cache-dir", metavar="DIR", help="model cache (default: $RUVLLM_CACHE_DIR or ~/.cache/ruvllm)")
+    from py_engine.quant.config import add_quantization_options  # py_engine.quant's package imports torch
     add_quantization_options(parser)
 
 
@@ -54,6 +54,7 @@ def sampling_params(args: argparse.Namespace, defaults: Any) -> SamplingParams:
 
 def cmd_generate(args: argparse.Namespace) -> int:
     from py_engine.engine import LLM
+    from py_engine.quant.config import quant_config_from_args
 
     dtype = args.precision if args.backend == "onnx" and args.precision != "auto" else args.dtype
     llm = LLM(args.model, dtype=dtype, device=args.device, cache_dir=args.cache_dir, backend=args.backend,
