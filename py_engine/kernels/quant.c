@@ -40,6 +40,9 @@
 #define Q_ROWS4 4
 #define Q_ROWS8 2
 #define Q_ROWS 4 /* chunks are whole multiples of this */
+#ifndef Q_HINT
+#define Q_HINT _MM_HINT_T0
+#endif
 #ifndef Q_PREFETCH
 #define Q_PREFETCH 2048 /* bytes ahead in each row's codes */
 #endif
@@ -64,6 +67,8 @@ typedef struct {
 typedef struct { /* what the parts share */
   const int8_t *qx; /* [M, nb * 32] */
   const float *dx;  /* [M, nb] sub-block scales of x */
+  const int8_t *qxp; /* [M, nb * 32] qx in pair order for 4-bit codes (see pair_x), or NULL */
+  const float *dxp;  /* [M, nb / 2, 8] d of each pair's two sub-blocks, four times each */
   const float *xf;  /* [M, K] fp32 x for the sgemm path */
   const float *xp;  /* [M, nb * 32] fp32 x zero-padded, for the float path */
   int y_bf16, blas, n_parts, exact;
@@ -117,12 +122,36 @@ static inline __attribute__((always_inline)) void rows_q(const qjob_t *j, const 
   const float *s = w->scales + n * w->ng;
   __m256 acc[Q_ROWS];
   for (int r = 0; r < nr; ++r) acc[r] = _mm256_setzero_ps();
+  if (bits4 && j->qxp && !(w->spg & 1)) { /* two sub-blocks a step: one 32-byte load of codes */
+    const int8_t *qp = j->qxp + m * nb * 32;
+    const float *dp = j->dxp + m * nb * 4;
+    const __m256i low = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
+    for (int64_t g = 0, b = 0; g < w->ng; ++g) {
+      __m256 ga[Q_ROWS];
+      for (int r = 0; r < nr; ++r) ga[r] = _mm256_setzero_ps();
+      for (int64_t e = b + w->spg; b < e; b += 2) {
+        if (!(b & 3))
+          for (int r = 0; r < nr; ++r) _mm_prefetch((const char *)c + r * rb + b * 16 + Q_PREFETCH, Q_HINT);
+        const __m256i x0 = _mm256_loadu_si256((const __m256i *)(qp + b * 32));
+        const __m256i x1 = _mm256_loadu_si256((const __m256i *)(qp + b * 32 + 32));
+        const __m256 d = _mm256_loadu_ps(dp + b * 4);
+        for (int r = 0; r < nr; ++r) {
+          /* lane 0: sub-block b's 16 bytes, lane 1: b + 1's; low nibbles are columns 0-15, high 16-31 */
+          const __m256i raw = _mm256_loadu_si256((const __m256i *)(c + r * rb + b * 16));
+          const __m256i lo = _mm256_and_si256(raw, low), hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low);
+          const __m256i sum = _mm256_add_epi16(_mm256_maddubs_epi16(lo, x0), _mm256_maddubs_epi16(hi, x1));
+          ga[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(sum, ones)), d, ga[r]);
+        }
+      }
+      for (int r = 0; r < nr; ++r) acc[r] = _mm256_fmadd_ps(ga[r], _mm256_broadcast_ss(s + r * w->ng + g), acc[r]);
+    }
+  } else
   for (int64_t g = 0, b = 0; g < w->ng; ++g) {
     __m256 ga[Q_ROWS];
     for (int r = 0; r < nr; ++r) ga[r] = _mm256_setzero_ps();
     for (int64_t e = b + w->spg; b < e; ++b) {
       if (bits4 ? !(b & 3) : !(b & 1)) /* a cache line of each row, Q_PREFETCH bytes ahead */
-        for (int r = 0; r < nr; ++r) _mm_prefetch((const char *)c + r * rb + b * bb + Q_PREFETCH, _MM_HINT_T0);
+        for (int r = 0; r < nr; ++r) _mm_prefetch((const char *)c + r * rb + b * bb + Q_PREFETCH, Q_HINT);
       const __m256 d = _mm256_broadcast_ss(dx + b);
       for (int r = 0; r < nr; ++r) {
         const uint8_t *cr = c + r * rb + b * bb;
@@ -383,6 +412,27 @@ static void pad_x(const void *x, int x_bf16, int64_t M, int64_t K, int64_t nb, f
   }
 }
 
+/* qx in the order the 4-bit pair step reads it: per pair of sub-blocks (b, b + 1),
+ * [x_b 0-15 | x_b+1 0-15 | x_b 16-31 | x_b+1 16-31], so a 32-byte load of both sub-blocks'
+ * codes (low nibbles: columns 0-15 of b, then of b + 1) meets its x in the same lanes; dxp
+ * holds [d_b x4 | d_b+1 x4] per pair. Sums in int16 stay below 2 * 2 * 15 * 127. */
+static void pair_x(const int8_t *qx, const float *dx, int64_t M, int64_t nb, int8_t *qxp, float *dxp) {
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t b = 0; b + 1 < nb; b += 2) {
+      const int8_t *x0 = qx + (m * nb + b) * 32, *x1 = x0 + 32;
+      int8_t *o = qxp + (m * nb + b) * 32;
+      memcpy(o, x0, 16);
+      memcpy(o + 16, x1, 16);
+      memcpy(o + 32, x0 + 16, 16);
+      memcpy(o + 48, x1 + 16, 16);
+      float *d = dxp + (m * nb + b) * 4;
+      for (int i = 0; i < 4; ++i) {
+        d[i] = dx[m * nb + b];
+        d[4 + i] = dx[m * nb + b + 1];
+      }
+    }
+}
+
 /* y[M, sum N_p] = x[M, K] @ concat(W_p)^T (+ concat(bias_p)) for n_parts matrices with the same
  * sub-block count per row. mode: 0 int8 x per sub-block, 1 W8A8 (int8 x per row, in the sgemm
  * path too), 2 exact (fp32 x, dequantize-then-FMA). */
@@ -455,8 +505,8 @@ int rk_qlinear_parts(const void *x, int x_bf16, int n_parts, const qmat_t *parts
   if (nb * 32 < K) return -1;
   for (int p = 0; p < n_parts; ++p)
     if (nb_of(&parts[p]) != nb || parts[p].N < 1) return -1;
-  static __thread void *buffers[5];
-  static __thread int64_t sizes[5];
+  static __thread void *buffers[7];
+  static __thread int64_t sizes[7];
   const int blas = M >= QUANT_BLAS_ROWS && blas_available(), exact = mode == 2;
   int8_t *qx = grow(&buffers[0], &sizes[0], M * nb * 32);
   float *dx = grow(&buffers[1], &sizes[1], M * nb * 4 * 2);
@@ -476,6 +526,16 @@ int rk_qlinear_parts(const void *x, int x_bf16, int n_parts, const qmat_t *parts
   }
   qjob_t job = {.qx = qx, .dx = dx, .xf = xf, .xp = xp, .y_bf16 = y_bf16, .blas = blas, .n_parts = n_parts,
                 .exact = exact, .M = M, .K = K};
+  int pairs = 0;
+  for (int p = 0; p < n_parts; ++p) pairs |= parts[p].bits4 && !(parts[p].spg & 1);
+  if (pairs && !exact) {
+    int8_t *qxp = grow(&buffers[5], &sizes[5], M * nb * 32);
+    float *dxp = grow(&buffers[6], &sizes[6], M * nb * 4 * 4);
+    if (!qxp || !dxp) return -2;
+    pair_x(qx, dx, M, nb, qxp, dxp);
+    job.qxp = qxp;
+    job.dxp = dxp;
+  }
   int64_t ldy = 0, column = 0, group = 0;
   for (int p = 0; p < n_parts; ++p) ldy += parts[p].N;
   job.ldy = ldy;
