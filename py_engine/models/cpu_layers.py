@@ -84,17 +84,21 @@ class KernelMLP(MLP):
         return None
 
     def forward(self, x: Tensor) -> Tensor:
-        proj = getattr(self, "gate_up_proj", None)
-        if self.act is F.silu and isinstance(proj, FusedLinear) and not isinstance(proj.parts[0], nn.Linear):
-            from ..quant.linear import gated_forward  # quantized gate and up: one call, the SiLU in C
-
-            hidden = gated_forward(proj, x)
+        proj = self._modules.get("gate_up_proj")
+        if self.act is F.silu and type(proj) is FusedLinear and not isinstance(proj.parts[0], nn.Linear):
+            hidden = _gated_forward()(proj, x)  # quantized gate and up: one call, the SiLU in C
             if hidden is not None:
                 return self.down_proj(hidden)
         parts = self._gate_up() if self.act is F.silu and x.numel() == x.shape[-1] and not _grad(x) else None
         if parts is None or not all(self.kernels.supports(x, w) for w in parts[:2]):
             return super().forward(x)
         return self.down_proj(self.kernels.linear_gated(x, *parts))
+
+
+def _gated_forward():
+    from ..quant.linear import gated_forward  # quant imports models: not at import time
+
+    return gated_forward
 
 
 def use_cpu_layers(model: nn.Module, kernels: CpuKernels) -> int:

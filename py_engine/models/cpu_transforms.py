@@ -73,10 +73,9 @@ class FusedLinear(nn.Module):
         self._plan: LinearPlan | None = None
 
     def forward(self, x: Tensor) -> Tensor:
-        if not all(isinstance(p, nn.Linear) for p in self.parts):  # quantized parts (py_engine.quant)
-            from ..quant.linear import fused_forward
-
-            return fused_forward(self, list(self.parts), x)
+        parts = list(self.parts)
+        if not all(isinstance(p, nn.Linear) for p in parts):  # quantized parts (py_engine.quant)
+            return _quant_linear().fused_forward(self, parts, x)
         plan = _plan(self, [p.weight for p in self.parts], [p.bias for p in self.parts])
         if plan is not None and x.is_cpu and x.dtype == plan.dtype and not _needs_grad(x, plan.weights[0]):
             return plan(x)
@@ -153,10 +152,14 @@ def model_kernels(model: nn.Module) -> CpuKernels | None:
                  and m.kernels is not None), None)
 
 
-def _quantized() -> tuple[type, ...]:
-    from ..quant.linear import QuantLinear  # quant imports models, not the other way at import time
+def _quant_linear():
+    from ..quant import linear  # quant imports models, not the other way at import time
 
-    return (QuantLinear,)
+    return linear
+
+
+def _quantized() -> tuple[type, ...]:
+    return (_quant_linear().QuantLinear,)
 
 
 @contextmanager

@@ -184,6 +184,10 @@ def fused_forward(module: nn.Module, parts: list[nn.Module], x: Tensor) -> Tenso
 def gated_forward(module: nn.Module, x: Tensor) -> Tensor | None:
     """F.silu(gate(x)) * up(x) for a FusedLinear of two quantized parts [gate, up] in one kernel call
     (the MLP's hidden layer); None when its parts cannot run that way."""
+    plan = getattr(module, "_quant_plan", None)
+    if (plan is not None and x.dtype in _KERNEL_DTYPES and x.is_cpu and not _grad(x) and len(plan.key) == 2
+            and plan.key[0] is module.parts[0]._token and plan.key[1] is module.parts[1]._token):
+        return plan(x, gated=True)  # decode: the cached call
     parts = list(module.parts)
     if (len(parts) != 2 or not all(isinstance(p, QuantLinear) for p in parts)
             or parts[0].out_features != parts[1].out_features):
