@@ -5,7 +5,7 @@
 
 CPU (x86-64 with AVX2): py_engine/kernels/quant.c on the kernels' thread
 pool. Measured on this 2-core AVX2 EPYC (Zen, no AVX-512/VNNI), torch 2.13,
-Qwen2.5-0.5B's shapes, one token (M = 1), while other jobs ran:
+Qwen2.5-0.5B's shapes, one token (M = 1); benchmarks/quant_kernels.py:
 - `aten._weight_int8pack_mm`: 1.0 GB/s of int8 weights with fp32 x (a scalar
   loop), 7-13 GB/s with bf16 x on one thread, 6.4 GB/s on the 136 MB LM head;
   at 2 threads its OpenMP region waited ~8 ms per call on the busy machine.
@@ -13,10 +13,18 @@ Qwen2.5-0.5B's shapes, one token (M = 1), while other jobs ran:
 - `torch._int_mm`: ~1.5 GOP/s (no vectorized int8 GEMM on CPU): 49 ms for
   [17, 896] x [896, 4864]; fp32 MKL takes 0.5 ms.
 - prefill (M = 128, [4864, 896]): int8pack/int4pack bf16 27 ms, fp32 MKL 14 ms.
-The int8 model's weights (~0.5 GB per token) need ~26 GB/s for llama.cpp's
-Q8_0 rate, so none of these can reach it; quant.c reads the codes with
-int8 dot products on x quantized per 32 values (llama.cpp's Q8_0 x Q4_0
-scheme, see quant.c) and runs prefill on MKL's sgemm over dequantized rows.
+Memory allowed ~30 GB/s (the fp32 kernel on the LM head, idle machine), and
+llama.cpp's Q8_0 rate needs ~26 GB/s of int8 weights, so none of these can
+reach it. quant.c reads the codes with int8 dot products on x rounded per 32
+values (llama.cpp's Q8_0 x Q4_0 scheme): on the idle machine the LM head
+streamed at 20-23 GB/s in int8, the decoder's matrices at 19-22. Multiplying
+the dequantized codes by fp32 x instead (the exact path, `int8_activations=False`)
+was 1.4x (int8) and 2.1x (int4) slower per core in cache, 1.6x and 2.5x on
+streamed weights under load: FMA on converted codes costs twice the
+instructions per weight. Rounding x adds a relative error of ~0.5% (1.1% with
+1% outlier channels) to a layer's output, against 0.8% (int8) and 10% (int4
+g128) from the weights themselves. Prefill runs MKL's sgemm over dequantized
+rows (exact), within ~10% of the fp32 kernel.
 CUDA: torch's `_weight_int8pack_mm` (int8 per channel, symmetric) and
 `_weight_int4pack_mm` (4-bit groups of 32-256); anything else, and MPS,
 dequantizes then multiplies.
