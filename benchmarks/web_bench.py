@@ -147,12 +147,38 @@ def print_table(rows: list[dict]) -> None:
               f"{r['model_bytes'] / 1e6:9.1f} {r['runtime_bytes'] / 1e6:10.1f}")
 
 
+def reloads_only(models: list[str], times: int) -> None:
+    """The demo page's cold then cached load, `times` times per model, appended to web_bench.json's reruns."""
+    from web_harness import browser, static_server
+
+    dist = build({name: export(name) for name in models})
+    rows = []
+    with static_server(dist) as base, browser(WORK / "profile-reloads") as (context, _):
+        page = context.new_page()
+        page.goto(base + "bench.html")
+        page.evaluate("async () => { for (const k of await caches.keys()) await caches.delete(k); }")
+        page.close()
+        for model in models:
+            for _ in range(times):
+                rows.append(cached_reload(context, base, model))
+                print(json.dumps(rows[-1]), flush=True)
+    out = REPO / "benchmarks" / "results" / "web_bench.json"
+    result = json.loads(out.read_text()) if out.exists() else {}
+    result.setdefault("reruns", []).append({"date": time.strftime("%Y-%m-%d %H:%M"), "rows": rows})
+    out.write_text(json.dumps(result, indent=1) + "\n")
+    print(f"appended to {out}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=["tiny-shakespeare", "qwen0.5b"])
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--reloads", type=int, default=0, metavar="N",
+                        help="only time the demo page's cold and cached loads N times per model (a fresh profile)")
     args = parser.parse_args()
+    if args.reloads:
+        return reloads_only(args.models, args.reloads)
     if not (TJS / "@huggingface" / "transformers").is_dir():
         raise SystemExit("transformers.js is missing: ONNXRUNTIME_NODE_INSTALL=skip npm ci --prefix tests/transformersjs")
     started = time.time()
