@@ -30,6 +30,7 @@ from py_engine.quant.load import load_quantized, quantized_layers
 
 from . import contract as C
 from . import manifest
+from .compact import compact_names
 from .decoder import build_decoder
 from .genai_config import write_genai_config
 from .graph import TensorStore
@@ -81,6 +82,8 @@ def export_model(model_dir: str | Path, out_dir: str | Path, options: ExportOpti
         proto = build_decoder(model, config, options, metadata, store, progress)
     finally:
         store.close()
+    if options.target == "web":  # what a page downloads: short intermediate names (export/compact.py)
+        compact_names(proto.graph)
     onnx.save_model(proto, path)
     files = (path,) + tuple(onnx_dir / f for f in store.files)
     _copy_shared_files(model_dir, out_dir, config, options, sum(f.stat().st_size for f in files))
