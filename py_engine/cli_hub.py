@@ -116,6 +116,7 @@ def _info_lines(info: dict[str, Any]) -> list[tuple[str, str]]:
         ("parameters", params),
         ("dtype", info["dtype"] or "?"),
         ("context length", str(info["context_length"] or "?")),
+        ("quantization", info.get("quantization") or "none (float weights)"),
         ("disk size", f"{hub.format_size(info['disk_size'])} in {len(info['files'])} "
                       f"file{'' if len(info['files']) == 1 else 's'}"),
         ("path", info["path"]),

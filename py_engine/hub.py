@@ -265,10 +265,26 @@ def describe(name: str, cache_dir: str | None = None) -> dict[str, Any]:
     else:
         info.update(supported=True, parameters=config.num_parameters(), dtype=config.torch_dtype,
                     context_length=config.max_position_embeddings)
+    info["quantization"] = _quantization_summary(raw)
     files = model_files(path)
     info["disk_size"] = sum(p.stat().st_size for p in files)
     info["files"] = [p.relative_to(path).as_posix() for p in files]
     return info
+
+
+def _quantization_summary(raw: Any) -> str | None:
+    """'gptq 4-bit g128 sym' from a config's quantization_config (None for a float checkpoint)."""
+    q = raw.get("quantization_config") if isinstance(raw, dict) else None
+    if not isinstance(q, dict):
+        return None
+    group = q.get("group_size") or q.get("q_group_size")
+    parts = [str(q.get("quant_method", "unknown")), f"{q.get('bits') or q.get('w_bit') or '?'}-bit",
+             f"g{group}" if group and group != -1 else "per-channel"]
+    if "sym" in q:
+        parts.append("sym" if q["sym"] else "asym")
+    elif "zero_point" in q:
+        parts.append("asym" if q["zero_point"] else "sym")
+    return " ".join(parts)
 
 
 def list_models(cache_dir: str | None = None) -> list[ModelEntry]:

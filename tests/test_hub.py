@@ -137,10 +137,11 @@ def test_info_json_and_list_downloaded(ruvllm, tiny_model, tmp_path):
     assert info["path"] == path
     assert (info["model_type"], info["context_length"], info["dtype"]) == ("llama", 128, "float32")
     assert info["supported"] and info["repo"] == REPO_ID and info["revision"] == "main"
+    assert info["quantization"] is None
     assert info["disk_size"] == sum(p.stat().st_size for p in hub.model_files(Path(path)))
 
     table = ruvllm("info", REPO_ID).stdout
-    assert f"{num_parameters:,}" in table and path in table
+    assert f"{num_parameters:,}" in table and path in table and "none (float weights)" in table
 
     listed = ruvllm("list", "--downloaded").stdout.splitlines()
     assert listed[0].split() == ["NAME", "PARAMS", "STATUS", "DESCRIPTION"]

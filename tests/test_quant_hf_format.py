@@ -211,6 +211,9 @@ def test_quantize_cli_then_generate_round_trip(tmp_path):
     assert gen.returncode == 0, gen.stderr
     result = json.loads(gen.stdout)
     assert len(result["token_ids"]) == 12 and result["text"].strip()
+    info = subprocess.run([sys.executable, "-m", "py_engine.cli", "info", str(out), "--json"],
+                          capture_output=True, text=True, cwd=REPO, timeout=60)
+    assert json.loads(info.stdout)["quantization"] == "gptq 4-bit g64 asym"
 
 
 def _copy(tmp_path: Path) -> Path:
