@@ -86,7 +86,7 @@ def runs(model: str) -> list[tuple[str, dict]]:
             ("transformersjs", {"model": model, "dtype": "q4"}), ("transformersjs", {"model": model, "dtype": "q8"})]
 
 
-def measure(dist: Path, models: list[str], tokens: int, threads: int) -> list[dict]:
+def measure(dist: Path, models: list[str], tokens: int, threads: int, only: set[str] | None = None) -> list[dict]:
     from web_harness import browser, static_server
 
     rows = []
@@ -95,6 +95,9 @@ def measure(dist: Path, models: list[str], tokens: int, threads: int) -> list[di
         context.on("response", lambda r: sizes.__setitem__(r.url, int(r.headers.get("content-length") or 0)))
         for model in models:
             for fn, args in runs(model):
+                label = f"{fn}:{args.get('file') or args.get('precision') or args.get('dtype')}"
+                if only and label not in only:
+                    continue
                 page = context.new_page()
                 page.goto(base + "bench.html")
                 page.evaluate("async () => { for (const k of await caches.keys()) await caches.delete(k); }")
@@ -112,8 +115,9 @@ def measure(dist: Path, models: list[str], tokens: int, threads: int) -> list[di
                 rows.append(row)
                 print(json.dumps(row), flush=True)
                 page.close()
-            rows.append(cached_reload(context, base, model))
-            print(json.dumps(rows[-1]), flush=True)
+            if not only:
+                rows.append(cached_reload(context, base, model))
+                print(json.dumps(rows[-1]), flush=True)
     return rows
 
 
@@ -176,9 +180,21 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--reloads", type=int, default=0, metavar="N",
                         help="only time the demo page's cold and cached loads N times per model (a fresh profile)")
+    parser.add_argument("--only", nargs="+", metavar="RUN",
+                        help="only these runs, e.g. transformersjs:q8 ours:int4 ours:onnx/model_q4.onnx")
     args = parser.parse_args()
     if args.reloads:
         return reloads_only(args.models, args.reloads)
+    if args.only:  # re-measure chosen rows, appended to web_bench.json's reruns
+        dist = build({name: export(name) for name in args.models})
+        rows = measure(dist, args.models, args.tokens, args.threads, set(args.only))
+        print_table(rows)
+        out = REPO / "benchmarks" / "results" / "web_bench.json"
+        result = json.loads(out.read_text()) if out.exists() else {}
+        result.setdefault("reruns", []).append({"date": time.strftime("%Y-%m-%d %H:%M"), "tokens": args.tokens,
+                                                "rows": rows})
+        out.write_text(json.dumps(result, indent=1) + "\n")
+        return print(f"appended to {out}")
     if not (TJS / "@huggingface" / "transformers").is_dir():
         raise SystemExit("transformers.js is missing: ONNXRUNTIME_NODE_INSTALL=skip npm ci --prefix tests/transformersjs")
     started = time.time()
