@@ -24,10 +24,8 @@ import contextlib
 import json
 import os
 import random
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -38,7 +36,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 from native_server.bench.loadgen import run_level_sync  # noqa: E402
 from native_server.bench.report import flatten, format_table  # noqa: E402
 from native_server.bench.stats import summarize  # noqa: E402
-from server_bench import QWEN_TOKENIZER, RESULTS, _free_port, peak_rss_mib, qwen_checkpoint  # noqa: E402
+from server_bench import QWEN_TOKENIZER, RESULTS, _free_port, peak_rss_mib, qwen_checkpoint, running  # noqa: E402
 
 GGUF_DIR = REPO / "benchmarks" / ".cache" / "qwen2.5-0.5b-random-seed0-gguf"
 
@@ -82,34 +80,13 @@ def text_prompts(count: int, length: int, seed: str) -> tuple[list[str], list[in
 
 @contextlib.contextmanager
 def llama_cpp_server(venv: Path, gguf: Path, n_ctx: int, log: Path) -> Iterator[tuple[str, subprocess.Popen]]:
-    import httpx
-
     port = _free_port()
     threads = str(os.cpu_count() or 2)
     command = [str(venv / "bin" / "python"), "-m", "llama_cpp.server", "--model", str(gguf), "--host", "127.0.0.1",
                "--port", str(port), "--n_ctx", str(n_ctx), "--n_threads", threads, "--n_threads_batch", threads,
                "--interrupt_requests", "False", "--verbose", "False"]
-    with open(log, "wb") as out:
-        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 300
-        while True:
-            if process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"llama-cpp-python server did not start; log {log}:\n{log.read_text()[-2000:]}")
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{url}/v1/models", timeout=2).status_code == 200:
-                    break
-            time.sleep(0.5)
-        yield url, process
-    finally:
-        if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-            try:
-                process.wait(60)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+    with running(command, port, "/v1/models", log, "llama-cpp-python server") as started:
+        yield started
 
 
 def throughput(venv: Path, sdist_dir: Path, levels: list[int], prompt_len: int, gen_len: int,

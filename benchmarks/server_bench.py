@@ -114,21 +114,30 @@ def _free_port() -> int:
 @contextlib.contextmanager
 def serve(model: str, *flags: str, log: Path) -> Iterator[tuple[str, subprocess.Popen]]:
     """`ruvllm serve MODEL` on a free 127.0.0.1 port; yields (url, process), SIGTERM at the end."""
-    import httpx
-
     port = _free_port()
     command = [sys.executable, "-m", "py_engine.cli", "serve", model, "--host", "127.0.0.1", "--port", str(port),
                "--device", "cpu", "--dtype", "float32", "--log-level", "warning", *flags]
+    with running(command, port, "/health", log, "server", cwd=REPO) as started:
+        yield started
+
+
+@contextlib.contextmanager
+def running(command: list[str], port: int, ready_path: str, log: Path, what: str, cwd: Path | None = None,
+            startup_s: float = STARTUP_S, stop_s: float = STOP_S) -> Iterator[tuple[str, subprocess.Popen]]:
+    """Start an HTTP server process, wait until GET ready_path answers 200, yield (url, process);
+    SIGTERM (then kill) at the end. Shared by this benchmark and llama_cpp_bench.py."""
+    import httpx
+
     with open(log, "wb") as out:
-        process = subprocess.Popen(command, cwd=REPO, stdout=out, stderr=subprocess.STDOUT)
+        process = subprocess.Popen(command, cwd=cwd, stdout=out, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + STARTUP_S
+        deadline = time.monotonic() + startup_s
         while True:
             if process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"server did not start; log {log}:\n{log.read_text()[-2000:]}")
+                raise RuntimeError(f"{what} did not start; log {log}:\n{log.read_text()[-2000:]}")
             with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                if httpx.get(f"{url}{ready_path}", timeout=2).status_code == 200:
                     break
             time.sleep(0.5)
         yield url, process
@@ -136,7 +145,7 @@ def serve(model: str, *flags: str, log: Path) -> Iterator[tuple[str, subprocess.
         if process.poll() is None:
             process.send_signal(signal.SIGTERM)
             try:
-                process.wait(STOP_S)
+                process.wait(stop_s)
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait()

@@ -58,6 +58,11 @@ class CpuKernels:
         self._scratch = threading.local()  # float32 work space of rk_attend_one, per calling thread
         lib.rk_use_blas.argtypes = [p, p]
         lib.rk_use_blas.restype = None
+        # quant.c (driven by py_engine.quant.kernels): quantized linears and one-pass RTN
+        lib.rk_qlinear_parts.argtypes = [p, i, i, p, p, i, i64, i64, i, p]
+        lib.rk_qlinear_parts.restype = i
+        lib.rk_quantize_rtn.argtypes = [p, i, i64, i64, i, i64, i, p, p, p]
+        lib.rk_quantize_rtn.restype = i
         self.blas = _torch_blas()
         if self.blas is not None:
             lib.rk_use_blas(*self.blas)

@@ -118,10 +118,10 @@ def _gptq_fits(q: QuantizedWeight) -> bool:
     return (q.in_features * q.bits) % 32 == 0 and (q.out_features * q.bits) % 32 == 0
 
 
-def _gptq_tensors(layers: dict[str, QuantLinear]) -> tuple[dict[str, Tensor], bool, list[str]]:
+def _gptq_tensors(layers: dict[str, QuantLinear], weights: dict[str, QuantizedWeight]
+                  ) -> tuple[dict[str, Tensor], bool, list[str]]:
     """Every layer in GPTQ tensors, v1 when every zero point allows it (else v2); returns (tensors, v1, left
     float): a layer whose widths do not fill 32-bit words is written as its exact dequantized float32 weight."""
-    weights = {name: _cpu(m.qweight) for name, m in layers.items()}
     v1 = all(not bool((q.zero_points == 0).any()) for q in weights.values() if _gptq_fits(q))
     tensors, floats = {}, []
     for name, q in weights.items():
@@ -139,14 +139,14 @@ def _cpu(q: QuantizedWeight) -> QuantizedWeight:
     return replace(q, codes=q.codes.cpu(), scales=q.scales.cpu().float(), zero_points=q.zero_points.cpu())
 
 
-def _gptq_config(qconfig: QuantConfig, layers: dict[str, QuantLinear], v1: bool, floats: list[str]) -> dict[str, Any]:
+def _gptq_config(qconfig: QuantConfig, weights: dict[str, QuantizedWeight], v1: bool,
+                 floats: list[str]) -> dict[str, Any]:
     bits, group = qconfig.bits, qconfig.group_size or -1
     dynamic: dict[str, dict] = {f"-:^{re.escape(name)}$": {} for name in floats}  # gptqmodel: left unquantized
-    dynamic.update({f"+:^{re.escape(name)}$": {"bits": m.qweight.bits, "group_size": _group(m.qweight),
-                                               "sym": m.qweight.symmetric}
-                    for name, m in layers.items() if name not in floats and not _matches(m.qweight, bits, group)})
+    dynamic.update({f"+:^{re.escape(name)}$": {"bits": q.bits, "group_size": _group(q), "sym": q.symmetric}
+                    for name, q in weights.items() if name not in floats and not _matches(q, bits, group)})
     config = {"quant_method": "gptq", "bits": bits, "group_size": group, "desc_act": False,
-              "sym": qconfig.symmetric, "lm_head": "lm_head" in layers and "lm_head" not in floats,
+              "sym": qconfig.symmetric, "lm_head": "lm_head" in weights and "lm_head" not in floats,
               "checkpoint_format": "gptq" if v1 else "gptq_v2", "pack_dtype": "int32",
               "damp_percent": qconfig.damp_percent, "true_sequential": True}
     if dynamic:
@@ -194,8 +194,9 @@ def save_quantized(model: nn.Module, config: Any, qconfig: QuantConfig, out_dir:
     dtype = {"float16": torch.float16, "bfloat16": torch.bfloat16}.get(config.torch_dtype or "", torch.float32)
     group = qconfig.group_size or -1
     if layout == "gptq":
-        tensors, v1, floats = _gptq_tensors(layers)
-        raw["quantization_config"] = _gptq_config(qconfig, layers, v1, floats)
+        weights = {name: _cpu(m.qweight) for name, m in layers.items()}  # unpacked once per layer
+        tensors, v1, floats = _gptq_tensors(layers, weights)
+        raw["quantization_config"] = _gptq_config(qconfig, weights, v1, floats)
     else:
         tensors, not_converted = _awq_tensors(layers, group)
         raw["quantization_config"] = {"quant_method": "awq", "bits": 4, "group_size": group, "zero_point": True,

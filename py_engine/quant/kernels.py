@@ -40,7 +40,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..kernels import CpuKernels, cpu_kernels
-from .rtn import QuantizedWeight
+from .rtn import QuantizedWeight, block_layout
 
 SUB = 32  # columns per sub-block: one int8 dot product (quant.c)
 
@@ -133,12 +133,6 @@ class QuantPlan:
 
     def __init__(self, kernels: CpuKernels, weights: Sequence[PackedWeight], biases: Sequence[Tensor | None],
                  mode: int = INT8_BLOCKS) -> None:
-        lib = kernels.lib
-        if not getattr(lib, "_quant_bound", False):
-            p, i, i64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64
-            lib.rk_qlinear_parts.argtypes = [p, i, i, p, p, i, i64, i64, i, p]
-            lib.rk_qlinear_parts.restype = i
-            lib._quant_bound = True
         if not kernels.threads:
             kernels.set_threads(torch.get_num_threads())
         self.weights, self.biases = list(weights), [None if b is None else b.contiguous() for b in biases]
@@ -148,7 +142,7 @@ class QuantPlan:
                  w.zero_points.data_ptr(), 0 if b is None else b.data_ptr(), w.out_features, w.scales.shape[1],
                  w.spg, int(w.bits <= 4), int(b is not None and b.dtype == torch.bfloat16))
             for w, b in zip(self.weights, self.biases)))
-        self._fn = lib.rk_qlinear_parts
+        self._fn = kernels.lib.rk_qlinear_parts
 
     def __call__(self, x: Tensor, gated: bool = False) -> Tensor:
         """x [..., K] fp32 or bf16 on the CPU -> [..., sum of N] in x's dtype; with gated (two parts,
@@ -208,19 +202,11 @@ def quantize_rtn_native(weight: Tensor, bits: int, block_size: int | None, symme
     if bits not in (4, 8):
         raise ValueError(f"RTN supports 4 and 8 bits, not {bits}")
     lib = kernels.lib
-    if not getattr(lib, "_rtn_bound", False):
-        p, i, i64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64
-        lib.rk_quantize_rtn.argtypes = [p, i, i64, i64, i, i64, i, p, p, p]
-        lib.rk_quantize_rtn.restype = i
-        lib._rtn_bound = True
     if not kernels.threads:
         kernels.set_threads(torch.get_num_threads())
     w = weight.detach().contiguous()
     n, k = w.shape
-    block = block_size or k
-    if block < 1:
-        raise ValueError(f"block_size must be positive, got {block_size}")
-    blocks = -(-k // block)
+    block, blocks = block_layout(k, block_size)
     codes = torch.empty(n, blocks * block, dtype=torch.uint8)
     scales = torch.empty(n, blocks, dtype=torch.float32)
     zeros = torch.empty(n, blocks, dtype=torch.uint8)

@@ -60,16 +60,21 @@ def _round_half_away(x: Tensor) -> Tensor:
     return r + torch.where((x - r).abs() >= 0.5, torch.sign(x), torch.zeros_like(x))
 
 
+def block_layout(k: int, block_size: int | None) -> tuple[int, int]:
+    """(block, number of blocks) for K inputs cut in blocks of block_size (None: one block of K)."""
+    block = block_size or k
+    if block < 1:
+        raise ValueError(f"block_size must be positive, got {block_size}")
+    return block, -(-k // block)
+
+
 def quantize_rtn(weight: Tensor, bits: int = 4, block_size: int | None = 32,
                  symmetric: bool = True) -> QuantizedWeight:
     """Quantize W [N, K] to `bits` (4 or 8) in blocks of `block_size` along K (None: per channel)."""
     if bits not in (4, 8):
         raise ValueError(f"RTN supports 4 and 8 bits, not {bits}")
     n, k = weight.shape
-    block = block_size or k
-    if block < 1:
-        raise ValueError(f"block_size must be positive, got {block_size}")
-    blocks = -(-k // block)
+    block, blocks = block_layout(k, block_size)
     w = torch.zeros(n, blocks * block, dtype=torch.float32)
     w[:, :k] = weight.detach().to(device="cpu", dtype=torch.float32)
     w = w.view(n, blocks, block)  # [N, blocks, block]
