@@ -21,7 +21,8 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, AsyncIterator
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, HTTPException, Request
+from fastapi.routing import APIRoute
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.staticfiles import StaticFiles
 
@@ -48,9 +49,23 @@ _STREAM = {"description": "the response, or with `stream: true` server-sent even
 
 
 class DemoFiles(StaticFiles):
-    """Static files with the content types browsers insist on for wasm streaming compilation and modules."""
+    """Static files with the content types browsers insist on for wasm streaming compilation and modules.
+
+    Mounted at "/", it fully matches every path, so an API route asked with the wrong method (GET
+    /v1/completions) would reach the files and get their 404; it answers 405 with Allow instead,
+    as the app does without the page."""
 
     TYPES = {".wasm": "application/wasm", ".js": "text/javascript", ".mjs": "text/javascript"}
+
+    def __init__(self, *, api_methods: dict[str, set[str]] | None = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.api_methods = api_methods or {}  # path -> methods of the app's own routes
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        methods = self.api_methods.get(scope.get("path", ""))
+        if scope["type"] == "http" and methods:
+            raise HTTPException(405, headers={"Allow": ", ".join(sorted(methods))})
+        await super().__call__(scope, receive, send)
 
     def file_response(self, full_path: Any, stat_result: Any, scope: Any, status_code: int = 200) -> Response:
         response = super().file_response(full_path, stat_result, scope, status_code)
@@ -76,7 +91,8 @@ def create_app(ctx: ServerContext, *, api_key: str | None = None, max_body_bytes
     app.add_exception_handler(ClientDisconnected, _on_client_gone)
     _add_routes(app, ctx)
     if static_dir is not None and static_dir.is_dir():
-        app.mount("/", DemoFiles(directory=static_dir, html=True), name="web")
+        api_methods = {r.path: set(r.methods) for r in app.routes if isinstance(r, APIRoute) and r.methods}
+        app.mount("/", DemoFiles(directory=static_dir, html=True, api_methods=api_methods), name="web")
     # add_middleware wraps: the last added runs first.
     app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
     app.add_middleware(APIKey, api_key=api_key)

@@ -214,6 +214,8 @@ def test_app_shell_static_files_headers_and_lifecycle(tmp_path: Path):
             assert response.headers["cross-origin-embedder-policy"] == "require-corp"
         missing = client.get("/v1/nothing")
         assert missing.status_code == 404 and "error" in missing.json()
+        wrong = client.get("/v1/completions")  # an API path with the wrong method is not the files' 404
+        assert wrong.status_code == 405 and "error" in wrong.json() and "POST" in wrong.headers["allow"]
         assert client.get("/v1/models").json()["data"][0]["id"] == "m"
         chat = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}]})
         assert chat.status_code == 400 and "chat template" in chat.json()["error"]["message"]
