@@ -8,7 +8,8 @@ of this process (so each engine's is its own). ENGINE is `ruvllm` or
 `transformers`, with options after a colon: `ruvllm:noopt` (no CPU
 transforms), `ruvllm:nokernels` (fused projections, torch's matmuls),
 `ruvllm:nolayers` (fused projections on the kernels, norms and attention
-in torch), `ruvllm:int8` / `ruvllm:int4` (in-situ RTN quantization before the
+in torch), `ruvllm:nostack` (every CPU transform, but decode steps module by
+module rather than as one rk_decode_step call), `ruvllm:int8` / `ruvllm:int4` (in-situ RTN quantization before the
 CPU transforms; `+exact` decodes on the exact fp32 path, `+head4` makes the LM
 head 4-bit too, `+g32` uses groups of 32); the
 parent sets environment variants such as `:thp` before this starts.
@@ -128,6 +129,8 @@ def ruvllm_runner(folder: Path, dtype: str, options: set[str], revision: str = "
             use_cpu_kernels(model, cpu_kernels())
         elif "noopt" not in options:
             optimize_for_cpu(model)
+    if "nostack" in options:  # the per-module decode step (no one-call rk_decode_step)
+        model.model.stack_enabled = False
     if "exact" in options:
         from py_engine.quant.linear import set_int8_activations
 

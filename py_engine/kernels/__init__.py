@@ -28,7 +28,7 @@ import torch
 from torch import Tensor
 
 HERE = Path(__file__).parent
-SOURCES = [HERE / "linear.c", HERE / "blas.c", HERE / "decode.c", HERE / "pool.c", HERE / "quant.c"]
+SOURCES = [HERE / "linear.c", HERE / "blas.c", HERE / "decode.c", HERE / "pool.c", HERE / "quant.c", HERE / "step.c"]
 HEADERS = [HERE / "linear.h", HERE / "pool.h"]
 FLAGS = ["-O3", "-mavx2", "-mfma", "-ffp-contract=off", "-shared", "-fPIC", "-pthread"]  # no contraction: torch rounds each op
 _lock = threading.Lock()
@@ -63,6 +63,9 @@ class CpuKernels:
         lib.rk_qlinear_parts.restype = i
         lib.rk_quantize_rtn.argtypes = [p, i, i64, i64, i, i64, i, p, p, p]
         lib.rk_quantize_rtn.restype = i
+        # step.c (driven by py_engine.models.cpu_stack): a whole decode step of the decoder stack
+        lib.rk_decode_step.argtypes = [p, p, p, p, i64, i64, p]
+        lib.rk_decode_step.restype = i
         self.blas = _torch_blas()
         if self.blas is not None:
             lib.rk_use_blas(*self.blas)

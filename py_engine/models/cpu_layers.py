@@ -8,7 +8,9 @@ model's own (`super().forward`), so the torch code stays the reference:
   activations' dtype, fused qkv, no qk_norm: rope, the cache write and the
   attention are one call (rk_attend_one) instead of ~35 torch ops;
 - KernelMLP: one token through a SiLU gate: gate, up, SiLU and product in
-  one call (rk_linear_gated).
+  one call (rk_linear_gated);
+- KernelDecoderModel (cpu_stack.py): once these modules have their plans, a
+  whole decode step of one sequence as one call (rk_decode_step).
 Only the class changes: parameters, names and the tied head stay as they are.
 Why: a decode step of Qwen2.5-0.5B dispatched ~1,800 torch ops, ~15 ms of
 CPU per token, half of what streaming its bf16 weights takes at 30 GB/s.
@@ -102,8 +104,12 @@ def _gated_forward():
 
 
 def use_cpu_layers(model: nn.Module, kernels: CpuKernels) -> int:
-    """Give RMSNorm, Attention and MLP modules their kernel subclass; return how many."""
-    swaps = {RMSNorm: KernelRMSNorm, Attention: KernelAttention, MLP: KernelMLP}
+    """Give RMSNorm, Attention and MLP modules their kernel subclass, and the decoder the one-call
+    decode step (cpu_stack.py); return how many."""
+    from .cpu_stack import KernelDecoderModel  # it builds on this module's classes
+    from .transformer import DecoderModel
+
+    swaps = {RMSNorm: KernelRMSNorm, Attention: KernelAttention, MLP: KernelMLP, DecoderModel: KernelDecoderModel}
     count = 0
     for module in model.modules():
         kind = swaps.get(type(module))
