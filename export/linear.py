@@ -12,7 +12,8 @@ A quantized tied embedding reads the LM head's stored rows (native: Gather
 and bit ops below; web: GatherBlockQuantized) and dequantizes only the rows it
 needs, so the table is stored once.
 A weight that arrives as a `QuantizedWeight` (a QuantLinear of an AWQ / GPTQ /
-RTN model, see export.quantized) is packed as it is, whatever the options' precision.
+RTN model, see export.quantized) is packed as it is, whatever the options' precision;
+an act-order one (`PermutedWeight`) reads x[..., perm] through a Gather first.
 """
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ from py_engine.quant import QuantizedWeight, quantize_rtn
 from .graph import MS_DOMAIN, GraphBuilder
 from .options import ExportOptions
 from .packing import PackedNBits, pack_matmul_nbits
-from .quantized import for_matmul_nbits
+from .quantized import PermutedWeight, Weight, for_matmul_nbits
 from .web_weights import dequantized, gemm, web_initializers
 
 
@@ -38,8 +39,11 @@ class Linear:
     options: ExportOptions
     float_dtype: type = np.float32  # activations and float weights
 
-    def __call__(self, x: str, weight: Tensor | QuantizedWeight, bias: Tensor | None, name: str,
-                 quantize: bool = True) -> str:
+    def __call__(self, x: str, weight: Weight, bias: Tensor | None, name: str, quantize: bool = True) -> str:
+        if isinstance(weight, PermutedWeight):  # act-order: the codes' columns are x's channels in perm's order
+            perm = self.g.initializer(f"{name}.perm", weight.perm.numpy().astype(np.int64))
+            x = self.g.node("Gather", [x, perm], f"{name}/ActOrderGather", axis=-1)  # [..., K]
+            weight = weight.weight
         if isinstance(weight, QuantizedWeight) or (self.options.quantized and quantize
                                                    and not self.options.prequantized):
             packed = self.packed(weight, name)

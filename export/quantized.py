@@ -6,10 +6,16 @@ packs for MatMulNBits unchanged. Projections the graph fuses (q/k/v, gate/up) co
 codes along the output channels, which needs the same bits and groups; a per-channel weight (the
 int8 LM head) whose input width is not a power of two is re-cut into power-of-two blocks that repeat
 its scale, since MatMulNBits blocks are powers of two >= 16. Both are exact.
+
+An act-order GPTQ layer (QuantLinear.perm) holds its codes over the input channels in the order perm;
+`layer_weight` gives it as a `PermutedWeight` and export.linear gathers x[..., perm] before the
+MatMulNBits (a plain Gather, which every runtime has, rather than MatMulNBits' optional g_idx input,
+which the contrib-op spec marks deprecated). Fused projections share one Gather, so their perms must
+be equal (q/k/v of one checkpoint have equal g_idx); different ones are refused.
 """
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import torch
 from torch import Tensor, nn
@@ -22,16 +28,38 @@ MATMUL_NBITS_BITS = (4, 8)  # what export.packing packs; onnxruntime 1.31's CPU 
 PER_CHANNEL_BLOCK = 128  # block used for a per-channel weight whose width is not a power of two
 
 
-def layer_weight(module: nn.Module) -> Tensor | QuantizedWeight:
-    """A Linear's float weight, or a weight-only quantized layer's QuantizedWeight."""
+@dataclass(frozen=True)
+class PermutedWeight:
+    """An act-order layer's weight: `weight` holds W[:, perm], so the graph multiplies x[..., perm] by it."""
+
+    weight: QuantizedWeight
+    perm: Tensor  # int64 [K], on the CPU
+
+
+Weight = Tensor | QuantizedWeight | PermutedWeight
+
+
+def layer_weight(module: nn.Module) -> Weight:
+    """A Linear's float weight, or a weight-only quantized layer's QuantizedWeight (a PermutedWeight when
+    the layer reads its input channels in act-order)."""
     if getattr(module, "per_row", False):
         raise ExportError(f"{type(module).__name__} quantizes activations too (W8A8), which MatMulNBits does not")
     q = getattr(module, "qweight", None)
-    return q if isinstance(q, QuantizedWeight) else module.weight
+    if not isinstance(q, QuantizedWeight):
+        return module.weight
+    perm = getattr(module, "perm", None)
+    return q if perm is None else PermutedWeight(q, perm.cpu())
 
 
-def concat(weights: list[Tensor | QuantizedWeight], name: str) -> Tensor | QuantizedWeight:
+def concat(weights: list[Weight], name: str) -> Weight:
     """Weights stacked along the output channels ([sum N, K])."""
+    if any(isinstance(w, PermutedWeight) for w in weights):
+        first = weights[0]
+        if not all(isinstance(w, PermutedWeight) and torch.equal(w.perm, first.perm) for w in weights):
+            raise ExportError(f"{name}: the projections fused here read their input channels in different act-order "
+                              "permutations (GPTQ g_idx), and the graph gathers x once for them; export needs equal "
+                              "g_idx across them")
+        return PermutedWeight(concat([w.weight for w in weights], name), first.perm)
     if not any(isinstance(w, QuantizedWeight) for w in weights):
         return torch.cat(weights)
     first = weights[0]

@@ -3,7 +3,10 @@
 Checkpoints are built here with a reference packing written from the layouts' documentation
 (AutoGPTQ's v1 words along K with zero - 1, its 3-bit 10/1/10/1/10 word pattern, AutoAWQ's
 interleaved nibbles), independently of py_engine.quant.hf_packing; ruvllm loads them and must give
-the logits of the float model holding the dequantized weights. Then: quantize -> write -> load ->
+the logits of the float model holding the dequantized weights. Act-order (desc_act) checkpoints,
+their g_idx numbering groups along a random permutation of the columns, must dequantize to the
+textbook formula and give transformers' logits on every path (CPU kernels, kernels off, fused
+projections, the ONNX export), and write back as they were. Then: quantize -> write -> load ->
 generate through the CLI, the saved-vs-in-memory logit difference (fp16 scales), and clear errors.
 """
 from __future__ import annotations
@@ -171,6 +174,219 @@ def test_reference_checkpoint_loads_as_its_dequantized_float_model(tmp_path, met
     assert diff < 2e-4
 
 
+# --- act-order (desc_act) checkpoints: g_idx numbers groups along a permutation of the columns -------
+ACT_ORDER_GROUP, ACT_ORDER_PREFILL = 32, 9
+PERM_SHARED = (("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"), ("self_attn.o_proj",),
+               ("mlp.gate_proj", "mlp.up_proj"), ("mlp.down_proj",))  # projections that read the same x
+
+
+def act_order_pack(w: torch.Tensor, bits: int, group: int, perm: torch.Tensor):
+    """AutoGPTQ's desc_act layout of W [N, K]: columns quantized in the order perm (min/max here; GPTQ's
+    updates change only which codes), groups numbered along it, g_idx[perm[j]] = j // group, codes stored in
+    W's own column order. Returns the tensors and W by the textbook formula."""
+    q_perm, scale, zero, _ = ref_quantize(w[:, perm], bits, group, sym=False)  # row j: column perm[j]
+    where = torch.argsort(perm)  # column k of W is row where[k] of q_perm
+    q = q_perm[where.numpy()]  # [K, N]
+    g_idx = (torch.arange(w.shape[1]) // group)[where]
+    assert torch.equal(g_idx[perm], torch.arange(w.shape[1]) // group)
+    # w[n, k] = scales[g_idx[k], n] * (q[k, n] - zero[g_idx[k], n])
+    textbook = (scale.float()[g_idx] * (torch.from_numpy(q) - torch.from_numpy(zero)[g_idx]).float()).T.contiguous()
+    tensors = {"qweight": int32(ref_pack_k(q, bits)), "qzeros": int32(ref_pack_n(zero - 1, bits)), "scales": scale,
+               "g_idx": g_idx.to(torch.int32)}
+    return tensors, textbook
+
+
+def build_act_order_checkpoint(folder: Path, shared: bool, bits: int = 4):
+    """A tiny random Llama (biases included) as an act-order GPTQ checkpoint: random perms, one per input that
+    projections share (`shared`: as AutoGPTQ's equal Hessians give q/k/v and gate/up) or one per projection.
+    Returns the transformers model holding the textbook weights, and those weights by module name."""
+    from model_cases import FAMILIES, save_hf_model
+
+    hf = save_hf_model(FAMILIES["llama3-rope"], folder / "src")
+    state = load_file(folder / "src" / "model.safetensors")
+    generator = torch.Generator().manual_seed(7)
+    out, textbook = dict(state), {}
+    for layer in range(hf.config.num_hidden_layers):
+        for names in PERM_SHARED:
+            perm = None
+            for leaf in names:
+                base = f"model.layers.{layer}.{leaf}"
+                w = out.pop(f"{base}.weight")
+                if perm is None or not shared:
+                    perm = torch.randperm(w.shape[1], generator=generator)
+                tensors, textbook[base] = act_order_pack(w, bits, ACT_ORDER_GROUP, perm)
+                out.update({f"{base}.{key}": t for key, t in tensors.items()})
+    save_file(out, folder / "model.safetensors")
+    config = json.loads((folder / "src" / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "gptq", "bits": bits, "group_size": ACT_ORDER_GROUP,
+                                     "desc_act": True, "sym": False, "checkpoint_format": "gptq"}
+    (folder / "config.json").write_text(json.dumps(config))
+    with torch.no_grad():
+        for base, w in textbook.items():
+            hf.get_submodule(base).weight.copy_(w)
+    return hf, textbook
+
+
+@pytest.fixture(scope="module", params=[True, False], ids=["shared-perms", "own-perms"])
+def act_order(request, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("act_order")
+    hf, textbook = build_act_order_checkpoint(folder, shared=request.param)
+    return folder, hf, textbook, request.param
+
+
+def _exact_decode(model) -> None:
+    """Decode steps multiply fp32 x by the dequantized codes (not x rounded to int8), so logits match exactly."""
+    from py_engine.quant.linear import set_int8_activations
+    set_int8_activations(model, False)
+
+
+def _act_order_logits(model, hf) -> tuple[torch.Tensor, torch.Tensor]:
+    from model_cases import decode_logits, hf_decode_logits, prompt
+
+    ids = prompt(24)
+    with torch.no_grad():
+        return decode_logits(model, ids, ACT_ORDER_PREFILL), hf_decode_logits(hf, ids, ACT_ORDER_PREFILL)
+
+
+def test_act_order_layers_dequantize_to_the_textbook_formula(act_order):
+    folder, _, textbook, shared = act_order
+    model, _ = load_model(folder)
+    for base, want in textbook.items():
+        layer = model.get_submodule(base)
+        assert isinstance(layer, QuantLinear) and layer.perm is not None and "act-order" in repr(layer)
+        assert torch.equal(layer.dequantize(), want), base
+    attn = model.model.layers[0].self_attn
+    assert (attn.q_proj.perm is attn.k_proj.perm) == shared  # equal perms are one tensor
+
+
+def test_act_order_checkpoint_matches_transformers(act_order, monkeypatch):
+    """The CPU kernels (decode one token at a time: x gathered in the codes' order), then with the kernels off
+    (dequantize in W's order, then matmul), against transformers holding the textbook weights."""
+    import py_engine.quant.linear as linear
+
+    folder, hf, _, _ = act_order
+    model, _ = load_model(folder)
+    _exact_decode(model)
+    got, want = _act_order_logits(model, hf)
+    planned = [m._plan is not None for m in model.modules() if isinstance(m, QuantLinear)]
+    assert all(planned) == (linear.cpu_kernels_for(torch.zeros(1)) is not None)  # the kernels ran where present
+    diff = (got - want).abs().max().item()
+    monkeypatch.setattr(linear, "cpu_kernels_for", lambda x: None)
+    model, _ = load_model(folder)
+    off, _ = _act_order_logits(model, hf)
+    off_diff = (off - want).abs().max().item()
+    print(f"\nact-order: max |logit diff| vs transformers {diff:.1e} (kernels), {off_diff:.1e} (no kernels)")
+    assert diff < 1e-4 and off_diff < 1e-4
+
+
+def test_act_order_fused_projections(act_order):
+    """optimize_for_cpu fuses q/k/v and gate/up: one kernel call over x gathered once where the parts share a
+    perm, the parts one by one where they do not; the same logits either way."""
+    from py_engine.models.cpu_transforms import optimize_for_cpu
+
+    folder, hf, _, shared = act_order
+    model, _ = load_model(folder)
+    _exact_decode(model)
+    applied = optimize_for_cpu(model)
+    got, want = _act_order_logits(model, hf)
+    diff = (got - want).abs().max().item()
+    print(f"\nact-order fused ({'shared' if shared else 'own'} perms, {applied}): max |logit diff| {diff:.1e}")
+    assert diff < 1e-4
+    if "cpu_kernels" in applied:
+        plan = getattr(model.model.layers[0].self_attn.qkv_proj, "_quant_plan", None)
+        assert (plan is not None and plan.perm is not None) == shared
+
+
+@pytest.mark.parametrize("target", ["native", "web"])
+def test_act_order_checkpoint_exports_a_gather_before_its_matmuls(act_order, tmp_path, target):
+    pytest.importorskip("onnxruntime")
+    from export_helpers import onnx_decode_logits, session
+    from model_cases import prompt
+
+    from export.exporter import export_model
+    from export.options import ExportError, ExportOptions
+
+    folder, hf, _, shared = act_order
+    model, config = load_model(folder)
+    options = ExportOptions(precision="int4", accuracy_level=0, target=target, quantization="gptq checkpoint")
+    if not shared:
+        with pytest.raises(ExportError, match="model.layers.0.self_attn/qkv_proj: the projections fused here read "
+                                              "their input channels in different act-order permutations"):
+            export_model(folder, tmp_path, options, model=model)
+        return
+    result = export_model(folder, tmp_path, options, model=model)
+    if target == "native":  # web graphs get short node names (export/compact.py)
+        import onnx
+        graph = onnx.load(str(result.model_path), load_external_data=False).graph
+        gathers = [n for n in graph.node if n.op_type == "Gather" and n.name.endswith("/ActOrderGather")]
+        assert len(gathers) == 4 * config.num_hidden_layers  # qkv, o, gate_up, down: one each
+    ids = prompt(24)
+    got = onnx_decode_logits(session(result.model_path), config, ids, ACT_ORDER_PREFILL)
+    with torch.no_grad():
+        want = hf(ids).logits.numpy()
+    diff = np.abs(got - want).max()
+    print(f"\nact-order {target} export: max |logit diff| onnxruntime vs transformers {diff:.1e}")
+    assert diff < 1e-4
+
+
+def test_act_order_layers_write_back_their_own_tensors(act_order, tmp_path):
+    """save_quantized of the loaded model: each layer's qweight, qzeros, scales and g_idx as the checkpoint held
+    them (W's column order, g_idx permuted), desc_act true; the AWQ layout, which has no g_idx, refuses them."""
+    folder, *_ = act_order
+    model, config = load_model(folder)
+    qconfig = QuantConfig.from_options("gptq", bits=4, group_size=ACT_ORDER_GROUP, symmetric=False, lm_head_bits=None)
+    out = save_quantized(model, config, qconfig, tmp_path / "out", folder)
+    written, source = load_file(out / "model.safetensors"), load_file(folder / "model.safetensors")
+    assert sorted(written) == sorted(source)
+    for name, t in source.items():
+        assert torch.equal(written[name], t.to(written[name].dtype)), name
+    q = json.loads((out / "config.json").read_text())["quantization_config"]
+    assert q["desc_act"] is True and q["checkpoint_format"] == "gptq"
+    with pytest.raises(QuantFormatError, match="model.layers.0.self_attn.q_proj reads its input channels in "
+                                               "act-order .* write it in the GPTQ layout"):
+        save_quantized(model, config, QuantConfig.from_options("awq", group_size=ACT_ORDER_GROUP), tmp_path / "awq",
+                       folder)
+
+
+def test_act_order_short_last_group_on_one_layer():
+    """K = 96 in groups of 64 (the last group 32 wide), 8-bit: the layer against x @ W^T by the formula."""
+    from py_engine.quant.hf_packing import from_gptq
+    from py_engine.quant.linear import reference_forward
+
+    torch.manual_seed(3)
+    w, perm = torch.randn(64, 96), torch.randperm(96)
+    tensors, textbook = act_order_pack(w, 8, 64, perm)
+    q, got_perm = from_gptq(tensors["qweight"], tensors["qzeros"], tensors["scales"], tensors["g_idx"], bits=8,
+                            group_size=64, in_features=96, symmetric=False)
+    layer = QuantLinear.from_weight(q, torch.randn(64), got_perm)
+    layer.int8_activations = False
+    assert torch.equal(layer.dequantize(), textbook)
+    for rows in (1, 37):  # decode, prefill
+        x = torch.randn(rows, 96)
+        want = x @ textbook.T + layer.bias
+        torch.testing.assert_close(layer(x), want, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(reference_forward(layer, x), want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_act_order_layer_on_cuda_reads_x_in_the_codes_order():
+    """torch's int4 CUDA kernel (groups of 32, K a multiple of 128) on the permuted codes vs W by the formula."""
+    from py_engine.quant.hf_packing import from_gptq
+
+    torch.manual_seed(4)
+    w, perm = torch.randn(64, 256), torch.randperm(256)
+    tensors, textbook = act_order_pack(w, 4, 32, perm)
+    q, got_perm = from_gptq(tensors["qweight"], tensors["qzeros"], tensors["scales"], tensors["g_idx"], bits=4,
+                            group_size=32, in_features=256, symmetric=False)
+    layer = QuantLinear.from_weight(q, None, got_perm).to("cuda")
+    assert layer.perm.is_cuda and torch.equal(layer.dequantize().cpu(), textbook)
+    x = torch.randn(37, 256)
+    want = x @ textbook.T
+    got = layer(x.cuda().to(torch.bfloat16)).float().cpu()
+    assert layer._device_weight  # the CUDA kernel ran, not the dequantize fallback
+    assert (got - want).abs().max() < 1e-2 * want.abs().max()
+
+
 def _in_memory_rtn(method: str):
     from py_engine.quant.load import load_quantized
     return load_quantized(BUILTIN, method, dtype="float32")
@@ -245,14 +461,22 @@ def test_truncated_qweight_names_tensor_and_shapes(tmp_path):
         load_model(folder)
 
 
-def test_permuted_g_idx_is_refused_and_contiguous_desc_act_accepted(tmp_path):
+@pytest.mark.parametrize("change, message", [
+    (lambda g: torch.cat([g[:1] + 1, g[1:]]),  # channel 0 moved to group 1: groups of 63, 65, 64
+     r"g_idx is not a grouping of the input channels into groups of 64 in some order \(act-order\): "
+     r"group 0 has 63 channels, not 64"),
+    (lambda g: g - 1, r"g_idx must give each of the 192 input channels a group in \[0, 3\); found values from -1"),
+], ids=["uneven-groups", "out-of-range"])
+def test_g_idx_that_is_not_equal_groups_in_some_order_is_refused(tmp_path, change, message):
     folder = _copy(tmp_path)
     _edit_config(folder, desc_act=True)
-    load_model(folder)  # act-order with contiguous groups (static groups): fine
+    model, _ = load_model(folder)  # act-order with contiguous groups (static groups): no perm
+    assert all(m.perm is None for m in model.modules() if isinstance(m, QuantLinear))
     state = load_file(folder / "model.safetensors")
-    state["model.layers.0.self_attn.q_proj.g_idx"] = state["model.layers.0.self_attn.q_proj.g_idx"].flip(0)
+    name = "model.layers.0.self_attn.q_proj.g_idx"
+    state[name] = change(state[name])
     save_file(state, folder / "model.safetensors")
-    with pytest.raises(ModelLoadError, match="g_idx is not the contiguous grouping"):
+    with pytest.raises(ModelLoadError, match=r"model\.safetensors: model\.layers\.0\.self_attn\.q_proj: " + message):
         load_model(folder)
 
 

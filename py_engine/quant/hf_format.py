@@ -24,8 +24,11 @@ GPTQ v1 stores zero - 1 and cannot store a zero point of 0 (asymmetric groups wh
 Scales are stored as fp16 (both layouts' dtype): a saved model differs from the in-memory one by that
 rounding (relative 2**-11 per scale, or worse in fp16's subnormal range below 6e-5).
 
-On load, act-order (`desc_act`) checkpoints are accepted when their g_idx is the contiguous grouping
-k // group_size; a permuted g_idx is refused (ruvllm's QuantLinear does not reorder input channels).
+On load, act-order (`desc_act`) checkpoints load exactly, as AutoGPTQ/GPTQModel write them: a g_idx
+that numbers groups of group_size along some permutation of the input channels gives a QuantLinear
+over the permuted columns that reads x[..., perm] (hf_packing.act_order_perm, as exllama does); a
+g_idx that is not such a grouping is refused. Writing such a layer back (GPTQ layout) gives its
+original g_idx and column order, with `desc_act` true; the AWQ layout, which has no g_idx, refuses it.
 """
 from __future__ import annotations
 
@@ -41,7 +44,7 @@ from torch import Tensor, nn
 
 from .config import QuantConfig
 from .hf_packing import from_awq, from_gptq, groups_of, to_awq, to_gptq
-from .linear import QuantLinear
+from .linear import QuantLinear, original_order
 from .rtn import QuantizedWeight
 
 GPTQ_BITS = (2, 3, 4, 8)
@@ -125,10 +128,11 @@ def _gptq_tensors(layers: dict[str, QuantLinear], weights: dict[str, QuantizedWe
     v1 = all(not bool((q.zero_points == 0).any()) for q in weights.values() if _gptq_fits(q))
     tensors, floats = {}, []
     for name, q in weights.items():
+        perm = layers[name].perm  # act-order: q holds W[:, perm]
         if _gptq_fits(q):
-            tensors.update({f"{name}.{key}": t for key, t in to_gptq(q, v1=v1).items()})
+            tensors.update({f"{name}.{key}": t for key, t in to_gptq(q, v1=v1, perm=perm).items()})
         else:
-            tensors[f"{name}.weight"] = q.dequantize()
+            tensors[f"{name}.weight"] = original_order(q.dequantize(), perm)
             floats.append(name)
         if layers[name].bias is not None:
             tensors[f"{name}.bias"] = layers[name].bias.detach().cpu().float()
@@ -140,12 +144,14 @@ def _cpu(q: QuantizedWeight) -> QuantizedWeight:
 
 
 def _gptq_config(qconfig: QuantConfig, weights: dict[str, QuantizedWeight], v1: bool,
-                 floats: list[str]) -> dict[str, Any]:
+                 floats: list[str], act_order: bool = False) -> dict[str, Any]:
+    """The GPTQ quantization_config. act_order: some layer's g_idx is permuted (it was loaded from an act-order
+    checkpoint), which `desc_act` must say: loaders that take desc_act false as contiguous groups would misread it."""
     bits, group = qconfig.bits, qconfig.group_size or -1
     dynamic: dict[str, dict] = {f"-:^{re.escape(name)}$": {} for name in floats}  # gptqmodel: left unquantized
     dynamic.update({f"+:^{re.escape(name)}$": {"bits": q.bits, "group_size": _group(q), "sym": q.symmetric}
                     for name, q in weights.items() if name not in floats and not _matches(q, bits, group)})
-    config = {"quant_method": "gptq", "bits": bits, "group_size": group, "desc_act": False,
+    config = {"quant_method": "gptq", "bits": bits, "group_size": group, "desc_act": act_order,
               "sym": qconfig.symmetric, "lm_head": "lm_head" in weights and "lm_head" not in floats,
               "checkpoint_format": "gptq" if v1 else "gptq_v2", "pack_dtype": "int32",
               "damp_percent": qconfig.damp_percent, "true_sequential": True}
@@ -160,7 +166,7 @@ def _meta(qconfig: QuantConfig) -> dict[str, Any]:
     meta: dict[str, Any] = {"quantizer": [f"ruvllm:{__version__}"], "method": qconfig.method,
                             "description": qconfig.describe()}
     if qconfig.method == "gptq":
-        meta["act_order"] = qconfig.act_order  # stored with contiguous groups, so desc_act stays false
+        meta["act_order"] = qconfig.act_order  # ruvllm's own: stored with contiguous groups (static groups)
     if qconfig.needs_calibration:
         meta["calibration_samples"] = qconfig.calibration_samples
     return meta
@@ -169,6 +175,9 @@ def _meta(qconfig: QuantConfig) -> dict[str, Any]:
 def _awq_tensors(layers: dict[str, QuantLinear], group: int) -> tuple[dict[str, Tensor], list[str]]:
     tensors, not_converted = {}, []
     for name, m in layers.items():
+        if m.perm is not None:
+            raise QuantFormatError(f"{name} reads its input channels in act-order (a permuted GPTQ g_idx), which "
+                                   "the AWQ layout cannot hold; write it in the GPTQ layout (--layout gptq)")
         q = _cpu(m.qweight)
         if _matches(q, 4, group) and q.out_features % 8 == 0:
             tensors.update({f"{name}.{k}": t for k, t in to_awq(q).items()})
@@ -196,7 +205,8 @@ def save_quantized(model: nn.Module, config: Any, qconfig: QuantConfig, out_dir:
     if layout == "gptq":
         weights = {name: _cpu(m.qweight) for name, m in layers.items()}  # unpacked once per layer
         tensors, v1, floats = _gptq_tensors(layers, weights)
-        raw["quantization_config"] = _gptq_config(qconfig, weights, v1, floats)
+        act_order = any(layers[name].perm is not None for name in weights if name not in floats)
+        raw["quantization_config"] = _gptq_config(qconfig, weights, v1, floats, act_order)
     else:
         tensors, not_converted = _awq_tensors(layers, group)
         raw["quantization_config"] = {"quant_method": "awq", "bits": 4, "group_size": group, "zero_point": True,
@@ -316,7 +326,9 @@ def _expected_shapes(quant: CheckpointQuantization, spec: LayerSpec, k: int, n: 
     return {"qweight": (k * spec.bits // 32, n), "qzeros": (groups, n * spec.bits // 32), "scales": (groups, n)}
 
 
-def _layer_weight(quant: CheckpointQuantization, checkpoint: Any, name: str, module: nn.Linear) -> QuantizedWeight:
+def _layer_weight(quant: CheckpointQuantization, checkpoint: Any, name: str, module: nn.Linear
+                  ) -> tuple[QuantizedWeight, Tensor | None]:
+    """The layer's QuantizedWeight and its act-order perm (None: g_idx absent or contiguous; see hf_packing)."""
     spec = quant.spec(name)
     k, n = module.in_features, module.out_features
     where = lambda key: f"{checkpoint.folder / checkpoint.where.get(f'{name}.{key}', '?')}"  # noqa: E731
@@ -343,7 +355,7 @@ def _layer_weight(quant: CheckpointQuantization, checkpoint: Any, name: str, mod
     try:
         if quant.method == "awq":
             return from_awq(tensors["qweight"], tensors["qzeros"], tensors["scales"], group_size=spec.group_size,
-                            in_features=k)
+                            in_features=k), None
         g_idx = checkpoint.get(f"{name}.g_idx") if f"{name}.g_idx" in checkpoint.where else None
         if g_idx is not None and tuple(g_idx.shape) != (k,):
             raise ValueError(f"g_idx has shape {list(g_idx.shape)}, expected [{k}]")
@@ -362,11 +374,14 @@ def install_quantized_linears(model: nn.Module, quant: CheckpointQuantization, c
     """
     consumed: set[str] = set()
     targets = [(n, m) for n, m in model.named_modules() if isinstance(m, nn.Linear) and f"{n}.qweight" in checkpoint.where]
+    perms: dict[bytes, Tensor] = {}  # equal act-order perms (q/k/v, gate/up) as one tensor
     for name, module in targets:
-        q = _layer_weight(quant, checkpoint, name, module)
+        q, perm = _layer_weight(quant, checkpoint, name, module)
         q = replace(q, codes=q.codes.to(device), scales=q.scales.to(device), zero_points=q.zero_points.to(device))
+        if perm is not None:
+            perm = perms.setdefault(perm.numpy().tobytes(), perm.to(device))
         bias = None if module.bias is None else torch.empty(module.out_features, device="meta")
         parent, _, leaf = name.rpartition(".")
-        setattr(model.get_submodule(parent) if parent else model, leaf, QuantLinear.from_weight(q, bias))
+        setattr(model.get_submodule(parent) if parent else model, leaf, QuantLinear.from_weight(q, bias, perm))
         consumed |= {f"{name}.{k}" for k in ("qweight", "qzeros", "scales", "g_idx")} & set(checkpoint.where)
     return consumed

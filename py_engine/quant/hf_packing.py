@@ -21,6 +21,13 @@ AWQ (AutoAWQ, `version` "gemm", 4-bit only):
 
 Groups run along K in both; a K that is not a whole number of groups gets a short last group
 (groups = ceil(K / group)), as AutoGPTQ sizes its scales. Torch only; no numpy.
+
+Act-order GPTQ (`desc_act`, AutoGPTQ / GPTQModel): the columns were quantized in an order `perm`
+(decreasing Hessian diagonal) and numbered into groups along it, g_idx[perm[j]] = j // group. As
+exllama does, `from_gptq` recovers a perm as the stable argsort of g_idx and returns the weight
+over the columns W[:, perm], whose groups are contiguous again, with perm: y = x[..., perm] @
+W[:, perm]^T. Which of a group's columns comes first does not matter, so any order that sorts
+g_idx is exact. `to_gptq` with that perm writes the original column order and g_idx back.
 """
 from __future__ import annotations
 
@@ -90,40 +97,73 @@ def groups_of(in_features: int, group_size: int) -> int:
 
 
 # --- QuantizedWeight <-> GPTQ -----------------------------------------------------------------
-def to_gptq(q: QuantizedWeight, v1: bool = True) -> dict[str, Tensor]:
-    """qweight, qzeros, scales (fp16) and g_idx of a weight; v1 stores zero - 1 (needs every zero >= 1)."""
+def to_gptq(q: QuantizedWeight, v1: bool = True, perm: Tensor | None = None) -> dict[str, Tensor]:
+    """qweight, qzeros, scales (fp16) and g_idx of a weight; v1 stores zero - 1 (needs every zero >= 1).
+
+    With perm (act-order: q holds the columns W[:, perm], as from_gptq returns them) the codes are
+    written in W's own column order and g_idx numbers each column's group, as AutoGPTQ writes them."""
     k, bits = q.in_features, q.bits
     zeros = q.zero_points.T.to(torch.int64)  # [groups, N]
     if v1:
         if bool((zeros == 0).any()):
             raise ValueError("a zero point of 0 cannot be stored in GPTQ v1 (it stores zero - 1); use gptq_v2")
         zeros = zeros - 1
+    codes = q.codes[:, :k].T  # [K, N], row j is column perm[j] of W
+    g_idx = torch.arange(k) // q.block_size
+    if perm is not None:
+        where = torch.argsort(perm.cpu())  # W's column i is row where[i] of codes
+        codes, g_idx = codes[where], g_idx[where]
     return {
-        "qweight": pack_rows(q.codes[:, :k].T, bits),
+        "qweight": pack_rows(codes, bits),
         "qzeros": pack_cols(zeros, bits),
         "scales": q.scales.T.to(torch.float16).contiguous(),
-        "g_idx": (torch.arange(k) // q.block_size).to(torch.int32),
+        "g_idx": g_idx.to(torch.int32),
     }
 
 
+def act_order_perm(g_idx: Tensor, in_features: int, group_size: int) -> Tensor | None:
+    """The column order perm (int64 [K]) in which g_idx numbers contiguous groups of group_size, so that
+    g_idx[perm] == arange(K) // group_size; None when g_idx already is that grouping (no act-order)."""
+    k, block = in_features, group_size
+    g = g_idx.to(torch.int64).flatten()
+    contiguous = torch.arange(k) // block
+    if torch.equal(g, contiguous):
+        return None
+    groups = groups_of(k, block)
+    if g.numel() != k or bool((g < 0).any()) or bool((g >= groups).any()):
+        raise ValueError(f"g_idx must give each of the {k} input channels a group in [0, {groups}); "
+                         f"found values from {int(g.min())} to {int(g.max())}")
+    counts = torch.bincount(g, minlength=groups)
+    want = torch.bincount(contiguous, minlength=groups)
+    if not torch.equal(counts, want):
+        bad = int((counts != want).nonzero()[0])
+        raise ValueError(f"g_idx is not a grouping of the input channels into groups of {block} in some order "
+                         f"(act-order): group {bad} has {int(counts[bad])} channels, not {int(want[bad])}; "
+                         "ruvllm reads GPTQ checkpoints whose groups are all of group_size (but the last)")
+    return torch.argsort(g, stable=True)  # g[perm] == contiguous: the counts match
+
+
 def from_gptq(qweight: Tensor, qzeros: Tensor, scales: Tensor, g_idx: Tensor | None, *, bits: int,
-              group_size: int, in_features: int, symmetric: bool, v1: bool = True) -> QuantizedWeight:
-    """A QuantizedWeight from GPTQ tensors (shapes checked by the caller); g_idx must be contiguous groups."""
+              group_size: int, in_features: int, symmetric: bool, v1: bool = True
+              ) -> tuple[QuantizedWeight, Tensor | None]:
+    """A QuantizedWeight from GPTQ tensors (shapes checked by the caller), and the act-order perm.
+
+    perm is None when g_idx is the contiguous grouping k // group_size (or absent); otherwise the weight
+    holds W[:, perm] (see the module docstring) and the layer must read x[..., perm]."""
     k, n = in_features, qweight.shape[1]
     block = k if group_size in (-1, 0, None) else group_size
     groups = groups_of(k, block)
-    if g_idx is not None and not torch.equal(g_idx.to(torch.int64), torch.arange(k) // block):
-        raise ValueError("g_idx is not the contiguous grouping k // group_size (an act-order checkpoint whose "
-                         "columns were permuted); ruvllm does not reorder input channels: re-quantize without "
-                         "desc_act, or with static groups")
+    perm = None if g_idx is None else act_order_perm(g_idx, k, block)
     codes = torch.zeros(n, groups * block, dtype=torch.uint8)
-    codes[:, :k] = unpack_rows(qweight, bits, k).T
+    rows = unpack_rows(qweight, bits, k)  # [K, N] in W's column order
+    codes[:, :k] = (rows if perm is None else rows[perm]).T
     zeros = unpack_cols(qzeros, bits, n).to(torch.int64) + (1 if v1 else 0)  # [groups, N]
     if bool((zeros >= 1 << bits).any()):
         raise ValueError(f"zero points past {(1 << bits) - 1} (a v1 zero of {(1 << bits) - 1} + 1 would wrap)")
-    return QuantizedWeight(codes=codes, scales=scales.float().T.contiguous(),
-                           zero_points=zeros.T.to(torch.uint8).contiguous(), bits=bits, block_size=block,
-                           in_features=k, symmetric=symmetric)
+    weight = QuantizedWeight(codes=codes, scales=scales.float().T.contiguous(),
+                             zero_points=zeros.T.to(torch.uint8).contiguous(), bits=bits, block_size=block,
+                             in_features=k, symmetric=symmetric)
+    return weight, perm
 
 
 # --- QuantizedWeight <-> AWQ (gemm) -----------------------------------------------------------

@@ -127,14 +127,17 @@ class QMat(ctypes.Structure):
 
 
 class QuantPlan:
-    """Packed weights that read the same x, as one rk_qlinear_parts call (built once, like LinearPlan)."""
+    """Packed weights that read the same x, as one rk_qlinear_parts call (built once, like LinearPlan).
+    `perm` (act-order GPTQ, see linear.py): the weights' columns are x's channels in that order, so the
+    call reads x[..., perm]."""
 
     INT8_BLOCKS, INT8_ROWS, EXACT = 0, 1, 2  # quant.c's modes: how x is taken in the decode path
 
     def __init__(self, kernels: CpuKernels, weights: Sequence[PackedWeight], biases: Sequence[Tensor | None],
-                 mode: int = INT8_BLOCKS) -> None:
+                 mode: int = INT8_BLOCKS, perm: Tensor | None = None) -> None:
         if not kernels.threads:
             kernels.set_threads(torch.get_num_threads())
+        self.perm = perm
         self.weights, self.biases = list(weights), [None if b is None else b.contiguous() for b in biases]
         self.k, self.out, self.mode = weights[0].in_features, sum(w.out_features for w in weights), mode
         self._mats = (QMat * len(weights))(*(
@@ -147,7 +150,7 @@ class QuantPlan:
     def __call__(self, x: Tensor, gated: bool = False) -> Tensor:
         """x [..., K] fp32 or bf16 on the CPU -> [..., sum of N] in x's dtype; with gated (two parts,
         gate and up, of N each) F.silu(gate) * up [..., N] instead."""
-        x = x.contiguous()
+        x = x.contiguous() if self.perm is None else x.index_select(-1, self.perm)  # a contiguous copy
         y = torch.empty(*x.shape[:-1], self.out, dtype=x.dtype)
         out = torch.empty(*x.shape[:-1], self.out // 2, dtype=x.dtype) if gated else None
         if x.numel() == 0:  # no rows (an empty batch): nothing to call

@@ -10,6 +10,12 @@ from, byte for byte, for the checkpoint writer and the ONNX exporter. The
 forward runs the fastest kernel for the device (kernels.py); the
 dequantize-then-matmul `reference_forward` is the MPS fallback and the oracle
 every kernel is tested against.
+
+An act-order GPTQ layer (hf_packing.act_order_perm) holds its codes over the
+input channels in the order `perm`, W[:, perm], where its groups are
+contiguous, so every kernel takes it unchanged; the layer reads x[..., perm]
+(y = x[..., perm] @ W[:, perm]^T). `perm` is None for every other layer.
+`dequantize()` gives W in its own column order; `.qweight` the permuted codes.
 """
 from __future__ import annotations
 
@@ -30,9 +36,13 @@ class QuantLinear(nn.Module):
     kernels = None  # set by use_cpu_kernels: TorchBackend then runs steps in kernel_step (its forward needs none)
     _int8_activations = True
 
-    def __init__(self, qweight: QuantizedWeight, bias: Tensor | None = None) -> None:
+    def __init__(self, qweight: QuantizedWeight, bias: Tensor | None = None, perm: Tensor | None = None) -> None:
         super().__init__()
         self.in_features, self.out_features = qweight.in_features, qweight.out_features
+        if perm is not None and tuple(perm.shape) != (qweight.in_features,):
+            raise ValueError(f"perm has shape {list(perm.shape)}, expected [{qweight.in_features}]")
+        # act-order: the codes' column j is W's column perm[j] (not saved in state_dict: the codes are not either)
+        self.register_buffer("perm", None if perm is None else perm.to(torch.int64), persistent=False)
         self.packed = PackedWeight.pack(qweight) if PackedWeight.packable(qweight) else None
         self._raw = None if self.packed is not None else qweight  # a layout no kernel takes (groups of 16)
         self.bias = None if bias is None else nn.Parameter(bias.detach(), requires_grad=False)
@@ -41,12 +51,14 @@ class QuantLinear(nn.Module):
         self._token = object()  # renewed when the tensors move: fused plans over this layer check it
 
     @classmethod
-    def from_weight(cls, qweight: QuantizedWeight, bias: Tensor | None = None) -> "QuantLinear":
-        return cls(qweight, bias)
+    def from_weight(cls, qweight: QuantizedWeight, bias: Tensor | None = None,
+                    perm: Tensor | None = None) -> "QuantLinear":
+        return cls(qweight, bias) if perm is None else cls(qweight, bias, perm)  # W8A8Linear takes no perm
 
     @property
     def qweight(self) -> QuantizedWeight:
-        """The QuantizedWeight (on the CPU) this layer was built from."""
+        """The QuantizedWeight (on the CPU) this layer was built from: with `perm`, that of W[:, perm]
+        (its dequantize() is W with its columns in the order perm; the layer's own dequantize() is W)."""
         return self._raw if self.packed is None else self.packed.unpack()
 
     @property
@@ -72,17 +84,17 @@ class QuantLinear(nn.Module):
 
     @property
     def nbytes(self) -> int:
-        """Bytes held: codes, scales, zero points and bias."""
+        """Bytes held: codes, scales, zero points, bias and an act-order perm."""
         q = self.packed or self._raw
         weight = q.nbytes if self.packed is not None else sum(
             t.numel() * t.element_size() for t in (q.codes, q.scales, q.zero_points))
-        return weight + (0 if self.bias is None else self.bias.numel() * self.bias.element_size())
+        extra = sum(t.numel() * t.element_size() for t in (self.bias, self.perm) if t is not None)
+        return weight + extra
 
     def dequantize(self) -> Tensor:
-        """W as float32 [N, K], on the layer's device."""
-        if self.packed is None:
-            return self._raw.dequantize()
-        return dequantize_packed(self.packed)
+        """W as float32 [N, K] in its own column order (an act-order perm undone), on the layer's device."""
+        w = self._raw.dequantize() if self.packed is None else dequantize_packed(self.packed)
+        return original_order(w, self.perm)
 
     def __getstate__(self) -> dict:
         """For copy.deepcopy and pickling: the kernel plan (ctypes pointers) is rebuilt on first use."""
@@ -92,7 +104,8 @@ class QuantLinear(nn.Module):
         return state
 
     def _apply(self, fn, recurse: bool = True):
-        """.to(device) moves the codes; .to(dtype) leaves scales in float32 (the bias follows it)."""
+        """.to(device) moves the codes (and perm, a buffer); .to(dtype) leaves scales in float32 (the bias
+        follows it) and perm int64."""
         device = fn(torch.zeros(1)).device
         if self.packed is not None and self.packed.codes.device != device:
             self.packed = self.packed.to(device)
@@ -105,7 +118,7 @@ class QuantLinear(nn.Module):
             return plan(x)
         kernels = cpu_kernels_for(x)
         if kernels is not None and self.packed is not None and cpu_plan_fits([self.packed], [self.bias]):
-            self._plan = QuantPlan(kernels, [self.packed], [self.bias], self.kernel_mode)
+            self._plan = QuantPlan(kernels, [self.packed], [self.bias], self.kernel_mode, self.perm)
             return self._plan(x)
         if x.is_cuda and not self.per_row:
             y = _cuda_forward(self, x)
@@ -113,13 +126,14 @@ class QuantLinear(nn.Module):
                 return y
         xr = fake_quantize_rows(x).to(x.dtype) if self.per_row else x
         bias = None if self.bias is None else self.bias.to(x.dtype)
-        return F.linear(xr, self.dequantize().to(device=x.device, dtype=x.dtype), bias)
+        return F.linear(xr, self.dequantize().to(device=x.device, dtype=x.dtype), bias)  # W: x as it is
 
     def extra_repr(self) -> str:
         q = self.packed or self._raw
         group = f"group={q.block_size}" if q.block_size < q.in_features else "per-channel"
         return (f"in_features={self.in_features}, out_features={self.out_features}, bits={q.bits}, {group}, "
-                f"{'sym' if q.symmetric else 'asym'}, bias={self.bias is not None}")
+                f"{'sym' if q.symmetric else 'asym'}{', act-order' if self.perm is not None else ''}, "
+                f"bias={self.bias is not None}")
 
 
 class W8A8Linear(QuantLinear):
@@ -149,6 +163,13 @@ def set_int8_activations(model: nn.Module, enabled: bool) -> int:
     return count
 
 
+def original_order(w: Tensor, perm: Tensor | None) -> Tensor:
+    """W [N, K] from the act-order W[:, perm] (column j is W's column perm[j]); w itself when perm is None."""
+    if perm is None:
+        return w
+    return w.new_empty(w.shape).index_copy_(1, perm.to(w.device), w)
+
+
 def dequantize_packed(p: PackedWeight) -> Tensor:
     """(q - z) * s as float32 [N, K] on the codes' device (QuantizedWeight.dequantize's arithmetic)."""
     n = p.codes.shape[0]
@@ -172,8 +193,8 @@ def reference_forward(layer: QuantLinear, x: Tensor) -> Tensor:
 
 
 def fused_forward(module: nn.Module, parts: list[nn.Module], x: Tensor) -> Tensor:
-    """QuantLinears that read the same x as one kernel call where they share a layout; else one by one.
-    The plan is cached on `module` (a FusedLinear)."""
+    """QuantLinears that read the same x as one kernel call where they share a layout and an act-order
+    perm (the plan gathers x[..., perm] once); else one by one. The plan is cached on `module` (a FusedLinear)."""
     plan = getattr(module, "_quant_plan", None)
     if (plan is not None and x.dtype in _KERNEL_DTYPES and x.is_cpu and not _grad(x)
             and all(a is p._token for a, p in zip(plan.key, parts))):  # decode: the cached call
@@ -204,17 +225,27 @@ def gated_forward(module: nn.Module, x: Tensor) -> Tensor | None:
 
 def _fused_slow(module: nn.Module, parts: list[nn.Module], x: Tensor) -> Tensor:
     quant = all(isinstance(p, QuantLinear) and p.packed is not None for p in parts)
-    if quant and len({p.kernel_mode for p in parts}) == 1:
+    if quant and len({p.kernel_mode for p in parts}) == 1 and _same_perm(parts):
         kernels = cpu_kernels_for(x)
         if kernels is not None and cpu_plan_fits([p.packed for p in parts], [p.bias for p in parts]):
             key = [p._token for p in parts]
             plan = getattr(module, "_quant_plan", None)
             if plan is None or plan.key != key:  # first call, or a part moved
-                plan = QuantPlan(kernels, [p.packed for p in parts], [p.bias for p in parts], parts[0].kernel_mode)
+                plan = QuantPlan(kernels, [p.packed for p in parts], [p.bias for p in parts], parts[0].kernel_mode,
+                                 parts[0].perm)
                 plan.key = key
                 module._quant_plan = plan
             return plan(x)
     return torch.cat([p(x) for p in parts], dim=-1)
+
+
+def _same_perm(parts: list[QuantLinear]) -> bool:
+    """Whether the parts read x in one order: none act-order, or all the same perm (q/k/v of an act-order
+    checkpoint share one when their g_idx are equal, as their Hessians are)."""
+    first = parts[0].perm
+    if first is None:
+        return all(p.perm is None for p in parts)
+    return all(p.perm is not None and (p.perm is first or torch.equal(p.perm, first)) for p in parts)
 
 
 _KERNEL_DTYPES = (torch.float32, torch.bfloat16)
@@ -236,6 +267,8 @@ def _cuda_forward(layer: QuantLinear, x: Tensor) -> Tensor | None:
             return None
         kind, w, extra = layer._device_weight
         x2 = x.reshape(-1, x.shape[-1])
+        if layer.perm is not None:  # act-order: the codes' column order
+            x2 = x2.index_select(-1, layer.perm.to(x.device))
         if kind == "int8":
             y = torch.ops.aten._weight_int8pack_mm(x2, w, extra.to(x.dtype))
         else:
