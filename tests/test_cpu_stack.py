@@ -49,7 +49,8 @@ def _model(folder, dtype="float32", quantization=None):
         from py_engine.quant.config import QuantConfig
         from py_engine.quant.transform import quantize_model
 
-        quantize_model(model, QuantConfig.from_options(quantization, group_size=32 if quantization == "int4" else None), progress=False)
+        group = 32 if quantization == "int4" else None
+        quantize_model(model, QuantConfig.from_options(quantization, group_size=group), progress=False)
     optimize_for_cpu(model)
     assert isinstance(model.model, KernelDecoderModel)
     return model

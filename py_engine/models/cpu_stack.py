@@ -73,6 +73,7 @@ class StackPlan:
         self.kernels, self.dtype = kernels, dtype
         self.checks: list[tuple[dict, str, object]] = []  # (a __dict__/_modules/_parameters, key, the object)
         self.keep: list[object] = []  # what the C structures point into
+        self._columns: tuple | None = None  # checks as (containers, keys, objects), for valid()
         layers = list(model.layers)
         first = layers[0] if layers else None
         if not layers or not isinstance(first, DecoderLayer):
@@ -105,8 +106,11 @@ class StackPlan:
         self.checks.append((container, key, obj))
 
     def valid(self) -> bool:
-        """Whether the plan still describes the model (identities only: ~1 us a layer)."""
-        return all(c.get(k) is o for c, k, o in self.checks)
+        """Whether the plan still describes the model: ~20 identities a layer, compared in C (map)."""
+        if self._columns is None or len(self._columns[0]) != len(self.checks):
+            self._columns = tuple(zip(*self.checks)) or ((), (), ())
+        containers, keys, objects = self._columns
+        return all(map(operator.is_, map(dict.get, containers, keys), objects))
 
     def bound_to(self, kv: DenseKVCache) -> bool:
         """Whether steps write and read `kv`'s tensors (the ones it holds now)."""
