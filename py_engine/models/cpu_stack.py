@@ -74,6 +74,7 @@ class StackPlan:
         self.checks: list[tuple[dict, str, object]] = []  # (a __dict__/_modules/_parameters, key, the object)
         self.keep: list[object] = []  # what the C structures point into
         self._columns: tuple | None = None  # checks as (containers, keys, objects), for valid()
+        self._seen: set = set()
         layers = list(model.layers)
         first = layers[0] if layers else None
         if not layers or not isinstance(first, DecoderLayer):
@@ -103,7 +104,10 @@ class StackPlan:
     def _watch(self, container: dict, key: str, obj: object) -> None:
         if container.get(key) is not obj:
             raise NotStackable(f"{key} is not where it was read")
-        self.checks.append((container, key, obj))
+        seen = (id(container), key)
+        if seen not in self._seen:  # gate/up's parts are read twice
+            self._seen.add(seen)
+            self.checks.append((container, key, obj))
 
     def valid(self) -> bool:
         """Whether the plan still describes the model: ~20 identities a layer, compared in C (map)."""
