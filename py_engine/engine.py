@@ -99,6 +99,9 @@ class TorchBackend:
         return self._forward([token_id])
 
     def argmax(self, logits: torch.Tensor) -> int:
+        if (self.kernels is not None and logits.dtype == torch.float32 and logits.is_cpu
+                and logits.is_contiguous() and logits.numel()):
+            return self.kernels.argmax(logits)  # torch's took ~0.35 ms of 151,936 logits
         with self._step():
             return int(torch.argmax(logits))  # first index of the max, like the reference sampler
 

@@ -177,3 +177,23 @@ def test_decode_step_restores_torch_threads(tmp_path):
     for _ in range(3):
         token = backend.argmax(backend.decode(token))
     assert torch.get_num_threads() == before
+
+
+@needs_kernels
+def test_argmax_is_torchs():
+    """The first index of the max (ties, a tail past the last 8, -inf) and of the first NaN, as torch."""
+    g = torch.Generator().manual_seed(5)
+    cases = [torch.randn(n, generator=g) for n in (1, 7, 8, 9, 151936)]
+    ties = torch.randn(1003, generator=g)
+    ties[[17, 400, 1001]] = 9.0
+    tail = torch.randn(1003, generator=g)
+    tail[1002] = 50.0
+    nan = torch.randn(1003, generator=g)
+    nan[[300, 900]] = float("nan")
+    late_nan = torch.randn(1003, generator=g)
+    late_nan[1001] = float("nan")
+    cases += [ties, tail, nan, late_nan, torch.full((20,), float("-inf")), torch.full((13,), 2.5)]
+    for x in cases:
+        assert KERNELS.argmax(x) == int(torch.argmax(x)), x.numel()
+    with pytest.raises(ValueError, match="float32"):
+        KERNELS.argmax(torch.zeros(4, dtype=torch.bfloat16))

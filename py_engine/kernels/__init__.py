@@ -54,6 +54,8 @@ class CpuKernels:
         f = ctypes.c_float
         lib.rk_attend_one.argtypes = [p, p, p, p, p, p, i64, i64, i64, i64, i64, i64, i64, f, f, i, p]
         lib.rk_attend_one.restype = i
+        lib.rk_argmax.argtypes = [p, i64]
+        lib.rk_argmax.restype = i64
         self.threads = 0
         self._scratch = threading.local()  # float32 work space of rk_attend_one, per calling thread
         lib.rk_use_blas.argtypes = [p, p]
@@ -141,6 +143,14 @@ class CpuKernels:
             raise RuntimeError(f"rk_attend_one failed ({status}): heads {heads}, cache {tuple(keys.shape)}, "
                                f"position {position}, start {start}")
         return out
+
+
+    def argmax(self, x: Tensor) -> int:
+        """int(torch.argmax(x)) for a contiguous fp32 CPU tensor: the first index of the largest value
+        (of the first NaN, if any), as torch."""
+        if x.dtype != torch.float32 or not x.is_cpu or not x.is_contiguous() or x.numel() == 0:
+            raise ValueError(f"argmax takes a non-empty contiguous float32 CPU tensor, not {x.dtype} {tuple(x.shape)}")
+        return self.lib.rk_argmax(x.data_ptr(), x.numel())
 
 
 class LinearPlan:

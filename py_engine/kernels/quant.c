@@ -37,8 +37,12 @@
 #define Q_MAX_DEQUANT (1 << 21) /* fp32 values of dequantized rows per sgemm chunk (8 MB) */
 /* Weight rows per pass over x in decode (even: the exact path takes them in pairs); measured
  * in cache on one core: 4 rows 1.19x faster than 2 for 4-bit codes, 2 rows 1.01-1.06x faster for 8-bit. */
+#ifndef Q_ROWS4
 #define Q_ROWS4 4
+#endif
+#ifndef Q_ROWS8
 #define Q_ROWS8 2
+#endif
 #define Q_ROWS 4 /* chunks are whole multiples of this */
 #ifndef Q_HINT
 #define Q_HINT _MM_HINT_T0
