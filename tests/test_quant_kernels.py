@@ -99,6 +99,13 @@ def test_qweight_gives_back_its_bytes(layout):
     assert (back.bits, back.block_size, back.in_features, back.symmetric) == (q.bits, q.block_size,
                                                                                q.in_features, q.symmetric)
     assert torch.equal(QuantLinear.from_weight(q).dequantize(), q.dequantize())
+    mine = QuantizedWeight(q.codes.clone(), q.scales, q.zero_points, q.bits, q.block_size, q.in_features,
+                           q.symmetric)
+    consumed = QuantLinear(mine, consume=True)  # packs 8-bit codes in place: the same layer all the same
+    if q.bits == 8 and q.codes.shape[1] % 32 == 0:
+        assert consumed.packed.codes.data_ptr() == mine.codes.data_ptr()  # no second copy
+    for name in ("codes", "scales", "zero_points"):
+        assert torch.equal(getattr(consumed.qweight, name), getattr(q, name)), name
 
 
 @needs_kernels

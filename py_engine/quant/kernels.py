@@ -65,7 +65,9 @@ class PackedWeight:
         return q.bits in (2, 3, 4, 8) and (q.block_size % SUB == 0 or q.blocks == 1)
 
     @classmethod
-    def pack(cls, q: QuantizedWeight) -> "PackedWeight":
+    def pack(cls, q: QuantizedWeight, consume: bool = False) -> "PackedWeight":
+        """With consume, 8-bit codes are rewritten in place (q's codes are then no longer valid): the
+        136 MB LM head of Qwen2.5-0.5B is not held twice."""
         if not cls.packable(q):
             raise ValueError(f"no kernel layout for {q.bits}-bit groups of {q.block_size}")
         n, padded = q.codes.shape
@@ -78,7 +80,8 @@ class PackedWeight:
             codes = (halves[:, :, 0] | (halves[:, :, 1] << 4)).reshape(n, nb * 16)
             offset = 0
         else:
-            codes = codes ^ 128  # code - 128 as an int8's bits, without an int16 copy
+            same = consume and codes.data_ptr() == q.codes.data_ptr() and codes.is_contiguous()
+            codes = codes.bitwise_xor_(128) if same else codes ^ 128  # code - 128 as an int8's bits
             offset = 128
         z = q.zero_points.cpu().float() - offset  # [N, ng]
         scales = q.scales.cpu().float().contiguous()
