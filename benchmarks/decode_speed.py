@@ -63,8 +63,12 @@ def parse_args() -> argparse.Namespace:
 
 def run_child(engine: str, dtype: str, args: argparse.Namespace) -> dict:
     env = dict(os.environ)
-    if "thp" in engine.partition(":")[2].split("+"):
+    options = engine.partition(":")[2].split("+")
+    if "thp" in options:
         env["THP_MEM_ALLOC_ENABLE"] = "1"
+    defines = [o[1:] for o in options if o.startswith("D") and "=" in o]  # e.g. ruvllm:int8+DQ_ROWS8=4
+    if defines:  # an A/B build of the kernels with these macros (py_engine.kernels.KERNEL_DEFINES)
+        env["RUVLLM_KERNEL_DEFINES"] = " ".join(defines)
     python = sys.executable
     if engine.startswith("llama.cpp"):
         if args.llama_cpp_python is None:

@@ -31,6 +31,8 @@ HERE = Path(__file__).parent
 SOURCES = [HERE / "linear.c", HERE / "blas.c", HERE / "decode.c", HERE / "pool.c", HERE / "quant.c", HERE / "step.c"]
 HEADERS = [HERE / "linear.h", HERE / "pool.h"]
 FLAGS = ["-O3", "-mavx2", "-mfma", "-ffp-contract=off", "-shared", "-fPIC", "-pthread"]  # no contraction: torch rounds each op
+# Macros for an A/B build of the kernels (benchmarks: `ruvllm:int8+DQ_ROWS8=4`), e.g. "Q_ROWS8=4 Q_PREFETCH=1024"
+FLAGS += [f"-D{d}" for d in os.environ.get("RUVLLM_KERNEL_DEFINES", "").split()]
 _lock = threading.Lock()
 _loaded: "CpuKernels | None | bool" = False  # False: not tried yet
 
