@@ -8,7 +8,7 @@ Two ways to quantized weights: `--precision int4|int8` (with --block-size and
 graph; `--quantization int4|int8|awq|gptq` (with --bits, --group-size and the
 calibration flags) quantizes the model with py_engine's method first and packs
 its codes, scales and zero points as they are; a pre-quantized (GPTQ/AWQ)
-checkpoint exports its own. Either way the graph is int4 or int8 by the bits.
+checkpoint exports its own. Either way the graph is int8, int4 or int2 by the bits.
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ import time
 
 from py_engine.quant.config import add_quantization_options, quant_config_from_args
 
-from .options import BLOCK_SIZES, PRECISIONS, TARGETS, ExportError, ExportOptions
+from .options import BLOCK_SIZES, PRECISION_BITS, PRECISIONS, TARGETS, ExportError, ExportOptions, unsupported_bits
 
 
 def add_export_parser(subparsers) -> argparse.ArgumentParser:
@@ -37,9 +37,9 @@ def add_export_parser(subparsers) -> argparse.ArgumentParser:
                    help="MatMulNBits accuracy_level: 4 computes with int8 activations (fastest on CPU), "
                         "0 in the activations' float type (default 4)")
     p.add_argument("--target", choices=("auto",) + TARGETS, default="auto",
-                   help="native: MatMulNBits kernels (fastest in onnxruntime, -node, -genai); web: 4/8-bit weights "
+                   help="native: MatMulNBits kernels (fastest in onnxruntime, -node, -genai); web: 2/4/8-bit weights "
                         "stored packed, dequantized once at session start (fastest in onnxruntime-web's wasm); "
-                        "plain: standard ONNX ops only; auto (default): native, plus web for int4/int8, and "
+                        "plain: standard ONNX ops only; auto (default): native, plus web for int2/int4/int8, and "
                         "ruvllm_contract.json says which file each runtime loads")
     p.add_argument("--cache-dir", metavar="DIR", help="model cache (default: $RUVLLM_CACHE_DIR or ~/.cache/ruvllm)")
     add_quantization_options(p)
@@ -86,10 +86,9 @@ def export_quantization(args: argparse.Namespace, qconfig, path) -> tuple[str, s
         raise ExportError("smoothquant quantizes activations too (W8A8), which MatMulNBits does not; export "
                           "--quantization int8 for int8 weights")
     method, bits = (qconfig.method, qconfig.bits) if qconfig.enabled else (f"{pre.method} checkpoint", pre.default.bits)
-    if bits not in (4, 8):
-        raise ExportError(f"{method} is {bits}-bit; the ONNX export packs 4- and 8-bit weights for MatMulNBits "
-                          "(onnxruntime 1.31 runs 2, 4 and 8 bits, never 3)")
-    precision = "int4" if bits == 4 else "int8"
+    precision = next((p for p, b in PRECISION_BITS.items() if b == bits), None)
+    if precision is None:
+        raise ExportError(unsupported_bits(method, bits))
     if args.precision not in (None, precision):
         raise ExportError(f"--precision {args.precision} contradicts the {bits}-bit {method} weights; leave it out")
     if args.block_size is not None or args.symmetric is not None:
@@ -99,8 +98,8 @@ def export_quantization(args: argparse.Namespace, qconfig, path) -> tuple[str, s
 
 
 def auto_targets(precision: str) -> tuple[str, ...]:
-    """Native for every runtime with fast MatMulNBits; int4/int8 also as web for onnxruntime-web."""
-    return ("native", "web") if precision in ("int4", "int8") else ("native",)
+    """Native for every runtime with fast MatMulNBits; quantized weights also as web for onnxruntime-web."""
+    return ("native", "web") if precision in PRECISION_BITS else ("native",)
 
 
 class ProgressBar:

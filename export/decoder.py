@@ -27,7 +27,7 @@ from .attention import AttentionInputs
 from .blocks import BlockEmitter
 from .graph import GraphBuilder, TensorStore
 from .linear import Linear, PackedInits, rows_len
-from .options import ExportOptions
+from .options import ExportError, ExportOptions
 from .quantized import layer_weight
 from .rope_tables import rope_tables
 from .web_weights import gather_rows
@@ -176,6 +176,9 @@ def embed(emit: BlockEmitter, model: CausalLM) -> tuple[str, PackedInits | None]
     if isinstance(table, QuantizedWeight) or (options.quantized and options.quantize_lm_head
                                                and not options.prequantized):
         packed = emit.linear.packed(table, "model.embed_tokens")
+        if packed.packed.bits not in (4, 8):  # py_engine's quantizers keep the head (and tied table) at 4 or 8 bits
+            raise ExportError(f"the embedding table is {packed.packed.bits}-bit; the graph gathers rows of 4- and "
+                              "8-bit tables only")
         if options.target == "web":  # the same initializers as the LM head's DequantizeLinear
             x = gather_rows(g, packed.packed, (packed.B, packed.scales, packed.zero_points), C.INPUT_IDS,
                             "model.embed_tokens")

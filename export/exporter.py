@@ -5,8 +5,8 @@
       ruvllm_contract.json   the I/O contract (export.contract) for web/ and npm/, with the graphs
                              of the folder and which one each runtime loads (export.manifest)
       genai_config.json      onnxruntime-genai's description of its graph
-      onnx/model.onnx | model_fp16.onnx | model_quantized.onnx (int8) | model_q4.onnx (int4)
-      onnx/model_quantized_web.onnx | model_q4_web.onnx   the web target's int8 / int4
+      onnx/model.onnx | model_fp16.onnx | model_quantized.onnx (int8) | model_q4.onnx (int4) | model_q2.onnx (int2)
+      onnx/model_quantized_web.onnx | model_q4_web.onnx | model_q2_web.onnx   the web target's int8 / int4 / int2
       onnx/<name>_data[_N]   external weights when the graph is large
 
 Everything is checked (config supported, options valid, output writable)
@@ -73,7 +73,7 @@ def export_model(model_dir: str | Path, out_dir: str | Path, options: ExportOpti
         raise ExportError(f"options ask for the model's quantized weights ({options.quantization}) but the "
                           "model has no quantized layers")
     path = onnx_dir / options.file_name
-    bytes_per_weight = {"fp32": 4, "fp16": 2, "int8": 1.1, "int4": 0.6}[options.precision]
+    bytes_per_weight = {"fp32": 4, "fp16": 2, "int8": 1.1, "int4": 0.6, "int2": 0.35}[options.precision]
     external = config.num_parameters() * bytes_per_weight > INLINE_LIMIT
     _remove_stale(onnx_dir, options.file_name)
     store = TensorStore(onnx_dir, options.file_name) if external else TensorStore()

@@ -18,6 +18,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 MS_DOMAIN = "com.microsoft"
 OPSET = 21  # block-wise DequantizeLinear and 4-bit tensors need 21
+OPSET_2BIT = 25  # 2-bit tensors (the web target's 2-bit weights) need 25, and IR version 13
+IR_VERSION = {OPSET: 10, OPSET_2BIT: 13}
 MAX_DATA_FILE = (2 << 30) - (64 << 20)  # below 2 GiB, with room for alignment
 ALIGN = 4096
 INLINE_BYTES = 1024  # tensors this small stay in the graph even with external data
@@ -101,6 +103,7 @@ class GraphBuilder:
         self._consts: dict[tuple, str] = {}
         self._counter = itertools.count()
         self.uses_ms_domain = False
+        self.opset = OPSET  # raised to OPSET_2BIT by a 2-bit tensor, so other graphs keep their bytes
 
     def unique(self, base: str) -> str:
         name = base
@@ -151,10 +154,10 @@ class GraphBuilder:
 
     def model(self, graph_name: str, metadata: dict[str, str]) -> onnx.ModelProto:
         graph = helper.make_graph(self.nodes, graph_name, self.inputs, self.outputs, self.initializers)
-        opsets = [helper.make_opsetid("", OPSET)]
+        opsets = [helper.make_opsetid("", self.opset)]
         if self.uses_ms_domain:
             opsets.append(helper.make_opsetid(MS_DOMAIN, 1))
         model = helper.make_model(graph, opset_imports=opsets, producer_name="ruvllm")
-        model.ir_version = 10
+        model.ir_version = IR_VERSION[self.opset]
         helper.set_model_props(model, metadata)
         return model

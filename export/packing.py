@@ -3,7 +3,8 @@
 MatMulNBits (com.microsoft) computes Y = A @ W^T for W [N, K] held as
     B            [N, blocks, block_size * bits / 8] uint8: the codes of row n,
                  block b, packed low bits first (4 bits: two codes a byte,
-                 the earlier k in the low nibble);
+                 the earlier k in the low nibble; 2 bits: four codes a byte,
+                 the earlier k in the lower bit pairs);
     scales       [N, blocks] float;
     zero_points  [N, ceil(blocks * bits / 8)] uint8, packed the same way
                  along the blocks of a row; omitted when every zero point is
@@ -37,23 +38,29 @@ class PackedNBits:
 
 
 def pack_codes(codes: np.ndarray, bits: int, pad: int = 0) -> np.ndarray:
-    """uint8 codes [..., M] -> bytes [..., ceil(M * bits / 8)], low bits first; an odd M gets `pad`."""
+    """uint8 codes [..., M] -> bytes [..., ceil(M * bits / 8)], low bits first; a last byte's spare slots get `pad`."""
     if bits == 8:
         return codes.astype(np.uint8)
-    if bits != 4:
+    if bits not in (2, 4):
         raise ValueError(f"cannot pack {bits}-bit codes")
-    if codes.shape[-1] % 2:  # an odd count of zero points fills the last byte with `pad`
-        codes = np.concatenate([codes, np.full(codes.shape[:-1] + (1,), pad, np.uint8)], axis=-1)
-    pairs = codes.astype(np.uint8).reshape(codes.shape[:-1] + (-1, 2))  # [..., M/2, 2]
-    return (pairs[..., 0] & 0x0F) | (pairs[..., 1] << 4)
+    per = 8 // bits  # codes a byte
+    spare = -codes.shape[-1] % per  # a count of zero points that does not fill the last byte
+    if spare:
+        codes = np.concatenate([codes, np.full(codes.shape[:-1] + (spare,), pad, np.uint8)], axis=-1)
+    groups = codes.astype(np.uint8).reshape(codes.shape[:-1] + (-1, per))  # [..., M/per, per]
+    packed = groups[..., 0] & np.uint8((1 << bits) - 1)
+    for i in range(1, per):  # bits shifted past the byte drop out, so no mask is needed above
+        packed |= groups[..., i] << np.uint8(i * bits)
+    return packed
 
 
 def unpack_codes(packed: np.ndarray, bits: int, count: int) -> np.ndarray:
     """Inverse of pack_codes: bytes [..., B] -> codes [..., count]."""
     if bits == 8:
         return packed[..., :count]
-    low, high = packed & 0x0F, packed >> 4
-    return np.stack([low, high], axis=-1).reshape(packed.shape[:-1] + (-1,))[..., :count]
+    shifts = np.arange(0, 8, bits, dtype=np.uint8)  # [per]: the earlier code in the lower bits
+    codes = (packed[..., None] >> shifts) & np.uint8((1 << bits) - 1)  # [..., B, per]
+    return codes.reshape(packed.shape[:-1] + (-1,))[..., :count]
 
 
 def pack_matmul_nbits(q: QuantizedWeight) -> PackedNBits:
@@ -68,7 +75,8 @@ def pack_matmul_nbits(q: QuantizedWeight) -> PackedNBits:
     return PackedNBits(
         B=pack_codes(codes, q.bits),
         scales=q.scales.numpy().astype(np.float32),
-        # onnxruntime fills the spare nibble of an odd block count with the default zero point
+        # onnxruntime fills the spare nibble of an odd block count with the default zero point (its
+        # kernel never reads spare slots; 2 bits pad the same way)
         zero_points=None if symmetric else pack_codes(zero, q.bits, pad=default),
         K=q.in_features, N=n, bits=q.bits, block_size=block)
 

@@ -22,9 +22,10 @@ from torch import Tensor, nn
 
 from py_engine.quant import QuantizedWeight
 
-from .options import ExportError
+from .options import PRECISION_BITS, ExportError, unsupported_bits
 
-MATMUL_NBITS_BITS = (4, 8)  # what export.packing packs; onnxruntime 1.31's CPU kernel also runs 2 (not 3)
+# What MatMulNBits runs (3-bit codes would fit 4-bit blocks exactly, at 4-bit size: not done).
+MATMUL_NBITS_BITS = tuple(sorted(PRECISION_BITS.values()))
 PER_CHANNEL_BLOCK = 128  # block used for a per-channel weight whose width is not a power of two
 
 
@@ -81,8 +82,7 @@ def _describe(w: Tensor | QuantizedWeight) -> str:
 def for_matmul_nbits(q: QuantizedWeight, name: str) -> QuantizedWeight:
     """q on the CPU, with power-of-two blocks; bits MatMulNBits cannot take are refused."""
     if q.bits not in MATMUL_NBITS_BITS:
-        raise ExportError(f"{name} is {q.bits}-bit; the ONNX export packs 4- and 8-bit weights for MatMulNBits "
-                          "(onnxruntime 1.31 runs 2, 4 and 8 bits, never 3)")
+        raise ExportError(unsupported_bits(name, q.bits))
     q = replace(q, codes=q.codes.cpu(), scales=q.scales.cpu().float(), zero_points=q.zero_points.cpu())
     block = q.block_size
     if block >= 16 and not block & (block - 1):

@@ -1,7 +1,7 @@
 """The web target's quantized weights: one DequantizeLinear per weight, folded once at session start.
 
 onnxruntime-web's wasm MatMulNBits is ~10x slower than its float MatMul, so
-the web graph stores the 4/8-bit codes and lets onnxruntime turn them into
+the web graph stores the 2/4/8-bit codes and lets onnxruntime turn them into
 float weights while it optimizes the graph. That folding keeps every
 intermediate tensor until it ends, so the chain must be a single op from the
 stored codes to the final weight, or a 0.5B model's fold needs several times
@@ -9,12 +9,17 @@ its float size (a bitwise unpack chain took 7x, past wasm's 4 GB on a
 151936 x 896 head). Hence, per weight W [N, K]:
 
     data   int4 [N, K_pad] (code - 8, symmetric) | uint4 [N, K_pad] + zero points | uint8 [N, K_pad] + zero points
+           | int2 [N, K_pad] (code - 2, symmetric) | uint2 [N, K_pad] + zero points
     scales float [N, K_pad / block]
     DequantizeLinear(axis=1, block_size) -> float [N, K_pad] -> (Slice to K) -> Gemm(x, W, transB=1)
 
 The 4-bit bytes are MatMulNBits' (export.packing) as ONNX 4-bit tensors store
 them, low nibble first; symmetric codes are flipped (c ^ 8) into int4 so no
-zero-point tensor is needed. Gemm reads W [N, K] in place (MatMul would need
+zero-point tensor is needed. 2 bits likewise (four codes a byte, low bits
+first in both layouts; c ^ 2 is c - 2 as int2), but ONNX has 2-bit tensors
+only from opset 25, so a graph holding one is written at opset 25 (IR 13:
+onnxruntime 1.31 folds it, onnxruntime-web 1.30 runs it); graphs without
+keep opset 21 and their bytes. Gemm reads W [N, K] in place (MatMul would need
 a second folded Transpose). A tied embedding gathers rows of the same three
 initializers with GatherBlockQuantized, so the table is stored once.
 
@@ -30,8 +35,11 @@ import numpy as np
 from onnx import TensorProto
 from onnx import helper as onnx_helper
 
-from .graph import MS_DOMAIN, GraphBuilder
+from .graph import MS_DOMAIN, OPSET_2BIT, GraphBuilder
 from .packing import PackedNBits, pack_codes, unpack_codes
+
+# bits -> (signed, unsigned) ONNX tensor types, and the byte that flips the top bit of each code in it
+SUB_BYTE = {4: (TensorProto.INT4, TensorProto.UINT4, 0x88), 2: (TensorProto.INT2, TensorProto.UINT2, 0xAA)}
 
 
 def web_initializers(g: GraphBuilder, p: PackedNBits, name: str, float_dtype: type) -> tuple[str, str, str | None]:
@@ -39,14 +47,17 @@ def web_initializers(g: GraphBuilder, p: PackedNBits, name: str, float_dtype: ty
     n, blocks = p.scales.shape
     k_pad = blocks * p.block_size
     scales = g.initializer(f"{name}.weight_scales", p.scales.astype(float_dtype))
-    flat = p.B.reshape(n, -1)  # [N, K_pad * bits / 8]: rows are whole bytes at both widths
-    if p.bits == 4 and p.zero_points is None:  # c - 8 as a two's-complement nibble is c ^ 8
-        data = g.raw_initializer(f"{name}.weight_int4", TensorProto.INT4, [n, k_pad], flat ^ np.uint8(0x88))
-        return data, scales, None
-    if p.bits == 4:
-        data = g.raw_initializer(f"{name}.weight_uint4", TensorProto.UINT4, [n, k_pad], flat)
-        zero = unpack_codes(p.zero_points, 4, blocks)  # [N, blocks]; packed over the whole tensor, not by row
-        zp = g.raw_initializer(f"{name}.weight_zp", TensorProto.UINT4, [n, blocks], pack_codes(zero.reshape(-1), 4))
+    flat = p.B.reshape(n, -1)  # [N, K_pad * bits / 8]: rows are whole bytes at every width
+    if p.bits in SUB_BYTE:
+        signed, unsigned, flip = SUB_BYTE[p.bits]
+        if p.bits == 2:
+            g.opset = max(g.opset, OPSET_2BIT)
+        if p.zero_points is None:  # c - 2**(bits-1) in two's complement is c with its top bit flipped
+            data = g.raw_initializer(f"{name}.weight_int{p.bits}", signed, [n, k_pad], flat ^ np.uint8(flip))
+            return data, scales, None
+        data = g.raw_initializer(f"{name}.weight_uint{p.bits}", unsigned, [n, k_pad], flat)
+        zero = unpack_codes(p.zero_points, p.bits, blocks)  # [N, blocks]; packed over the whole tensor, not by row
+        zp = g.raw_initializer(f"{name}.weight_zp", unsigned, [n, blocks], pack_codes(zero.reshape(-1), p.bits))
         return data, scales, zp
     data = g.initializer(f"{name}.weight_uint8", flat)
     if p.zero_points is None:  # symmetric: every zero point is 128, made at session start instead of

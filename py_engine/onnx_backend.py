@@ -22,8 +22,9 @@ import numpy as np
 from py_engine.config import ConfigError, ModelConfig
 
 FORMAT_VERSION = 1  # the newest export.contract.FORMAT_VERSION this reader understands
-FILES = {"fp32": "model.onnx", "fp16": "model_fp16.onnx", "int8": "model_quantized.onnx", "int4": "model_q4.onnx"}
-AUTO_ORDER = ("fp32", "int4", "int8", "fp16")
+FILES = {"fp32": "model.onnx", "fp16": "model_fp16.onnx", "int8": "model_quantized.onnx", "int4": "model_q4.onnx",
+         "int2": "model_q2.onnx"}
+AUTO_ORDER = ("fp32", "int4", "int8", "fp16", "int2")
 
 
 def find_onnx_file(export_dir: Path, precision: str = "auto") -> Path:

@@ -18,9 +18,9 @@ from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
 from export.exporter import export_model  # noqa: E402
 from export.options import ExportOptions  # noqa: E402
-from export.packing import pack_matmul_nbits, unpack_codes  # noqa: E402
+from export.packing import PackedNBits, pack_matmul_nbits, unpack_codes  # noqa: E402
 from py_engine.models import load_model  # noqa: E402
-from py_engine.quant import quantize_rtn  # noqa: E402
+from py_engine.quant import QuantizedWeight, quantize_rtn  # noqa: E402
 
 SHAPES = [(64, 24), (200, 17), (96, 40)]  # (K, N): padded K and odd block counts included
 
@@ -68,6 +68,20 @@ def test_round_half_away_from_zero_on_exact_ties():
     assert q.codes[0, :6].tolist() == [0, 11, 10, 8, 9, 6]  # torch.round: [0, 10, 10, 8, 8, 6]
 
 
+def run_matmul_nbits(p: PackedNBits, x: np.ndarray) -> np.ndarray:
+    """y = x @ W^T by onnxruntime's MatMulNBits over the packed weight (accuracy_level 0: float activations)."""
+    inputs = [numpy_helper.from_array(p.B, "B"), numpy_helper.from_array(p.scales, "scales")]
+    if p.zero_points is not None:
+        inputs.append(numpy_helper.from_array(p.zero_points, "zp"))
+    node = helper.make_node("MatMulNBits", ["x"] + [t.name for t in inputs], ["y"], domain="com.microsoft",
+                            K=p.K, N=p.N, bits=p.bits, block_size=p.block_size, accuracy_level=0)
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x.shape))],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [x.shape[0], p.N])], inputs)
+    model = helper.make_model(graph, ir_version=10, opset_imports=[helper.make_opsetid("", 21),
+                                                                   helper.make_opsetid("com.microsoft", 1)])
+    return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+
+
 @pytest.mark.parametrize("bits, symmetric", [(4, True), (4, False), (8, True), (8, False)])
 def test_matmul_nbits_matches_dequantized_torch_matmul(bits, symmetric):
     torch.manual_seed(bits)
@@ -76,20 +90,50 @@ def test_matmul_nbits_matches_dequantized_torch_matmul(bits, symmetric):
     q = quantize_rtn(w, bits, 32, symmetric)
     p = pack_matmul_nbits(q)
     assert np.array_equal(unpack_codes(p.B, bits, 32).reshape(48, -1), q.codes.numpy())
-    inputs = [numpy_helper.from_array(p.B, "B"), numpy_helper.from_array(p.scales, "scales")]
-    if p.zero_points is not None:
-        inputs.append(numpy_helper.from_array(p.zero_points, "zp"))
-    node = helper.make_node("MatMulNBits", ["x"] + [t.name for t in inputs], ["y"], domain="com.microsoft",
-                            K=160, N=48, bits=bits, block_size=32, accuracy_level=0)
-    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 160])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3, 48])], inputs)
-    model = helper.make_model(graph, ir_version=10, opset_imports=[helper.make_opsetid("", 21),
-                                                                   helper.make_opsetid("com.microsoft", 1)])
-    got = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(
-        None, {"x": x.numpy()})[0]
+    got = run_matmul_nbits(p, x.numpy())
     ref = (x @ q.dequantize().T).numpy()
     assert np.abs(got - ref).max() < 1e-4
     assert (q.dequantize() - w).abs().max() <= q.scales.abs().max() * (1 if symmetric else 0.5) + 1e-6
+
+
+def spec_pack_2bit(codes: np.ndarray, pad: int) -> np.ndarray:
+    """MatMulNBits' 2-bit packing as the contrib-op spec words it, one code at a time: byte j of a row holds
+    codes 4j..4j+3, the earlier code in the lower bit pair; the spare slots of a row's last byte hold `pad`."""
+    rows, count = codes.shape
+    out = np.zeros((rows, -(-count // 4)), np.uint8)
+    for r in range(rows):
+        for i in range(out.shape[1] * 4):
+            code = int(codes[r, i]) if i < count else pad
+            out[r, i // 4] |= code << (2 * (i % 4))
+    return out
+
+
+@pytest.mark.parametrize("block, symmetric", [(16, False), (32, False), (32, True), (128, False), (128, True)])
+def test_2bit_packing_follows_the_spec_and_runs_in_onnxruntime(block, symmetric):
+    """2-bit codes (GPTQ/AWQ at --bits 2): B and the zero points byte for byte against the spec's packing written
+    out above, then onnxruntime's CPU kernel against x @ ((code - zero) * scale)^T, where a symmetric weight
+    leaves the zero points out and the kernel's default (2**(bits-1) = 2) must apply."""
+    rng = np.random.default_rng(block)
+    n, k = 24, 200  # K padded to whole blocks; 13, 7 or 2 blocks leave spare zero-point slots
+    blocks = -(-k // block)
+    codes = torch.from_numpy(rng.integers(0, 4, (n, blocks * block), dtype=np.uint8))
+    codes[:, k:] = 0
+    zero = np.full((n, blocks), 2, np.uint8) if symmetric else rng.integers(0, 4, (n, blocks), dtype=np.uint8)
+    q = QuantizedWeight(codes=codes, scales=torch.from_numpy(rng.uniform(0.5, 2, (n, blocks)).astype(np.float32)),
+                        zero_points=torch.from_numpy(zero), bits=2, block_size=block, in_features=k,
+                        symmetric=symmetric)
+    p = pack_matmul_nbits(q)
+    assert p.B.shape == (n, blocks, block * 2 // 8)
+    np.testing.assert_array_equal(p.B, spec_pack_2bit(codes.numpy(), pad=0).reshape(n, blocks, block // 4))
+    if symmetric:
+        assert p.zero_points is None
+    else:  # [N, ceil(blocks * 2 / 8)], spare slots filled with the default zero point as for 4 bits
+        np.testing.assert_array_equal(p.zero_points, spec_pack_2bit(zero, pad=2))
+        np.testing.assert_array_equal(unpack_codes(p.zero_points, 2, blocks), zero)
+    np.testing.assert_array_equal(unpack_codes(p.B, 2, block).reshape(n, -1), codes.numpy())
+    x = rng.standard_normal((3, k)).astype(np.float32)
+    ref = x @ q.dequantize().numpy().T
+    assert np.abs(run_matmul_nbits(p, x) - ref).max() < 1e-4
 
 
 def dequantized_copy(model, options: ExportOptions):
