@@ -35,6 +35,29 @@ def test_flags_parse_on_every_command(command):
         "int8 8-bit per-channel sym"
 
 
+@pytest.mark.parametrize("flag, bits", [("8", 8), ("4", 4), ("none", None)])
+def test_lm_head_bits_flag(flag, bits):
+    args = build_parser().parse_args(["generate", "-q", "int4", "--lm-head-bits", flag, "hi"])
+    config = quant_config_from_args(args)
+    assert config.lm_head_bits == bits
+    assert config.describe().endswith({8: "asym", 4: "head=4-bit", None: "head=float"}[bits])
+
+
+def test_a_4_bit_head_is_quantized_in_groups(capsys):
+    pytest.importorskip("torch")
+    from py_engine import LLM
+    from py_engine.quant.linear import QuantLinear
+
+    llm = LLM(quantization=QuantConfig.from_options("int4", lm_head_bits=4))
+    head = llm.model.lm_head
+    assert isinstance(head, QuantLinear) and head.bits == 4 and head.qweight.block_size == 128
+    assert not isinstance(LLM(quantization=QuantConfig.from_options("int4", lm_head_bits=None)).model.lm_head,
+                          QuantLinear)
+    assert main(["generate", "-q", "int4", "--lm-head-bits", "4", "--max-tokens", "4", "--temperature", "0",
+                 "--json", "ROMEO:"]) == 0
+    assert len(json.loads(capsys.readouterr().out)["token_ids"]) == 4
+
+
 def test_quantize_command_flags():
     from py_engine.cli_quant import quant_config
     args = build_parser().parse_args(["quantize", "m", "--method", "gptq", "--act-order", "--group-size", "32",

@@ -112,6 +112,8 @@ class QuantConfig:
         group = f"g{self.group_size}" if self.group_size else "per-channel"
         extra = f" alpha={self.alpha}" if self.method == "smoothquant" else ""
         extra += " act-order" if self.act_order else ""
+        if self.lm_head_bits != 8:
+            extra += f" head={'float' if self.lm_head_bits is None else f'{self.lm_head_bits}-bit'}"
         return f"{self.method} {self.bits}-bit {group} {'sym' if self.symmetric else 'asym'}{extra}"
 
 
@@ -122,6 +124,9 @@ def add_quantization_options(parser, calibration: bool = True) -> None:
     parser.add_argument("--bits", type=int, help="weight bits (default: 8 for int8/smoothquant, 4 otherwise)")
     parser.add_argument("--group-size", type=int,
                         help="group along the input dimension for 4-bit methods (default 128)")
+    parser.add_argument("--lm-head-bits", choices=("8", "4", "none"), default="8",
+                        help="the LM head (and a tied embedding's table): int8 per channel (default), 4-bit in "
+                             "groups (faster: llama.cpp's Q4_0 keeps it at 6 bits), or float")
     if calibration:
         parser.add_argument("--calibration-file", metavar="FILE",
                             help="text to calibrate AWQ/GPTQ/SmoothQuant on (default: the model's corpus)")
@@ -136,5 +141,8 @@ def quant_config_from_args(args) -> QuantConfig:
         extra["calibration_file"] = args.calibration_file
     if getattr(args, "calibration_samples", None) is not None:
         extra["calibration_samples"] = args.calibration_samples
+    head = getattr(args, "lm_head_bits", "8")
+    if head != "8":
+        extra["lm_head_bits"] = None if head == "none" else int(head)
     return QuantConfig.from_options(getattr(args, "quantization", "none"), bits=getattr(args, "bits", None),
                                     group_size=getattr(args, "group_size", None), **extra)
