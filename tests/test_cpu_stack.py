@@ -139,6 +139,12 @@ def test_changed_weights_moved_model_and_kernel_mode_are_noticed(tmp_path, calls
         fast, slow = _both(model, ids)
         assert torch.equal(fast, slow) and fast.dtype == torch.float32
 
+        replaced = _model(tmp_path)  # a whole layer replaced in the ModuleList
+        decode_logits(replaced, ids, 5)
+        replaced.model.layers[1] = reference.model.layers[1]  # its down_proj is halved
+        fast, slow = _both(replaced, ids)
+        assert torch.equal(fast, slow)
+
     quantized = _model(tmp_path, quantization="int8")
     fast_int8, _ = _both(quantized, ids)
     set_int8_activations(quantized, False)  # a new plan on every layer: the stack must follow

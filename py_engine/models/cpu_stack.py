@@ -83,7 +83,11 @@ class StackPlan:
         self.hidden = first.input_layernorm.weight.shape[0]
         self.heads, self.kv_heads, self.head_dim = attn0.n_heads, attn0.n_kv_heads, attn0.head_dim
         self.inter = _down_in(mlp0)
+        self.eps, self.unit_offset = model.norm.eps, model.norm.unit_offset
         self._watch(model._modules, "layers", model.layers)
+        for i, layer in enumerate(layers):  # a replaced or added layer is noticed too
+            self._watch(model.layers._modules, str(i), layer)
+        self._watch(model.layers._modules, str(len(layers)), None)
         self._watch(model._modules, "norm", model.norm)
         self.final_norm = self._norm(model.norm)
         self.layers = (Layer * len(layers))(*(self._layer(i, layer) for i, layer in enumerate(layers)))
@@ -93,7 +97,7 @@ class StackPlan:
             ("tmp", self.hidden))}
         b = self.buffers
         self.step = Step(ctypes.addressof(self.layers), self.final_norm, len(layers), self.hidden, self.heads,
-                         self.kv_heads, self.head_dim, 0, self.inter, model.norm.eps, int(model.norm.unit_offset),
+                         self.kv_heads, self.head_dim, 0, self.inter, self.eps, int(self.unit_offset),
                          int(dtype == torch.bfloat16), b["h"].data_ptr(), b["qkv"].data_ptr(), b["attn"].data_ptr(),
                          b["wide"].data_ptr(), b["act"].data_ptr(), b["tmp"].data_ptr(), None)
         self.kv: DenseKVCache | None = None
@@ -148,8 +152,8 @@ class StackPlan:
                      None, None, spec.sliding_window or 0, spec.scale, spec.softcap or 0.0)
 
     def _norm(self, norm: nn.Module) -> int:
-        if type(norm) is not KernelRMSNorm:
-            raise NotStackable("a norm is not on the kernels")
+        if type(norm) is not KernelRMSNorm or (norm.eps, norm.unit_offset) != (self.eps, self.unit_offset):
+            raise NotStackable("a norm is not on the kernels, or not of the final norm's eps and kind")
         w = norm.weight
         if w.dtype != self.dtype or not w.is_cpu or not w.is_contiguous() or w.shape != (self.hidden,):
             raise NotStackable("a norm's weight is not of the step's dtype and width")
