@@ -432,6 +432,26 @@ def test_quantize_cli_then_generate_round_trip(tmp_path):
     assert json.loads(info.stdout)["quantization"] == "gptq 4-bit g64 asym"
 
 
+@pytest.mark.parametrize("head", ["4", "none"])
+def test_quantize_cli_lm_head_bits(head, tmp_path):
+    """`ruvllm quantize --lm-head-bits`: the head is written as asked and loads back with the same codes."""
+    from py_engine import LLM
+    from py_engine.cli import main
+
+    out = tmp_path / "q"
+    assert main(["quantize", "tiny-shakespeare", "--method", "int4", "--lm-head-bits", head, "--out", str(out)]) == 0
+    loaded, _ = load_model(out)
+    memory = LLM(quantization=QuantConfig.from_options("int4", lm_head_bits=None if head == "none" else 4)).model
+    if head == "none":
+        assert not isinstance(loaded.lm_head, QuantLinear) and not isinstance(memory.lm_head, QuantLinear)
+        return
+    got, expected = loaded.lm_head.qweight, memory.lm_head.qweight
+    assert (got.bits, got.block_size) == (4, 128) == (expected.bits, expected.block_size)
+    k = got.in_features  # past it the padding of the last group is never read
+    assert torch.equal(got.codes[:, :k], expected.codes[:, :k]) and torch.equal(got.zero_points, expected.zero_points)
+    torch.testing.assert_close(got.scales, expected.scales, rtol=2 ** -10, atol=0)  # stored as fp16
+
+
 def _copy(tmp_path: Path) -> Path:
     folder = tmp_path / "q"
     build_checkpoint(folder, "gptq", 4, 64, True)
