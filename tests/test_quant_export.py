@@ -12,6 +12,8 @@ byte for byte, and the 2-bit packing against the spec, by test_export_quant.py.
 from __future__ import annotations
 
 import json
+import shutil
+import subprocess
 from copy import deepcopy as copy_module
 from pathlib import Path
 
@@ -198,6 +200,16 @@ def test_2bit_gptq_checkpoint_from_the_cli_exports(tmp_path):
     loaded, config = load_model(ckpt)
     check_logits(loaded, config, [out / "onnx" / "model_q2.onnx", out / "onnx" / "model_q2_web.onnx"],
                  "gptq 2-bit checkpoint")
+    if shutil.which("node"):  # the npm runtime takes `precision: 'int2'` by name, from the same manifest
+        repo = Path(__file__).resolve().parent.parent
+        for runtime, file in (("onnxruntime-node", "onnx/model_q2.onnx"), ("onnxruntime-web", "onnx/model_q2_web.onnx")):
+            done = subprocess.run(["node", str(repo / "tests" / "js" / "pick_graph.mjs"), str(repo / "npm" / "src"),
+                                   str(out), runtime, "auto", "int2", "int4"], capture_output=True, text=True,
+                                  timeout=60)
+            assert done.returncode == 0, done.stderr
+            picked = json.loads(done.stdout.strip().splitlines()[-1])
+            assert picked["auto"] == picked["int2"] == file, picked
+            assert picked["int4"].startswith("ModelNotFoundError") and "no int4 graph" in picked["int4"], picked
 
 
 def test_3bit_model_is_refused_naming_the_layer(tiny_dir, tmp_path):

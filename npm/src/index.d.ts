@@ -22,7 +22,7 @@ export interface EngineOptions {
   model: string | URL;
   onProgress?: (progress: Progress) => void;
   /** Which graph of the export: 'auto' (default: the smallest present), 'fp32', 'fp16', 'int8', 'int4'. */
-  precision?: 'auto' | 'fp32' | 'fp16' | 'int8' | 'int4';
+  precision?: 'auto' | 'fp32' | 'fp16' | 'int8' | 'int4' | 'int2';
   /** A graph file of the export named outright (e.g. 'onnx/model_q4.onnx'), instead of the manifest's pick. */
   file?: string;
   /** Browsers: run the engine in a Web Worker (same interface). */

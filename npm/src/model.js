@@ -5,8 +5,9 @@ import { exists, fetchFile, readText } from './files.js';
 import { InvalidRequestError, ModelNotFoundError, RuvllmError } from './errors.js';
 
 export const FORMAT_VERSION = 1; // the newest export.contract.FORMAT_VERSION this reader understands
-export const GRAPH_FILES = { fp32: 'model.onnx', fp16: 'model_fp16.onnx', int8: 'model_quantized.onnx', int4: 'model_q4.onnx' };
-const AUTO_ORDER = ['int4', 'int8', 'fp32', 'fp16']; // smallest download first
+export const GRAPH_FILES = { fp32: 'model.onnx', fp16: 'model_fp16.onnx', int8: 'model_quantized.onnx', int4: 'model_q4.onnx',
+  int2: 'model_q2.onnx' }; // int2: only a model quantized to 2 bits (ruvllm export of a 2-bit GPTQ/AWQ model)
+const AUTO_ORDER = ['int4', 'int8', 'fp32', 'fp16']; // smallest download first; never 2-bit unasked
 const SHARED_FILES = ['config.json', 'generation_config.json', 'tokenizer.json', 'tokenizer_config.json',
   'special_tokens_map.json', 'chat_template.jinja'];
 const REQUIRED = new Set(['config.json', 'tokenizer.json']);
