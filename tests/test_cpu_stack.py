@@ -195,3 +195,36 @@ def test_hooks_keep_the_module_path(tmp_path, calls):
     with torch.no_grad():
         decode_logits(model, ids, 4)
     assert calls["n"] == 0 and len(seen) == 1 + 6
+
+
+def test_threads_and_copies(tmp_path, calls):
+    """Two threads decoding one model into two caches take turns on the plan's buffers and each get the
+    module path's logits; a deep copy of a model with a plan laid out decodes the same."""
+    import copy
+    import threading
+
+    save_hf_model(FAMILIES["qwen2"], tmp_path)
+    model = _model(tmp_path)
+    ids = [prompt(24, seed=s) for s in (1, 2)]
+    with torch.no_grad():
+        model.model.stack_enabled = False
+        expected = [decode_logits(model, i, 5) for i in ids]
+        model.model.stack_enabled = True
+        results: list = [None, None]
+
+        def run(k):
+            with torch.no_grad():
+                for _ in range(3):
+                    results[k] = decode_logits(model, ids[k], 5)
+        threads = [threading.Thread(target=run, args=(k,)) for k in (0, 1)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert calls["n"] > 0
+        assert all(torch.equal(r, e) for r, e in zip(results, expected))
+        twin = copy.deepcopy(model)
+        assert torch.equal(decode_logits(twin, ids[0], 5), expected[0])
+        quantized = _model(tmp_path, quantization="int4")
+        before = decode_logits(quantized, ids[0], 5)
+        assert torch.equal(decode_logits(copy.deepcopy(quantized), ids[0], 5), before)

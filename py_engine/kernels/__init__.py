@@ -74,6 +74,12 @@ class CpuKernels:
         if self.blas is not None:
             lib.rk_use_blas(*self.blas)
 
+    def __deepcopy__(self, memo: dict) -> "CpuKernels":
+        return self  # one library per process: a copied model shares it
+
+    def __reduce__(self):
+        return cpu_kernels, ()
+
     def set_threads(self, n: int) -> None:
         """Run linear() on n threads in all (the caller's plus n - 1 pool workers)."""
         if n != self.threads:

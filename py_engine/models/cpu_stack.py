@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import ctypes
 import operator
+import threading
 
 import torch
 import torch.nn.functional as F
@@ -71,6 +72,7 @@ class StackPlan:
 
     def __init__(self, model: DecoderModel, kernels: CpuKernels, dtype: torch.dtype, kv: DenseKVCache) -> None:
         self.kernels, self.dtype = kernels, dtype
+        self.lock = threading.Lock()  # steps from several threads (one model, several caches) take turns
         self.checks: list[tuple[dict, str, object]] = []  # (a __dict__/_modules/_parameters, key, the object)
         self.keep: list[object] = []  # what the C structures point into
         self._columns: tuple | None = None  # checks as (containers, keys, objects), for valid()
@@ -299,7 +301,14 @@ class KernelDecoderModel(DecoderModel):
         if self.embedding_multiplier != 1.0:
             x = x * torch.tensor(self.embedding_multiplier, dtype=x.dtype)
         cos, sin = self.rotary_emb(positions, x.dtype)  # [1, 1, rot]
-        return stack(x.contiguous(), cos.contiguous(), sin.contiguous(), int(positions))
+        with stack.lock:  # one step at a time: the work rows and the bound cache are the plan's
+            if not stack.bound_to(kv):
+                try:
+                    stack.bind(kv)
+                except NotStackable:
+                    self._stack_failed = (id(kv), stack.dtype)
+                    return super().forward(input_ids, positions, kv)
+            return stack(x.contiguous(), cos.contiguous(), sin.contiguous(), int(positions))
 
     def _wants_stack(self, input_ids: Tensor, kv, dtype: torch.dtype) -> bool:
         return (self.stack_enabled and isinstance(kv, DenseKVCache) and input_ids.shape == (1, 1)
@@ -313,12 +322,6 @@ class KernelDecoderModel(DecoderModel):
         if not stack.valid():
             self._stack = None
             return None
-        if not stack.bound_to(kv):
-            try:
-                stack.bind(kv)
-            except NotStackable:
-                self._stack_failed = (id(kv), stack.dtype)
-                return None
         return stack
 
     def _lay_out(self, kv: DenseKVCache, dtype: torch.dtype) -> None:
@@ -330,3 +333,8 @@ class KernelDecoderModel(DecoderModel):
     def _apply(self, fn, recurse: bool = True):
         self._stack = None  # .to() and friends: lay out again from the moved tensors
         return super()._apply(fn, recurse)
+
+    def __getstate__(self) -> dict:
+        """For copy.deepcopy and pickling: the plan (ctypes pointers, a lock) is laid out again on use."""
+        state = super().__getstate__() if hasattr(super(), "__getstate__") else self.__dict__.copy()
+        return {**state, "_stack": None, "_stack_failed": None}

@@ -81,6 +81,15 @@ class FusedLinear(nn.Module):
             return plan(x)
         return torch.cat([p(x) for p in self.parts], dim=-1)
 
+    def __getstate__(self) -> dict:
+        return _without_plans(self)
+
+
+def _without_plans(module: nn.Module) -> dict:
+    """A module's state for copy.deepcopy and pickling: kernel plans (ctypes pointers) are rebuilt on use."""
+    state = nn.Module.__getstate__(module) if hasattr(nn.Module, "__getstate__") else module.__dict__.copy()
+    return {**{k: v for k, v in state.items() if k != "_quant_plan"}, "_plan": None}
+
 
 def _plan(module: nn.Module, weights: list[Tensor], biases: list[Tensor | None]) -> LinearPlan | None:
     """The module's kernel plan, (re)built when its weights are not the ones it was built for."""
@@ -115,6 +124,9 @@ class KernelLinear(nn.Linear):
 
     kernels: CpuKernels
     _plan: LinearPlan | None = None
+
+    def __getstate__(self) -> dict:
+        return _without_plans(self)
 
     def forward(self, x: Tensor) -> Tensor:
         plan = _plan(self, [self.weight], [self.bias])
