@@ -34,6 +34,7 @@ from py_engine.engine import pick_device
 from py_engine.generate import eos_token_ids
 from py_engine.hub import resolve_model
 from py_engine.models import longrope_switch_length
+from py_engine.models.cpu_transforms import optimize_for_cpu
 from py_engine.quant.config import QuantConfig
 from py_engine.quant.load import load_quantized
 from py_engine.sampling import SampleOutput
@@ -63,13 +64,15 @@ class LLMEngine:
                  kv_cache_memory: int | None = None, gpu_memory_fraction: float = 0.9, max_num_seqs: int = 64,
                  max_num_batched_tokens: int = 2048, max_model_len: int | None = None, max_queue: int = 1024,
                  enable_prefix_caching: bool = True, model_name: str | None = None,
-                 quantization: str | QuantConfig | None = None) -> None:
+                 quantization: str | QuantConfig | None = None, optimize: bool = True) -> None:
         path: Path = resolve_model(model_path)
         self.model_name = model_name or model_path
         self.device = torch.device(pick_device(device))
         # In-situ quantization (none by default) happens here, before the KV cache is sized from what is left.
         self.model, self.model_config, self.quant_report = load_quantized(path, quantization, dtype=dtype,
                                                                           device=self.device)
+        if optimize:  # on CPU: fused projections, the native GEMV/GEMM kernels and norms (no-op elsewhere)
+            optimize_for_cpu(self.model)
         self.tokenizer = Tokenizer.from_pretrained(path)
         config = self.model_config
         self.eos_token_ids = eos_token_ids(GenerationConfig.from_model_dir(path), config, self.tokenizer)

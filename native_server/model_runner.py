@@ -8,6 +8,7 @@ sample a token this step; a prompt chunk in the middle does not).
 """
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import dataclass
 from itertools import accumulate
 
@@ -18,6 +19,7 @@ from native_server.kv_cache import PagedKVCache
 from native_server.paged_attention import PagedMetadata, decode_kv_positions
 from native_server.scheduler import SchedulerOutput
 from py_engine.models import CausalLM
+from py_engine.models.cpu_transforms import kernel_step, model_kernels
 
 
 @dataclass
@@ -67,15 +69,17 @@ class ModelRunner:
     def __init__(self, model: CausalLM, kv: PagedKVCache) -> None:
         self.model, self.kv = model, kv
         self.device = kv.keys[0].device
+        self.kernels = model_kernels(model)  # set when optimize_for_cpu put the CPU kernels under the model
 
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput, block_tables: list[list[int]]) -> tuple[Tensor, list[int]]:
         """Logits [R, V] (float32) for the R sequences that sample, and their indices in out.seqs."""
         self.kv.copy_blocks(out.block_copies)
         inputs = prepare_inputs(out, block_tables, self.kv.block_size, self.device)
-        if not inputs.sampling:  # only middle-of-prompt chunks: run for the KV, skip the LM head
-            self.model.model(inputs.input_ids, inputs.positions, self.kv.step(inputs.meta))
-            return torch.empty(0, self.model.config.vocab_size), []
-        logits = self.model(inputs.input_ids, inputs.positions, self.kv.step(inputs.meta),
-                            logit_indices=inputs.logit_indices)  # [1, R, V]
+        with kernel_step(self.kernels) if self.kernels is not None else nullcontext():
+            if not inputs.sampling:  # only middle-of-prompt chunks: run for the KV, skip the LM head
+                self.model.model(inputs.input_ids, inputs.positions, self.kv.step(inputs.meta))
+                return torch.empty(0, self.model.config.vocab_size), []
+            logits = self.model(inputs.input_ids, inputs.positions, self.kv.step(inputs.meta),
+                                logit_indices=inputs.logit_indices)  # [1, R, V]
         return logits[0], inputs.sampling
