@@ -101,6 +101,24 @@ def test_a_batch_of_32_prompts_equals_each_prompt_alone(model_dir, reference, co
     assert_all_blocks_free(eng)
 
 
+def test_the_cpu_kernels_run_under_the_paged_engine(model_dir, corpus):
+    """On CPU the engine optimizes its model as LLM does (fused projections, the native kernels) and runs
+    steps inside kernel_step; greedy outputs equal those of the same engine on torch's matmuls."""
+    from py_engine.kernels import cpu_kernels
+    from py_engine.models.cpu_transforms import KernelLinear
+
+    if cpu_kernels() is None:
+        pytest.skip("no AVX2/FMA x86-64 Linux or no C compiler")
+    fast, plain = engine(model_dir), engine(model_dir, optimize=False)
+    assert fast.runner.kernels is cpu_kernels() and plain.runner.kernels is None
+    assert any(isinstance(m, KernelLinear) for m in fast.model.modules())
+    assert not any(isinstance(m, KernelLinear) for m in plain.model.modules())
+    batch = [(f"r{i}", p, SamplingParams.greedy(max_tokens=12)) for i, p in enumerate(prompts(corpus, 8, seed=5))]
+    threads = torch.get_num_threads()
+    assert run(fast, batch) == run(plain, batch)
+    assert torch.get_num_threads() == threads  # kernel_step gives torch its threads back
+
+
 SLIDING = {"mistral": {"sliding_window": 8},
            "gemma2": {"head_dim": 16, "sliding_window": 8, "query_pre_attn_scalar": 24,
                       "attn_logit_softcapping": 5.0, "final_logit_softcapping": 3.0}}
