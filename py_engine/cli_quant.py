@@ -17,7 +17,7 @@ import sys
 import time
 from pathlib import Path
 
-from py_engine.quant.config import METHODS, QuantConfig
+from py_engine.quant.config import METHODS, QuantConfig, add_lm_head_option, lm_head_option
 
 WEIGHT_FILES = ("*.safetensors", "pytorch_model*.bin")
 
@@ -35,8 +35,7 @@ def add_quantize_parser(sub) -> None:
     sym.add_argument("--asymmetric", dest="symmetric", action="store_false",
                      help="per-group zero points (default for int4 and awq)")
     p.add_argument("--act-order", action="store_true", help="gptq: quantize columns by decreasing Hessian diagonal")
-    p.add_argument("--lm-head-bits", choices=("8", "4", "none"), default="8",
-                   help="the LM head: int8 per channel (default), 4-bit groups, or float")
+    add_lm_head_option(p)
     p.add_argument("--calibration-file", metavar="FILE",
                    help="text to calibrate AWQ/GPTQ on (default: the model's corpus)")
     p.add_argument("--calibration-samples", type=int, default=128, metavar="N", help="calibration sequences (default 128)")
@@ -53,8 +52,7 @@ def quant_config(args: argparse.Namespace) -> QuantConfig:
     extra = {"calibration_samples": args.calibration_samples, "act_order": args.act_order}
     if args.calibration_file:
         extra["calibration_file"] = args.calibration_file
-    if args.lm_head_bits != "8":
-        extra["lm_head_bits"] = None if args.lm_head_bits == "none" else int(args.lm_head_bits)
+    extra.update(lm_head_option(args))
     if args.act_order and args.method != "gptq":
         raise ValueError(f"--act-order is a GPTQ option; --method {args.method} has none")
     return QuantConfig.from_options(args.method, bits=args.bits, group_size=args.group_size,

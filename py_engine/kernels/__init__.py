@@ -152,7 +152,6 @@ class CpuKernels:
                                f"position {position}, start {start}")
         return out
 
-
     def argmax(self, x: Tensor) -> int:
         """int(torch.argmax(x)) for a contiguous fp32 CPU tensor: the first index of the largest value
         (of the first NaN, if any), as torch."""

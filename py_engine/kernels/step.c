@@ -77,10 +77,9 @@ static void add_into(void *x, const void *y, int64_t n, int bf16) { /* x = x + y
 
 /* x [hidden] is the token's embedding on entry and its residual stream after the last layer on return;
  * out [hidden] = final_norm(x). cos, sin: [rot] for this position. Returns 0, or -(1 + layer) when a
- * kernel refused its arguments there, or -1000 when the final norm's arguments were wrong. */
+ * kernel refused its arguments there (rk_attend_one checks pos against the cache). */
 int rk_decode_step(const step_t *s, void *x, const void *cos, const void *sin, int64_t rot, int64_t pos, void *out) {
   const int b = s->bf16;
-  if (pos < 0 || pos >= s->max_len) return -1;
   for (int64_t l = 0; l < s->n_layers; ++l) {
     const step_layer_t *L = &s->layers[l];
     const int64_t start = L->window > 0 && pos + 1 > L->window ? pos + 1 - L->window : 0;
@@ -96,7 +95,6 @@ int rk_decode_step(const step_t *s, void *x, const void *cos, const void *sin, i
       return (int)-(1 + l);
     add_into(x, s->tmp, s->hidden, b);
   }
-  if (!s->final_norm) return -1000;
   rk_rms_norm(x, s->final_norm, out, 1, s->hidden, s->eps, s->unit_offset, b);
   return 0;
 }

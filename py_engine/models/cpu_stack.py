@@ -75,8 +75,6 @@ class StackPlan:
         self.lock = threading.Lock()  # steps from several threads (one model, several caches) take turns
         self.checks: list[tuple[dict, str, object]] = []  # (a __dict__/_modules/_parameters, key, the object)
         self.keep: list[object] = []  # what the C structures point into
-        self._columns: tuple | None = None  # checks as (containers, keys, objects), for valid()
-        self._seen: set = set()
         layers = list(model.layers)
         first = layers[0] if layers else None
         if not layers or not isinstance(first, DecoderLayer):
@@ -93,6 +91,7 @@ class StackPlan:
         self._watch(model._modules, "norm", model.norm)
         self.final_norm = self._norm(model.norm)
         self.layers = (Layer * len(layers))(*(self._layer(i, layer) for i, layer in enumerate(layers)))
+        self._columns = tuple(zip(*self.checks))  # (containers, keys, objects): valid() maps over them in C
         self.buffers = {name: torch.empty(size, dtype=dtype) for name, size in (
             ("h", self.hidden), ("qkv", (self.heads + 2 * self.kv_heads) * self.head_dim),
             ("attn", self.heads * self.head_dim), ("wide", 2 * self.inter), ("act", self.inter),
@@ -108,17 +107,13 @@ class StackPlan:
 
     # what must not change -------------------------------------------------------------------------------
     def _watch(self, container: dict, key: str, obj: object) -> None:
+        """Record that container[key] must stay obj (it is now)."""
         if container.get(key) is not obj:
             raise NotStackable(f"{key} is not where it was read")
-        seen = (id(container), key)
-        if seen not in self._seen:  # gate/up's parts are read twice
-            self._seen.add(seen)
-            self.checks.append((container, key, obj))
+        self.checks.append((container, key, obj))
 
     def valid(self) -> bool:
         """Whether the plan still describes the model: ~20 identities a layer, compared in C (map)."""
-        if self._columns is None or len(self._columns[0]) != len(self.checks):
-            self._columns = tuple(zip(*self.checks)) or ((), (), ())
         containers, keys, objects = self._columns
         return all(map(operator.is_, map(dict.get, containers, keys), objects))
 
@@ -150,7 +145,7 @@ class StackPlan:
             self._watch(mlp._modules, name, mlp._modules.get(name))
         spec = attn.spec
         return Layer(self._norm(layer.input_layernorm), self._norm(layer.post_attention_layernorm),
-                     self._proj(attn.qkv_proj), self._proj(attn.o_proj), self._gated(mlp), self._proj(mlp.down_proj),
+                     self._proj(attn.qkv_proj), self._proj(attn.o_proj), self._gate_up(mlp), self._proj(mlp.down_proj),
                      None, None, spec.sliding_window or 0, spec.scale, spec.softcap or 0.0)
 
     def _norm(self, norm: nn.Module) -> int:
@@ -162,17 +157,38 @@ class StackPlan:
         self._watch(norm._parameters, "weight", w)
         return w.data_ptr()
 
-    def _proj(self, module: nn.Module) -> Proj:
-        """A projection's kernel call: the QuantPlan or LinearPlan its own forward would use."""
+    def _proj(self, module: nn.Module, gated: bool = False) -> Proj:
+        """A projection's kernel call: the QuantPlan or the float weights its own forward would use;
+        gated: a gate/up pair, silu(gate(x)) * up(x)."""
         quant = _quant_plan(module)
-        if quant is not None:
-            plan, parts = quant
-            self._watch(module.__dict__, "_quant_plan" if parts else "_plan", plan)
-            for i, part in enumerate(parts):
-                self._watch(module.parts._modules, str(i), part)
-                self._watch(part.__dict__, "_token", plan.key[i])
-            self.keep.append(plan)
-            return Proj(ctypes.addressof(plan._mats), None, None, 1, len(plan.weights), plan.mode, 0, plan.out)
+        if quant is None:
+            linears = self._float_linears(module)
+            return self._float_proj([lin.weight for lin in linears], [lin.bias for lin in linears], gated)
+        plan, parts = quant
+        if gated and (len(parts) != 2 or parts[0].out_features != parts[1].out_features):
+            raise NotStackable("gate/up are not two parts of one width")
+        self._watch(module.__dict__, "_quant_plan" if parts else "_plan", plan)
+        for i, part in enumerate(parts):
+            self._watch(module.parts._modules, str(i), part)
+            self._watch(part.__dict__, "_token", plan.key[i])
+        self.keep.append(plan)
+        out = parts[0].out_features if gated else plan.out
+        return Proj(ctypes.addressof(plan._mats), None, None, 1, len(plan.weights), plan.mode, int(gated), out)
+
+    def _gate_up(self, mlp: KernelMLP) -> Proj:
+        """silu(gate(x)) * up(x) as KernelMLP.forward computes it."""
+        proj = mlp._modules.get("gate_up_proj")
+        if type(proj) is FusedLinear and _quant_plan(proj) is not None:
+            return self._proj(proj, gated=True)
+        weights = mlp._gate_up()  # separate gate and up weights (Phi-3's stored [2 I, H] as two views)
+        if weights is None:
+            raise NotStackable("gate/up are not float weights on the kernels")
+        self._float_linears(proj)
+        w_gate, w_up, b_gate, b_up = weights
+        return self._float_proj([w_gate, w_up], [b_gate, b_up], gated=True)
+
+    def _float_linears(self, module: nn.Module) -> list[nn.Linear]:
+        """The float Linears behind a kernel projection (a FusedLinear's parts, or a KernelLinear), watched."""
         if isinstance(module, FusedLinear) and all(type(p) is nn.Linear for p in module.parts):
             linears = list(module.parts)
             for i, part in enumerate(linears):
@@ -184,30 +200,7 @@ class StackPlan:
         for lin in linears:
             self._watch(lin._parameters, "weight", lin.weight)
             self._watch(lin._parameters, "bias", lin.bias)
-        return self._float_proj([lin.weight for lin in linears], [lin.bias for lin in linears], gated=False)
-
-    def _gated(self, mlp: KernelMLP) -> Proj:
-        """silu(gate(x)) * up(x) as KernelMLP.forward computes it."""
-        proj = mlp._modules.get("gate_up_proj")
-        quant = _quant_plan(proj) if type(proj) is FusedLinear else None
-        if quant is not None:
-            plan, parts = quant
-            if len(parts) != 2 or parts[0].out_features != parts[1].out_features:
-                raise NotStackable("gate/up are not two parts of one width")
-            proj_struct = self._proj(proj)
-            proj_struct.gated, proj_struct.out = 1, parts[0].out_features
-            return proj_struct
-        weights = mlp._gate_up()
-        if weights is None:
-            raise NotStackable("gate/up are not float weights on the kernels")
-        linears = list(proj.parts) if isinstance(proj, FusedLinear) else [proj]
-        for i, lin in enumerate(linears):
-            if isinstance(proj, FusedLinear):
-                self._watch(proj.parts._modules, str(i), lin)
-            self._watch(lin._parameters, "weight", lin.weight)
-            self._watch(lin._parameters, "bias", lin.bias)
-        w_gate, w_up, b_gate, b_up = weights
-        return self._float_proj([w_gate, w_up], [b_gate, b_up], gated=True)
+        return linears
 
     def _float_proj(self, weights: list[Tensor], biases: list[Tensor | None], gated: bool) -> Proj:
         if not all(self.kernels.supports_weight(w) and w.dtype == self.dtype for w in weights):
@@ -246,8 +239,7 @@ class StackPlan:
         status = self._fn(ctypes.byref(self.step), x.data_ptr(), cos.data_ptr(), sin.data_ptr(), cos.shape[-1],
                           position, out.data_ptr())
         if status != 0:
-            where = "the final norm" if status == -1000 else f"layer {-status - 1}"
-            raise RuntimeError(f"rk_decode_step failed in {where} at position {position}")
+            raise RuntimeError(f"rk_decode_step failed in layer {-status - 1} at position {position}")
         return out
 
 
@@ -268,18 +260,17 @@ def _quant_plan(module: nn.Module):
     from ..quant.linear import QuantLinear  # quant imports models: not at import time
 
     if isinstance(module, QuantLinear):
-        plan = module.__dict__.get("_plan")
-        if plan is None or getattr(module, "perm", None) is not None or getattr(plan, "perm", None) is not None:
-            raise NotStackable("a quantized layer has no CPU plan, or reads x permuted (act-order)")
-        return plan, []
-    if isinstance(module, FusedLinear) and any(isinstance(p, QuantLinear) for p in module.parts):
-        parts = list(module.parts)
-        plan = module.__dict__.get("_quant_plan")
-        if (plan is None or len(plan.key) != len(parts) or any(a is not p._token for a, p in zip(plan.key, parts))
-                or any(getattr(p, "perm", None) is not None for p in parts) or getattr(plan, "perm", None) is not None):
-            raise NotStackable("fused quantized layers have no current CPU plan")
-        return plan, parts
-    return None
+        plan, parts = module.__dict__.get("_plan"), []
+    elif isinstance(module, FusedLinear) and any(isinstance(p, QuantLinear) for p in module.parts):
+        plan, parts = module.__dict__.get("_quant_plan"), list(module.parts)
+        stale = plan is not None and (len(plan.key) != len(parts)
+                                      or any(a is not p._token for a, p in zip(plan.key, parts)))
+        plan = None if stale else plan  # built for parts that have moved since
+    else:
+        return None
+    if plan is None or plan.perm is not None:  # rk_decode_step passes x as it is: no act-order gather
+        raise NotStackable("a quantized projection has no current CPU plan, or reads x permuted (act-order)")
+    return plan, parts
 
 
 class KernelDecoderModel(DecoderModel):

@@ -124,9 +124,7 @@ def add_quantization_options(parser, calibration: bool = True) -> None:
     parser.add_argument("--bits", type=int, help="weight bits (default: 8 for int8/smoothquant, 4 otherwise)")
     parser.add_argument("--group-size", type=int,
                         help="group along the input dimension for 4-bit methods (default 128)")
-    parser.add_argument("--lm-head-bits", choices=("8", "4", "none"), default="8",
-                        help="the LM head (and a tied embedding's table): int8 per channel (default), 4-bit in "
-                             "groups (faster: llama.cpp's Q4_0 keeps it at 6 bits), or float")
+    add_lm_head_option(parser)
     if calibration:
         parser.add_argument("--calibration-file", metavar="FILE",
                             help="text to calibrate AWQ/GPTQ/SmoothQuant on (default: the model's corpus)")
@@ -141,8 +139,19 @@ def quant_config_from_args(args) -> QuantConfig:
         extra["calibration_file"] = args.calibration_file
     if getattr(args, "calibration_samples", None) is not None:
         extra["calibration_samples"] = args.calibration_samples
-    head = getattr(args, "lm_head_bits", "8")
-    if head != "8":
-        extra["lm_head_bits"] = None if head == "none" else int(head)
+    extra.update(lm_head_option(args))
     return QuantConfig.from_options(getattr(args, "quantization", "none"), bits=getattr(args, "bits", None),
                                     group_size=getattr(args, "group_size", None), **extra)
+
+
+def add_lm_head_option(parser) -> None:
+    """--lm-head-bits, for the commands that quantize at load and for `ruvllm quantize`."""
+    parser.add_argument("--lm-head-bits", choices=("8", "4", "none"), default="8",
+                        help="the LM head (and a tied embedding's table): int8 per channel (default), 4-bit in "
+                             "groups (faster: llama.cpp's Q4_0 keeps it at 6 bits), or float")
+
+
+def lm_head_option(args) -> dict:
+    """QuantConfig keywords for a parsed --lm-head-bits: {} for the default int8 head."""
+    head = getattr(args, "lm_head_bits", "8")
+    return {} if head == "8" else {"lm_head_bits": None if head == "none" else int(head)}
