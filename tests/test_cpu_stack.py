@@ -2,7 +2,8 @@
 
 The per-module path is itself tested against transformers (test_cpu_fast.py,
 test_quant_transform.py); here every logit of a decode with the stack must
-equal, exactly, the same decode with `stack_enabled = False`: float32 and
+equal, exactly, the same decode with `stack_enabled = False` (and, in
+float32, transformers' logits within 1e-4): float32 and
 bf16, each tiny family the stack takes (biases, sliding windows, partial
 rotary, LongRoPE, GQA), int8/int4 quantized layers on either activation
 path. Also: families it must not take fall back; a changed module, a moved
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 import pytest
 
-from model_cases import FAMILIES, positions, prompt, save_hf_model
+from model_cases import FAMILIES, hf_decode_logits, positions, prompt, save_hf_model
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -79,12 +80,16 @@ def _both(model, ids, prefill=5):
 @pytest.mark.parametrize("name", TAKEN)
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_stack_equals_the_module_path(name, dtype, tmp_path, calls):
-    save_hf_model(FAMILIES[name], tmp_path)
+    hf = save_hf_model(FAMILIES[name], tmp_path)
     model = _model(tmp_path, dtype)
     ids = prompt(30)
     fast, slow = _both(model, ids)
     assert calls["n"] == ids.shape[1] - 5 - 1  # every decode step but the first, which lays the plan out
     assert torch.equal(fast, slow)
+    if dtype == "float32":  # and both are transformers' logits (test_cpu_fast's tolerance)
+        with torch.no_grad():
+            diff = (fast - hf_decode_logits(hf, ids, 5)).abs().max().item()
+        assert diff < 1e-4, f"{name}: max abs logit diff {diff:.3g} against transformers"
 
 
 @pytest.mark.parametrize("quantization", ["int8", "int4"])
@@ -201,6 +206,7 @@ def test_threads_and_copies(tmp_path, calls):
     """Two threads decoding one model into two caches take turns on the plan's buffers and each get the
     module path's logits; a deep copy of a model with a plan laid out decodes the same."""
     import copy
+    import sys
     import threading
 
     save_hf_model(FAMILIES["qwen2"], tmp_path)
@@ -214,13 +220,18 @@ def test_threads_and_copies(tmp_path, calls):
 
         def run(k):
             with torch.no_grad():
-                for _ in range(3):
+                for _ in range(10):
                     results[k] = decode_logits(model, ids[k], 5)
         threads = [threading.Thread(target=run, args=(k,)) for k in (0, 1)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        interval = sys.getswitchinterval()
+        sys.setswitchinterval(1e-6)  # switch threads between any two bytecodes: bind and call interleave
+        try:
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+        finally:
+            sys.setswitchinterval(interval)
         assert calls["n"] > 0
         assert all(torch.equal(r, e) for r, e in zip(results, expected))
         twin = copy.deepcopy(model)

@@ -348,17 +348,23 @@ def test_act_order_layers_write_back_their_own_tensors(act_order, tmp_path):
                        folder)
 
 
+def act_order_layer(seed: int, n: int, k: int, bits: int, group: int, bias: bool) -> tuple[QuantLinear, torch.Tensor]:
+    """A QuantLinear loaded from a reference-packed act-order layer (random W and perm), and W by the formula."""
+    from py_engine.quant.hf_packing import from_gptq
+
+    torch.manual_seed(seed)
+    w, perm = torch.randn(n, k), torch.randperm(k)
+    tensors, textbook = act_order_pack(w, bits, group, perm)
+    q, got_perm = from_gptq(tensors["qweight"], tensors["qzeros"], tensors["scales"], tensors["g_idx"], bits=bits,
+                            group_size=group, in_features=k, symmetric=False)
+    return QuantLinear.from_weight(q, torch.randn(n) if bias else None, got_perm), textbook
+
+
 def test_act_order_short_last_group_on_one_layer():
     """K = 96 in groups of 64 (the last group 32 wide), 8-bit: the layer against x @ W^T by the formula."""
-    from py_engine.quant.hf_packing import from_gptq
     from py_engine.quant.linear import reference_forward
 
-    torch.manual_seed(3)
-    w, perm = torch.randn(64, 96), torch.randperm(96)
-    tensors, textbook = act_order_pack(w, 8, 64, perm)
-    q, got_perm = from_gptq(tensors["qweight"], tensors["qzeros"], tensors["scales"], tensors["g_idx"], bits=8,
-                            group_size=64, in_features=96, symmetric=False)
-    layer = QuantLinear.from_weight(q, torch.randn(64), got_perm)
+    layer, textbook = act_order_layer(3, 64, 96, 8, 64, bias=True)
     layer.int8_activations = False
     assert torch.equal(layer.dequantize(), textbook)
     for rows in (1, 37):  # decode, prefill
@@ -371,14 +377,8 @@ def test_act_order_short_last_group_on_one_layer():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_act_order_layer_on_cuda_reads_x_in_the_codes_order():
     """torch's int4 CUDA kernel (groups of 32, K a multiple of 128) on the permuted codes vs W by the formula."""
-    from py_engine.quant.hf_packing import from_gptq
-
-    torch.manual_seed(4)
-    w, perm = torch.randn(64, 256), torch.randperm(256)
-    tensors, textbook = act_order_pack(w, 4, 32, perm)
-    q, got_perm = from_gptq(tensors["qweight"], tensors["qzeros"], tensors["scales"], tensors["g_idx"], bits=4,
-                            group_size=32, in_features=256, symmetric=False)
-    layer = QuantLinear.from_weight(q, None, got_perm).to("cuda")
+    layer, textbook = act_order_layer(4, 64, 256, 4, 32, bias=False)
+    layer = layer.to("cuda")
     assert layer.perm.is_cuda and torch.equal(layer.dequantize().cpu(), textbook)
     x = torch.randn(37, 256)
     want = x @ textbook.T
