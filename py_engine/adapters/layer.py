@@ -46,6 +46,7 @@ class AdapterMix:
     slot: int | None = None
     rows: Tensor | None = None
     weights: Tensor | None = None
+    version: int = 0  # bumped when any LoraLinear of the model changes its adapters (stack.py rereads them)
 
     @property
     def active(self) -> bool:
@@ -79,11 +80,29 @@ class LoraLinear(nn.Module):
 
     def add(self, slot: int, segment: int, module: LoraModule) -> None:
         self.entries.setdefault(slot, {})[segment] = module
-        self._packed = None
+        self._changed()
 
     def remove(self, slot: int) -> None:
         if self.entries.pop(slot, None) is not None:
-            self._packed = None
+            self._changed()
+
+    def _changed(self) -> None:
+        self._packed = None
+        self.mix.version += 1
+
+    def slot_matrices(self, slot: int) -> tuple[Tensor, Tensor] | None:
+        """One adapter's A [r, in] and scaled B [out, r] over every segment (fp32, CPU, contiguous), or None."""
+        if slot not in self.entries:
+            return None
+        As, Bs = zip(*(self._segment(seg, m) for seg, m in sorted(self.entries[slot].items())))
+        return torch.cat(As).contiguous(), torch.cat(Bs, dim=1).contiguous()
+
+    def _segment(self, seg: int, m: LoraModule) -> tuple[Tensor, Tensor]:
+        """A [r, in] and B [out, r] of one segment's adapter, scaling folded in, zero outside its rows."""
+        B = torch.zeros(self.out_features, m.rank)
+        off = self.offsets[seg]
+        B[off:off + self.splits[seg]] = m.B * m.scaling
+        return m.A, B
 
     def segments_with_adapters(self) -> list[int]:
         return sorted({seg for per_slot in self.entries.values() for seg in per_slot})
@@ -138,10 +157,9 @@ class LoraLinear(nn.Module):
         As, Bs, slots, layers, spans, start = [], [], [], [], {}, 0
         for slot in sorted(self.entries):
             for seg, m in sorted(self.entries[slot].items()):
-                r, off = m.rank, self.offsets[seg]
-                B = torch.zeros(self.out_features, r)
-                B[off:off + self.splits[seg]] = m.B * m.scaling
-                As.append(m.A)
+                r = m.rank
+                A, B = self._segment(seg, m)
+                As.append(A)
                 Bs.append(B)
                 slots += [slot] * r
                 index = self.layer_index[seg]
@@ -156,8 +174,9 @@ class LoraLinear(nn.Module):
         return self._packed
 
     def set_layer_index(self, segment: int, index: int | None) -> None:
-        self.layer_index[segment] = index
-        self._packed = None
+        if self.layer_index[segment] != index:
+            self.layer_index[segment] = index
+            self._changed()
 
 
 def _in_features(module: nn.Module) -> int:

@@ -192,6 +192,8 @@ class LoraManager:
             except AttributeError:
                 module = None
             module = module.base if isinstance(module, LoraLinear) else module
+            if hasattr(module, "qweight"):  # a quantized head: its rounded codes cannot equal the float copy
+                continue
             weight = getattr(module, "weight", None)
             if not isinstance(weight, Tensor) or tuple(weight.shape) != tuple(saved.shape) or not torch.equal(
                     saved.to(device=weight.device, dtype=weight.dtype), weight):
