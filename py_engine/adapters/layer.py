@@ -41,11 +41,14 @@ class AdapterMix:
     """Which adapters the next forward applies (one per model; see LoraManager.set_adapter_mix).
 
     slot: one adapter slot for every row; rows: [N] slot per flattened row, -1 for the base;
-    weights: [N, S] or [N, L, S] per-row weight of each slot (X-LoRA). At most one is set."""
+    weights: [N, S] or [N, L, S] per-row weight of each slot (X-LoRA). At most one is set.
+    head_rows: with rows, the slot of each row the LM head sees when it computes fewer rows than the
+    decoder (the server's logit_indices: one row per sampling sequence)."""
 
     slot: int | None = None
     rows: Tensor | None = None
     weights: Tensor | None = None
+    head_rows: Tensor | None = None
     version: int = 0  # bumped when any LoraLinear of the model changes its adapters (stack.py rereads them)
 
     @property
@@ -63,6 +66,7 @@ class LoraLinear(nn.Module):
         self.offsets = [sum(splits[:i]) for i in range(len(splits))]
         self.layer_index: list[int | None] = [None] * len(splits)  # X-LoRA's layer number per segment
         self.entries: dict[int, dict[int, LoraModule]] = {}  # slot -> segment -> matrices
+        self.is_head = False  # the model's LM head (reads AdapterMix.head_rows)
         self._packed: tuple[Tensor, Tensor, Tensor, Tensor, dict[int, tuple[int, int]]] | None = None
 
     @property
@@ -127,7 +131,8 @@ class LoraLinear(nn.Module):
         x2 = x.reshape(-1, shape[-1])  # [N, in]
         h = x2 @ A.T  # [N, R]: every loaded adapter's shrink
         if mix.rows is not None:
-            rows = mix.rows.to(col_slot.device)
+            rows = mix.head_rows if self.is_head and mix.head_rows is not None else mix.rows
+            rows = rows.to(col_slot.device)
             if rows.shape != (x2.shape[0],):
                 raise ValueError(f"adapter rows has shape {list(rows.shape)}; the forward has {x2.shape[0]} rows")
             h = h * (rows[:, None] == col_slot[None]).to(h.dtype)  # [N, R]: each row keeps its adapter's columns
