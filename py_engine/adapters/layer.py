@@ -28,7 +28,7 @@ each column's slot and layer index beside them.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor, nn
@@ -49,6 +49,9 @@ class AdapterMix:
     rows: Tensor | None = None
     weights: Tensor | None = None
     head_rows: Tensor | None = None
+    # rows' 0/1 column masks, shared by the projections whose packed columns have the same slots (most of a
+    # model's): one compare per layout and step instead of one per projection. Cleared when the mix changes.
+    masks: dict = field(default_factory=dict)
     version: int = 0  # bumped when any LoraLinear of the model changes its adapters (stack.py rereads them)
 
     @property
@@ -68,6 +71,7 @@ class LoraLinear(nn.Module):
         self.entries: dict[int, dict[int, LoraModule]] = {}  # slot -> segment -> matrices
         self.is_head = False  # the model's LM head (reads AdapterMix.head_rows)
         self._packed: tuple[Tensor, Tensor, Tensor, Tensor, dict[int, tuple[int, int]]] | None = None
+        self._layout: tuple[int, ...] = ()  # each packed column's slot (the key of AdapterMix.masks)
 
     @property
     def in_features(self) -> int:
@@ -93,6 +97,7 @@ class LoraLinear(nn.Module):
     def _changed(self) -> None:
         self._packed = None
         self.mix.version += 1
+        self.mix.masks.clear()
 
     def slot_matrices(self, slot: int) -> tuple[Tensor, Tensor] | None:
         """One adapter's A [r, in] and scaled B [out, r] over every segment (fp32, CPU, contiguous), or None."""
@@ -131,11 +136,15 @@ class LoraLinear(nn.Module):
         x2 = x.reshape(-1, shape[-1])  # [N, in]
         h = x2 @ A.T  # [N, R]: every loaded adapter's shrink
         if mix.rows is not None:
-            rows = mix.head_rows if self.is_head and mix.head_rows is not None else mix.rows
-            rows = rows.to(col_slot.device)
-            if rows.shape != (x2.shape[0],):
-                raise ValueError(f"adapter rows has shape {list(rows.shape)}; the forward has {x2.shape[0]} rows")
-            h = h * (rows[:, None] == col_slot[None]).to(h.dtype)  # [N, R]: each row keeps its adapter's columns
+            head = self.is_head and mix.head_rows is not None
+            key = (self._layout, head, h.dtype, h.device)
+            mask = mix.masks.get(key)
+            if mask is None:
+                rows = (mix.head_rows if head else mix.rows).to(col_slot.device)
+                if rows.shape != (x2.shape[0],):
+                    raise ValueError(f"adapter rows has shape {list(rows.shape)}; the forward has {x2.shape[0]} rows")
+                mask = mix.masks[key] = (rows[:, None] == col_slot[None]).to(h.dtype)  # [N, R]
+            h = h * mask  # each row keeps its adapter's columns
         else:
             h = h * self._column_weights(mix.weights, x2.shape[0], col_slot, col_layer).to(h.dtype)
         return (h @ B.T).view(*shape[:-1], B.shape[0])  # [N, out] -> [..., out]
@@ -175,6 +184,7 @@ class LoraLinear(nn.Module):
         B = torch.cat(Bs, dim=1).to(device=x.device, dtype=x.dtype)
         col_slot = torch.tensor(slots, device=x.device)
         col_layer = torch.tensor(layers, device=x.device)
+        self._layout = tuple(slots)
         self._packed = (A, B, col_slot, col_layer, spans)
         return self._packed
 

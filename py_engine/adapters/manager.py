@@ -110,6 +110,7 @@ class LoraManager:
             raise ValueError("set_adapter_mix takes one of adapter, indices or weights")
         mix = self.mix
         mix.slot = mix.rows = mix.weights = mix.head_rows = None
+        mix.masks.clear()
         if adapter is not None:
             mix.slot = self.slot(adapter)
         elif indices is not None:

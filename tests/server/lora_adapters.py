@@ -18,14 +18,14 @@ ADAPTERS = {
 }
 
 
-def build_adapters(folder: Path, b_scale: float = 0.5) -> dict[str, Path]:
-    """Save the four adapters under folder/NAME; returns name -> folder."""
+def build_adapters(folder: Path, b_scale: float = 0.5, base: Path = BUILTIN) -> dict[str, Path]:
+    """Save the four adapters, on the Hugging Face folder `base`, under folder/NAME; returns name -> folder."""
     import torch
     import transformers
 
     from tests.adapters.lora_cases import save_peft_adapter
 
-    hf = transformers.AutoModelForCausalLM.from_pretrained(BUILTIN, dtype=torch.float32).eval()
+    hf = transformers.AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32).eval()
     out = {}
     for seed, (name, config) in enumerate(ADAPTERS.items()):
         out[name] = folder / name
