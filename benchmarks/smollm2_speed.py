@@ -71,11 +71,14 @@ def run_ruvllm(threads: int, prompt: int, new_tokens: int) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def run_llama_bench(binary: Path, gguf: Path, threads: int, prompt: int, new_tokens: int) -> dict:
+def run_llama_bench(binary: Path, gguf: Path, threads: int, prompt: int, new_tokens: int, passive: bool) -> dict:
+    """passive: llama.cpp's threads sleep rather than spin while waiting (--poll 0, OMP_WAIT_POLICY=passive),
+    which a shared, overloaded machine needs (spinning threads lost up to 10x there)."""
     if not binary.is_file():
         raise SystemExit(f"{binary} is missing: build llama.cpp as benchmarks/README.md says or pass --llama-bench")
+    extra, env = (["--poll", "0"], {**os.environ, "OMP_WAIT_POLICY": "passive"}) if passive else ([], None)
     done = subprocess.run([str(binary), "-m", str(gguf), "-p", str(prompt), "-n", str(new_tokens), "-t", str(threads),
-                           "-r", "1", "-o", "json"], capture_output=True, text=True, timeout=1800)
+                           "-r", "1", "-o", "json", *extra], capture_output=True, text=True, timeout=1800, env=env)
     if done.returncode != 0:
         raise SystemExit(f"llama-bench failed:\n{done.stderr[-3000:]}")
     rows = json.loads(done.stdout)
@@ -95,6 +98,8 @@ def main() -> int:
     parser.add_argument("--prompt", type=int, default=512)
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--llama-bench", type=Path, default=LLAMA_BENCH)
+    parser.add_argument("--passive", action="store_true",
+                        help="llama.cpp's threads sleep while waiting (--poll 0, OMP_WAIT_POLICY=passive): for a loaded machine")
     parser.add_argument("--output", type=Path, default=RESULTS)
     args = parser.parse_args()
     sys.path.insert(0, str(REPO))
@@ -102,14 +107,14 @@ def main() -> int:
 
     gguf = gguf_path()
     meta = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "model": gguf.name, "threads": args.threads,
-            "prompt": args.prompt, "new_tokens": args.new_tokens, **machine()}
+            "prompt": args.prompt, "new_tokens": args.new_tokens, "llama_cpp_passive": args.passive, **machine()}
     runs = []
     print("| round | engine | prefill tok/s | decode tok/s |\n| --- | --- | --- | --- |")
     for r in range(args.rounds):
         order = ("ruvllm", "llama.cpp") if r % 2 == 0 else ("llama.cpp", "ruvllm")
         for engine in order:
             got = (run_ruvllm(args.threads, args.prompt, args.new_tokens) if engine == "ruvllm" else
-                   run_llama_bench(args.llama_bench, gguf, args.threads, args.prompt, args.new_tokens))
+                   run_llama_bench(args.llama_bench, gguf, args.threads, args.prompt, args.new_tokens, args.passive))
             runs.append({"round": r, "engine": engine, "loadavg": os.getloadavg()[0], **got})
             print(f"| {r} | {engine} | {got['prefill_tps']:.1f} | {got['decode_tps']:.1f} |", flush=True)
     summary = {}
