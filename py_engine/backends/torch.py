@@ -83,7 +83,9 @@ class TorchBackend:
         if self.kv is not None and self.kv.max_len >= length:
             return
         capacity = min(self.max_context, -(-length // _CACHE_STEP) * _CACHE_STEP)
-        fresh = DenseKVCache.allocate(self.config, 1, capacity, self.dtype, self.device)
+        # X-LoRA (py_engine.adapters.xlora) keeps its scaling pass's cache beside the model's: kv_layers = 2 x layers
+        layers = getattr(self.model, "kv_layers", None)
+        fresh = DenseKVCache.allocate(self.config, 1, capacity, self.dtype, self.device, layers=layers)
         if self.kv is not None:
             for old, new in zip(self.kv.keys + self.kv.values, fresh.keys + fresh.values):
                 new[:, :, : self.length].copy_(old[:, :, : self.length])
