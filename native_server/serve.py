@@ -107,6 +107,8 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="seconds a chat template may take to render before the request gets a 400 (default 10)")
     p.add_argument("--request-body-timeout", type=float, default=30.0, metavar="S",
                    help="seconds a client has to send a request body before a 408 (default 30)")
+    p.add_argument("--xlora", metavar="DIR",
+                   help="serve the model with a peft X-LoRA folder applied to every request (per-token expert mix)")
     p.add_argument("--web-dir", type=Path, default=WEB_DIST, metavar="DIR",
                    help="the demo page served at / (default: web/dist, built by `ruvllm web build`)")
     p.set_defaults(func=run_serve)
@@ -167,7 +169,8 @@ def run_serve(args: argparse.Namespace) -> int:
                        max_num_seqs=args.max_concurrent, max_num_batched_tokens=args.max_num_batched_tokens,
                        max_model_len=args.max_context, max_queue=args.max_queue,
                        enable_prefix_caching=not args.no_prefix_caching, quantization=quant_config_from_args(args),
-                       attention_backend=args.attention_backend, cuda_graphs=not args.enforce_eager)
+                       attention_backend=args.attention_backend, cuda_graphs=not args.enforce_eager,
+                       xlora=args.xlora)
     async_engine = AsyncEngine(engine)
     ctx = ServerContext.for_engine(async_engine, path, name, _aliases(args.model, path),
                                    allow_client_chat_template=args.allow_client_chat_template,

@@ -132,6 +132,23 @@ class XLoraModel(nn.Module):
 
     def forward(self, input_ids: Tensor, positions: Tensor, kv=None, last_only: bool = False,
                 logit_indices: Tensor | None = None) -> Tensor:
+        real_kv, weights = self._prepare(input_ids, positions, kv)
+        with self.manager.using(weights=weights):
+            return self.lm(input_ids, positions, real_kv, last_only=last_only, logit_indices=logit_indices)
+
+    @property
+    def model(self):
+        """CausalLM.model's role: the real pass's final hidden state [B, T, hidden] (both passes run and
+        fill their caches; the server runs this for prompt chunks that sample nothing)."""
+        return self._hidden
+
+    def _hidden(self, input_ids: Tensor, positions: Tensor, kv=None) -> Tensor:
+        real_kv, weights = self._prepare(input_ids, positions, kv)
+        with self.manager.using(weights=weights):
+            return self.lm.model(input_ids, positions, real_kv)
+
+    def _prepare(self, input_ids: Tensor, positions: Tensor, kv) -> tuple[object, Tensor]:
+        """The scaling pass (or the frozen scalings): (the real pass's cache, the manager's weights)."""
         real_kv, scaling_kv = self._split(kv)
         if int(positions.min()) == 0:  # a new sequence
             self._calls, self._frozen = 0, None
@@ -146,8 +163,7 @@ class XLoraModel(nn.Module):
         self.last_scalings = scalings
         if self.scalings_log is not None:
             self.scalings_log.append(scalings[:, -1].detach().clone())
-        with self.manager.using(weights=self._mix_weights(select_scalings(scalings, self.xlora_config))):
-            return self.lm(input_ids, positions, real_kv, last_only=last_only, logit_indices=logit_indices)
+        return real_kv, self._mix_weights(select_scalings(scalings, self.xlora_config))
 
     def _scaling_pass(self, input_ids: Tensor, positions: Tensor, kv) -> Tensor:
         """The final hidden state [B, T, hidden] with every expert at scaling_pass_value (0: the base model)."""
@@ -189,6 +205,13 @@ class XLoraModel(nn.Module):
                      DenseKVCache(kv.keys[L:], kv.values[L:]))
             self._views = views
         return views[3], views[4]
+
+    def token_weights(self, log: list[Tensor] | None = None) -> list[dict[str, float]]:
+        """Each logged call's last-token weights per expert (mean over LoRA layers), labelled: the weights
+        behind each generated token when `scalings_log` was set to [] before generating."""
+        labels = self.xlora_config.expert_labels
+        rows = [s[0].mean(dim=0).tolist() for s in (self.scalings_log if log is None else log)]  # [E] per call
+        return [{label: round(w, 6) for label, w in zip(labels, row)} for row in rows]
 
     def single_expert(self, index: int) -> nn.Module:
         """Expert `index` alone as plain LoRA (weight 1, no classifier): a CausalLM-like module."""

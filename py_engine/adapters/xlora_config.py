@@ -73,6 +73,13 @@ class XLoraConfig:
     def expert_names(self) -> tuple[str, ...]:
         return tuple(name for name, _ in self.experts)
 
+    @property
+    def expert_labels(self) -> tuple[str, ...]:
+        """What to call each expert: the last part of its saved path ("../comedies" -> "comedies"), since
+        peft must name them "0", "1", ...; the names themselves where those parts are empty or repeat."""
+        labels = tuple(Path(saved.rstrip("/\\")).name for _, saved in self.experts)
+        return labels if all(labels) and len(set(labels)) == len(labels) else self.expert_names
+
     @classmethod
     def from_dir(cls, folder: str | Path) -> "XLoraConfig":
         path = Path(folder) / CONFIG_NAME
@@ -118,3 +125,24 @@ def _int(value: Any) -> bool:
 
 def _number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def add_xlora_options(parser) -> None:
+    """`--xlora DIR` and `--xlora-non-granular K`, for any command that loads a model."""
+    parser.add_argument("--xlora", metavar="DIR", help="apply a peft X-LoRA folder (XLoraModel.save_pretrained's) "
+                        "to every token: a learned per-token mix of its LoRA experts")
+    parser.add_argument("--xlora-non-granular", type=int, metavar="K",
+                        help="X-LoRA: compute scalings for the first K forward calls only, then reuse the last "
+                             "(mistral.rs's tgt_non_granular_index; one pass per token after that)")
+
+
+def xlora_from_args(args) -> tuple[str | None, int | None]:
+    """(folder, non-granular K) from add_xlora_options' flags; AdapterError when they do not fit together."""
+    folder, k = getattr(args, "xlora", None), getattr(args, "xlora_non_granular", None)
+    if k is not None and folder is None:
+        raise AdapterError("--xlora-non-granular applies to an --xlora model; no --xlora was given")
+    if k is not None and not 1 <= k <= 1 << 20:
+        raise AdapterError(f"--xlora-non-granular must be a positive number of forward calls, got {k}")
+    if folder is not None and getattr(args, "lora", None):
+        raise AdapterError("--xlora applies its own LoRA experts to every token: it cannot be combined with --lora")
+    return folder, k
