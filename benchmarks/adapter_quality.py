@@ -5,8 +5,9 @@
 
 The adapters are py_engine/data/adapters/tiny-shakespeare/ (training/train_adapters.py); the
 domains and their held-out works are training/adapter_domains.py (Twelfth Night, Julius Caesar,
-Paradise Regained). Every row is scored by py_engine.models.evaluate.perplexity (`ruvllm eval
-ppl`'s protocol: window 256 = the model's context, stride 128, `<|endoftext|>` first):
+Paradise Regained). Every row is scored by py_engine.models.evaluate.perplexity over
+non-overlapping windows of 256 tokens (the model's context; the model card's protocol),
+`<|endoftext|>` first:
 
 - peft: transformers' LlamaForCausalLM, peft's PeftModel per LoRA expert and peft's XLoraModel;
 - ruvllm: the same adapters run by ruvllm's engine (LoRA and X-LoRA), which must agree with peft.
@@ -22,6 +23,7 @@ import argparse
 import json
 import os
 import sys
+import tempfile
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -33,11 +35,12 @@ sys.path.insert(0, str(REPO))
 
 from py_engine.models.evaluate import perplexity  # noqa: E402
 from training.adapter_domains import DOMAINS, domain_texts  # noqa: E402
+from training.train_adapters import peft_loadable  # noqa: E402
 
 BASE = REPO / "py_engine" / "data" / "tiny-shakespeare"
 ADAPTERS = REPO / "py_engine" / "data" / "adapters" / "tiny-shakespeare"
 RESULTS = REPO / "benchmarks" / "results" / "adapter_quality.json"
-WINDOW, STRIDE = 256, 128
+WINDOW, STRIDE = 256, 256  # the model card's protocol (training/evaluate.py): non-overlapping windows
 
 
 class HFScorer(torch.nn.Module):
@@ -70,9 +73,9 @@ def peft_models(vocab: int):
     yield "base", HFScorer(base(), vocab)
     for d in DOMAINS:
         yield d.name, HFScorer(PeftModel.from_pretrained(base(), str(ADAPTERS / d.name)).eval(), vocab)
-    experts = {str(i): str(ADAPTERS / d.name) for i, d in enumerate(DOMAINS)}
-    yield "xlora", HFScorer(PeftModel.from_pretrained(base(), str(ADAPTERS / "xlora"), adapters=experts).eval(),
-                            vocab)
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = peft_loadable(ADAPTERS / "xlora", Path(tmp))
+        yield "xlora", HFScorer(PeftModel.from_pretrained(base(), folder).eval(), vocab)
 
 
 def engine_models(vocab: int):

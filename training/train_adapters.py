@@ -17,8 +17,8 @@ peft names X-LoRA experts "0", "1", ... (its XLoraModel loads expert i as adapte
 {"0": "../comedies", ...}. XLoraModel.save_pretrained also writes a copy of each
 expert into xlora/0, xlora/1, ...; peft 0.19 fills those copies with every tensor
 whose name contains ".0." (the base model's layer 0 included: ~4 MB each), so the
-shipped folder drops them and points at the standalone experts instead; peft loads
-it with `PeftModel.from_pretrained(base, "xlora", adapters={"0": ".../comedies", ...})`.
+shipped folder drops them and points at the standalone experts instead. peft reads those
+paths against the working directory: `peft_loadable` makes them absolute for it.
 """
 from __future__ import annotations
 
@@ -162,6 +162,18 @@ def train_xlora(streams: dict[str, torch.Tensor], args: argparse.Namespace) -> d
     (out / "adapter_config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
     (out / "README.md").unlink(missing_ok=True)
     return log
+
+
+def peft_loadable(xlora: Path, tmp: Path) -> str:
+    """A copy of an X-LoRA folder whose experts' paths are absolute, for peft: peft 0.19 reads the
+    `adapters` paths of a local X-LoRA folder as they are, against the working directory (its
+    `adapters=` keyword only applies to a model that is already an XLoraModel); ruvllm reads them
+    against the folder. Load it with PeftModel.from_pretrained(base, peft_loadable(...))."""
+    cfg = json.loads((xlora / "adapter_config.json").read_text())
+    cfg["adapters"] = {k: str((xlora / v).resolve()) for k, v in cfg["adapters"].items()}
+    (tmp / "adapter_config.json").write_text(json.dumps(cfg))
+    shutil.copy(xlora / "adapter_model.safetensors", tmp)
+    return str(tmp)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -113,6 +113,10 @@ class XLoraModel(nn.Module):
                                f"this model's is {lm.config.hidden_size} (an X-LoRA model for another base)")
         self.lm, self.xlora_config, self.non_granular = lm, config, non_granular
         self.config = lm.config  # what callers of a CausalLM read (perplexity, the backends)
+        for adapter in experts:  # peft's XLoraModel cannot load these (its key rewriting breaks on the head)
+            if any(name.rpartition(".")[2] == "lm_head" for name in adapter.modules):
+                raise AdapterError(f"{adapter.path}: this X-LoRA expert adapts lm_head, which peft's XLoraModel "
+                                   "cannot load either (no reference to be equal to); retrain it without lm_head")
         manager = getattr(lm, "lora", None) or LoraManager(lm)
         self.manager = manager
         self.expert_slots = [manager.add(f"xlora:{name}", adapter) for name, adapter in zip(config.expert_names, experts)]
@@ -246,8 +250,9 @@ def load_xlora(lm: nn.Module, folder: str | Path, non_granular: int | None = Non
     folder = Path(folder)
     config = XLoraConfig.from_dir(folder)
     rank_limit = max_rank if max_rank is not None else getattr(getattr(lm, "lora", None), "max_rank", None)
+    classifier = _classifier_state(folder)
     experts = [_load_expert(folder, i, saved, rank_limit) for i, (_, saved) in enumerate(config.experts)]
-    return XLoraModel(lm, config, experts, _classifier_state(folder), non_granular)
+    return XLoraModel(lm, config, experts, classifier, non_granular)
 
 
 def _classifier_state(folder: Path) -> dict[str, Tensor]:

@@ -18,7 +18,8 @@ EXPERTS = 3
 
 
 def save_experts(hf_model, folder: Path, model_type: str, seed: int = 0) -> list[Path]:
-    """Three peft LoRA experts of hf_model: attention (r 4), feed-forward (r 2, rslora), everything (r 8)."""
+    """Three peft LoRA experts of hf_model: attention (r 4), feed-forward (r 2, rslora), both (r 8).
+    (Not the LM head: peft's XLoraModel fails to load an expert that adapts it.)"""
     sets = target_sets(model_type)
     configs = [dict(r=4, lora_alpha=8, target_modules=sets["attention"]),
                dict(r=2, lora_alpha=4, use_rslora=True, target_modules=sets["mlp"]),
