@@ -70,9 +70,14 @@ class LLMEngine:
                  quantization: str | QuantConfig | None = None, optimize: bool = True,
                  attention_backend: str = "auto", cuda_graphs: bool = True,
                  lora_modules: dict[str, str] | None = None, enable_lora: bool = False,
-                 max_loras: int = DEFAULT_MAX_LORAS, max_lora_rank: int = DEFAULT_MAX_LORA_RANK) -> None:
+                 max_loras: int = DEFAULT_MAX_LORAS, max_lora_rank: int = DEFAULT_MAX_LORA_RANK,
+                 xlora: str | None = None) -> None:
         """lora_modules: adapter name -> peft folder, loaded now; enable_lora: adapters may be loaded later
-        (load_lora) even if none is given now. See native_server/lora.py."""
+        (load_lora) even if none is given now. See native_server/lora.py. xlora: a peft X-LoRA folder
+        applied to every request (py_engine/adapters/xlora.py); it takes no other adapters."""
+        if xlora is not None and (lora_modules or enable_lora):
+            raise ValueError("--xlora applies its own LoRA experts to every request: it cannot be combined with "
+                             "--lora-modules or --enable-runtime-lora")
         path: Path = resolve_model(model_path)
         self.model_name = model_name or model_path
         self.device = torch.device(pick_device(device))
@@ -86,6 +91,10 @@ class LLMEngine:
             self.adapters = EngineAdapters(self.model, max_loras, max_lora_rank)
             for name, lora_path in (lora_modules or {}).items():
                 self.adapters.add(name, lora_path)
+        if xlora is not None:  # per-token scalings from each row's own hidden state: batches mix freely
+            from py_engine.adapters.xlora import load_xlora
+            self.model = load_xlora(self.model, xlora)
+        self.kv_layers = getattr(self.model, "kv_layers", None)  # X-LoRA: its scaling pass's layers too
         self.tokenizer = Tokenizer.from_pretrained(path)
         config = self.model_config
         self.eos_token_ids = eos_token_ids(GenerationConfig.from_model_dir(path), config, self.tokenizer)
@@ -121,6 +130,9 @@ class LLMEngine:
         """CUDA graphs of decode steps (cuda_graphs.py) where they can be captured, else None."""
         if not enabled or self.device.type != "cuda":
             return None
+        if self.kv_layers is not None:
+            logger.info("CUDA graphs off: X-LoRA runs two passes with data-dependent scalings")
+            return None
         from native_server.cuda_graphs import DecodeGraphs, graph_problem
 
         problem = graph_problem(self.model, self.kv)
@@ -138,11 +150,11 @@ class LLMEngine:
         # On CPU without a budget, stop at what max_num_seqs full-length sequences could fill.
         cap = -(-max_num_seqs * self.max_model_len // block_size) if (
             kv_cache_memory is None and self.device.type == "cpu") else None
-        num_blocks = num_kv_blocks(config, block_size, dtype, max(budget, 0), cap)
+        num_blocks = num_kv_blocks(config, block_size, dtype, max(budget, 0), cap, self.kv_layers)
         if num_blocks * block_size < self.max_model_len:
             raise ValueError(f"the KV cache budget holds {max(num_blocks, 0) * block_size} tokens, fewer than "
                              f"max_model_len {self.max_model_len}: give it more memory or lower max_model_len")
-        return PagedKVCache(config, num_blocks, block_size, dtype, self.device, backend)
+        return PagedKVCache(config, num_blocks, block_size, dtype, self.device, backend, self.kv_layers)
 
     # --- requests ---------------------------------------------------------------------------------
     def check_request(self, prompt_token_ids: list[int], params: SamplingParams, lora: str | None = None) -> None:

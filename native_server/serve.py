@@ -106,6 +106,9 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
                       help=f"refuse adapters of rank above R (default {DEFAULT_MAX_LORA_RANK})")
     lora.add_argument("--enable-runtime-lora", action="store_true",
                       help="POST /v1/load_lora_adapter and /v1/unload_lora_adapter (needs --lora-dir)")
+    lora.add_argument("--xlora", metavar="DIR",
+                      help="apply a peft X-LoRA folder to every request (a learned per-token mix of its LoRA "
+                           "experts); not with the options above")
     lora.add_argument("--lora-dir", type=Path, metavar="DIR",
                       help="with --enable-runtime-lora: the only folder adapters may be loaded from")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
@@ -184,7 +187,7 @@ def run_serve(args: argparse.Namespace) -> int:
                        enable_prefix_caching=not args.no_prefix_caching, quantization=quant_config_from_args(args),
                        attention_backend=args.attention_backend, cuda_graphs=not args.enforce_eager,
                        lora_modules=lora_modules, enable_lora=args.enable_runtime_lora, max_loras=args.max_loras,
-                       max_lora_rank=args.max_lora_rank)
+                       max_lora_rank=args.max_lora_rank, xlora=args.xlora)
     async_engine = AsyncEngine(engine)
     ctx = ServerContext.for_engine(async_engine, path, name, _aliases(args.model, path),
                                    allow_client_chat_template=args.allow_client_chat_template,
