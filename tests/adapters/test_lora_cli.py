@@ -82,3 +82,18 @@ def test_cli_errors(adapter, capsys):
                           (["--lora", "x=/nonexistent"], "no such adapter folder")]:
         assert main(["generate", *args, "--max-tokens", "2", PROMPT]) == 1
         assert message in capsys.readouterr().err
+
+
+def test_cli_chat_with_adapter_answers_as_llm_chat_does(adapter):
+    path, _, _ = adapter
+    llm = LLM(str(BUILTIN), lora={"x": str(path)})
+    params = SamplingParams(temperature=0, max_tokens=8)
+    messages = [{"role": "user", "content": "Speak of love."}]
+    expected = "".join(c.text for c in llm.chat(messages, params, lora="x"))
+    base = "".join(c.text for c in llm.chat(messages, params))
+    assert expected != base
+    r = subprocess.run([sys.executable, "-m", "ruvllm_cli", "chat", str(BUILTIN), "--lora", f"x={path}", "--adapter",
+                        "x", "--temperature", "0", "--max-tokens", "8"], cwd=REPO, input="Speak of love.\n/quit\n",
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert expected.strip() in r.stdout
