@@ -20,6 +20,7 @@ order XLoraModel numbers its layers in, for layerwise scalings):
 """
 from __future__ import annotations
 
+import threading
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator, Sequence
@@ -51,7 +52,14 @@ class LoraManager:
         self.adapters: dict[str, LoraAdapter] = {}
         self.slots: dict[str, int] = {}
         self._order: list[str] | None = None
+        self.lock = threading.RLock()  # held by using(): one forward's mix at a time
         object.__setattr__(model, "lora", self)
+
+    def __getstate__(self) -> dict:  # copy.deepcopy of a model with adapters: a fresh lock in the copy
+        return {k: v for k, v in self.__dict__.items() if k != "lock"}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state, lock=threading.RLock())
 
     # adapters ---------------------------------------------------------------------------------------
     def add(self, name: str, adapter: LoraAdapter | str | Path) -> int:
@@ -127,12 +135,14 @@ class LoraManager:
 
     @contextmanager
     def using(self, adapter: str | None = None, **kwargs) -> Iterator[None]:
-        """set_adapter_mix for the block, then back to the base."""
-        self.set_adapter_mix(adapter, **kwargs)
-        try:
-            yield
-        finally:
-            self.set_adapter_mix(None)
+        """set_adapter_mix for the block, then back to the base. The mix is the model's: the block holds the
+        manager's lock, so threads sharing one model (LLM.generate from several) take turns, each with its own."""
+        with self.lock:
+            self.set_adapter_mix(adapter, **kwargs)
+            try:
+                yield
+            finally:
+                self.set_adapter_mix(None)
 
     # layer numbering (X-LoRA) ------------------------------------------------------------------------
     def layer_names(self) -> list[str]:
