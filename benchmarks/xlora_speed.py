@@ -51,17 +51,17 @@ def build(variant: str):
     from py_engine.backends.torch import LLM
 
     llm = LLM("tiny-shakespeare", dtype="float32")
-    model = llm.model
+    model, lora = llm.model, None
     if variant == "lora":
         LoraManager(model).add("comedies", ADAPTERS / "comedies")
-        model.lora.set_adapter_mix("comedies")
+        lora = "comedies"
     elif variant.startswith("xlora"):
         model = load_xlora(model, ADAPTERS / "xlora", non_granular=1 if variant == "xlora-ng" else None)
-    return model, llm.config
+    return model, llm.config, lora
 
 
-def decode_tok_s(model, config, prompt: list[int], new_tokens: int) -> float:
-    backend = TorchBackend(model, config, config.max_position_embeddings)
+def decode_tok_s(model, config, lora, prompt: list[int], new_tokens: int) -> float:
+    backend = TorchBackend(model, config, config.max_position_embeddings, lora)
     token = backend.argmax(backend.prefill(prompt))
     start = time.perf_counter()
     for _ in range(new_tokens - 1):
