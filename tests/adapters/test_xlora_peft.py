@@ -17,7 +17,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 pytest.importorskip("peft", reason="peft is in the [test] extra: pip install -e '.[test]'")
 from tests.adapters.xlora_cases import peft_step, save_experts, xlora_model  # noqa: E402
-from py_engine.adapters.xlora import load_xlora  # noqa: E402
+from py_engine.adapters.xlora import load_xlora, select_scalings  # noqa: E402
 from py_engine.cpu.transforms import optimize_for_cpu  # noqa: E402
 from py_engine.models import DenseKVCache, load_model, longrope_switch_length  # noqa: E402
 
@@ -108,10 +108,14 @@ def test_non_granular_freezes_scalings_after_k_calls(family, tmp_path):
     model = load(folder, tmp_path / "xlora", non_granular=3)
     ids = prompt(9)[0].tolist()
     kv = DenseKVCache.allocate(model.config, 1, 32, layers=model.kv_layers)
+    scratch = DenseKVCache.allocate(model.config, 1, 32)  # the real pass's cache, copied before each frozen call
     with torch.no_grad():
         model(torch.tensor([ids[:5]]), positions(0, 5), kv)
         for t in range(5, 9):
-            model(torch.tensor([ids[t:t + 1]]), positions(t, t + 1), kv)
+            for i in range(model.config.num_hidden_layers):
+                scratch.keys[i].copy_(kv.keys[i])
+                scratch.values[i].copy_(kv.values[i])
+            logits = model(torch.tensor([ids[t:t + 1]]), positions(t, t + 1), kv)
             _, want = peft_step(peft_model, torch.tensor([ids[:t + 1]]))
             if t < 7:  # calls 2 and 3 are granular
                 assert (model.last_scalings[0, -1] - want[0, -1]).abs().max().item() < TOL
@@ -119,3 +123,8 @@ def test_non_granular_freezes_scalings_after_k_calls(family, tmp_path):
             else:
                 assert torch.equal(model.last_scalings[0, -1], frozen)
                 assert (model.last_scalings[0, -1] - want[0, -1]).abs().max() > 1e-4
+                # the folded adapter (one A/B per projection) gives the frozen weights' logits
+                with model.manager.using(weights=model._mix_weights(select_scalings(
+                        model.last_scalings, model.xlora_config))):
+                    direct = model.lm(torch.tensor([ids[t:t + 1]]), positions(t, t + 1), scratch)
+                assert (logits - direct).abs().max().item() < TOL
