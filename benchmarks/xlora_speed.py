@@ -88,6 +88,7 @@ def main() -> None:
     p.add_argument("--out", type=Path, default=RESULTS)
     args = p.parse_args()
     torch.set_num_threads(args.threads)
+    meta = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), **machine()}
     models = {v: build(v) for v in VARIANTS}
     prompt = list(range(5, 21))  # 16 tokens
     runs: dict[str, list[float]] = {v: [] for v in VARIANTS}
@@ -106,7 +107,7 @@ def main() -> None:
     for v, row in rows.items():
         print(f"| {v} | {row['median_tok_s']:.0f} ({row['min']:.0f}-{row['max']:.0f}) | {row['ratio_to_base']:.2f}x |")
     print(f"classifier: {clf:.3f} ms per token")
-    report = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), **machine(),
+    report = {**meta,
               "loadavg_end": os.getloadavg(), "new_tokens": args.new_tokens, "threads": args.threads,
               "rows": rows, "classifier_ms_per_token": clf}
     args.out.parent.mkdir(parents=True, exist_ok=True)
