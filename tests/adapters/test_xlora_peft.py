@@ -2,7 +2,7 @@
 
 Each case saves a peft XLoraModel (three LoRA experts, a classifier) with peft's own
 save_pretrained and loads that folder into ruvllm: logits and scalings within 1e-5 of
-peft's for depth 1 and 2, layerwise on and off, top-k with and without re-normalisation,
+peft's for depth 1, 2 and 3 (with peft's dropout layers), layerwise on and off, top-k with and without re-normalisation,
 softmax off, temperature != 1, a non-zero scaling-pass value and a global weight. The
 decode test runs 32 greedy steps with ruvllm's two KV caches and compares every step with
 peft's generate-style full recompute (no cache), then the greedy tokens.
@@ -33,6 +33,9 @@ CONFIGS = {
                                    enable_softmax_topk=True),
     "topk1-softmax-off": dict(top_k_lora=1, enable_softmax=False),
     "scaling-pass-global-weight": dict(scaling_pass_value=0.5, global_scaling_weight=0.7, softmax_temperature=2.0),
+    # peft's default dropout numbers the classifier's Linears 0, 3, 6 (ReLU and Dropout between them)
+    "depth3-dropout-softmax-topk-only": dict(xlora_depth=3, xlora_size=8, xlora_dropout_p=0.2,
+                                             enable_softmax=False, enable_softmax_topk=True),
 }
 # A spread of families, each with every config: llama (biases, llama3 rope), qwen3 (q/k norms, tied
 # head), phi3 (fused qkv / gate_up, LongRoPE), gemma2 (sandwich norms, soft-capping, sliding window).
