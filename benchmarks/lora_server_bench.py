@@ -111,13 +111,24 @@ def main() -> None:
             rounds.append({run: measure(urls[plan[run][0]], plan[run][1], workload, args.concurrency,
                                         f"{run}/r{r}") for run in order})
             print(f"round {r}: " + ", ".join(f"{k} {v['out_tok_s']:.1f}" for k, v in rounds[-1].items()), flush=True)
-    median = {run: statistics.median(rd[run]["out_tok_s"] for rd in rounds) for run in RUNS}
-    rows = [{"run": run, "out tok/s (median)": round(median[run], 1), "x base": round(median[run] / median["base"], 3),
-             "TPOT ms": round(statistics.median(rd[run]["tpot_ms"] for rd in rounds), 1),
-             "errors": sum(rd[run]["errors"] for rd in rounds)} for run in RUNS]
+    rows = table(rounds)
     print(format_table(rows, [(k, k) for k in rows[0]]))
     RESULTS.write_text(json.dumps({"meta": meta, "rows": rows, "rounds": rounds}, indent=2) + "\n")
     print(f"wrote {RESULTS.relative_to(REPO)}")
+
+
+def table(rounds: list[dict[str, dict]]) -> list[dict]:
+    """Per run: median tok/s, and the median over rounds of its ratio to that round's base (a paired A/B)."""
+    def med(run: str, key: str) -> float:
+        return statistics.median(rd[run][key] for rd in rounds)
+
+    return [{"run": run, "out tok/s (median)": round(med(run, "out_tok_s"), 1),
+             "x base (median of rounds)": round(statistics.median(rd[run]["out_tok_s"] / rd["base"]["out_tok_s"]
+                                                                  for rd in rounds), 3),
+             "x base (range)": "%.2f-%.2f" % (min(r := [rd[run]["out_tok_s"] / rd["base"]["out_tok_s"]
+                                                          for rd in rounds]), max(r)),
+             "TPOT ms": round(med(run, "tpot_ms"), 1), "errors": sum(rd[run]["errors"] for rd in rounds)}
+            for run in RUNS]
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ Which adapter applies to which row comes from the model's `AdapterMix`
   weights, [rows, slots] shared by every layer, or [rows, layers, slots]
   where each segment reads its `layer_index` (peft's layerwise scalings).
 
-All adapters' matrices are packed into A_all [R, in] and B_all [out, R]
+All adapters' matrices are packed into A_all^T [in, R] and B_all^T [R, out]
 (scaling folded into B, a segment's B rows outside its slice zero), with
 each column's slot and layer index beside them.
 """
@@ -70,7 +70,7 @@ class LoraLinear(nn.Module):
         self.layer_index: list[int | None] = [None] * len(splits)  # X-LoRA's layer number per segment
         self.entries: dict[int, dict[int, LoraModule]] = {}  # slot -> segment -> matrices
         self.is_head = False  # the model's LM head (reads AdapterMix.head_rows)
-        self._packed: tuple[Tensor, Tensor, Tensor, Tensor, dict[int, tuple[int, int]]] | None = None
+        self._packed: tuple[Tensor, Tensor, Tensor, Tensor, dict[int, tuple[Tensor, Tensor]]] | None = None
         self._layout: tuple[int, ...] = ()  # each packed column's slot (the key of AdapterMix.masks)
 
     @property
@@ -121,20 +121,25 @@ class LoraLinear(nn.Module):
         mix = self.mix
         if not mix.active or not self.entries:
             return y
-        delta = self._delta(x, mix)
-        return y if delta is None else y + delta.to(y.dtype)
+        shrunk = self._shrink(x, mix)
+        if shrunk is None:  # the adapter(s) of this step leave this projection alone
+            return y
+        h, B_T = shrunk  # [N, r], [r, out]
+        y2 = y.reshape(-1, y.shape[-1])
+        if h.dtype != y.dtype:
+            return (y2 + (h @ B_T).to(y.dtype)).view(y.shape)
+        return torch.addmm(y2, h, B_T).view(y.shape)  # y + h B^T in one call: the expand
 
-    def _delta(self, x: Tensor, mix: AdapterMix) -> Tensor | None:
-        A, B, col_slot, col_layer, spans = self._pack(x)
+    def _shrink(self, x: Tensor, mix: AdapterMix) -> tuple[Tensor, Tensor] | None:
+        """h = A x for the columns that apply, masked or weighted per row, and the B^T to expand it with."""
+        A_T, B_T, col_slot, col_layer, per_slot = self._pack(x)
+        x2 = x.reshape(-1, x.shape[-1])  # [N, in]
         if mix.slot is not None:
-            span = spans.get(mix.slot)
-            if span is None:  # this adapter leaves this projection alone
+            pair = per_slot.get(mix.slot)
+            if pair is None:
                 return None
-            a, b = span
-            return (x @ A[a:b].T) @ B[:, a:b].T  # [..., r] -> [..., out]
-        shape = x.shape
-        x2 = x.reshape(-1, shape[-1])  # [N, in]
-        h = x2 @ A.T  # [N, R]: every loaded adapter's shrink
+            return x2 @ pair[0], pair[1]  # [N, r], [r, out]
+        h = x2 @ A_T  # [N, R]: every loaded adapter's shrink
         if mix.rows is not None:
             head = self.is_head and mix.head_rows is not None
             key = (self._layout, head, h.dtype, h.device)
@@ -144,10 +149,8 @@ class LoraLinear(nn.Module):
                 if rows.shape != (x2.shape[0],):
                     raise ValueError(f"adapter rows has shape {list(rows.shape)}; the forward has {x2.shape[0]} rows")
                 mask = mix.masks[key] = (rows[:, None] == col_slot[None]).to(h.dtype)  # [N, R]
-            h = h * mask  # each row keeps its adapter's columns
-        else:
-            h = h * self._column_weights(mix.weights, x2.shape[0], col_slot, col_layer).to(h.dtype)
-        return (h @ B.T).view(*shape[:-1], B.shape[0])  # [N, out] -> [..., out]
+            return h.mul_(mask), B_T  # each row keeps its adapter's columns
+        return h.mul_(self._column_weights(mix.weights, x2.shape[0], col_slot, col_layer).to(h.dtype)), B_T
 
     def _column_weights(self, w: Tensor, n: int, col_slot: Tensor, col_layer: Tensor) -> Tensor:
         w = w.to(col_slot.device)
@@ -164,28 +167,29 @@ class LoraLinear(nn.Module):
         return w
 
     def _pack(self, x: Tensor):
-        """A_all [R, in], B_all [out, R] (scaled), each column's slot and layer, and each slot's columns."""
+        """A_all^T [in, R], B_all^T [R, out] (scaled), each column's slot and layer, and each slot's own
+        contiguous (A^T, B^T) for steps that run one adapter; in x's dtype and device, built on first use."""
         packed = self._packed
         if packed is not None and packed[0].device == x.device and packed[0].dtype == x.dtype:
             return packed
-        As, Bs, slots, layers, spans, start = [], [], [], [], {}, 0
+        As, Bs, slots, layers, per_slot = [], [], [], [], {}
         for slot in sorted(self.entries):
+            first = len(slots)
             for seg, m in sorted(self.entries[slot].items()):
-                r = m.rank
                 A, B = self._segment(seg, m)
                 As.append(A)
                 Bs.append(B)
-                slots += [slot] * r
+                slots += [slot] * m.rank
                 index = self.layer_index[seg]
-                layers += [-1 if index is None else index] * r
-            spans[slot] = (start, len(slots))
-            start = len(slots)
-        A = torch.cat(As).to(device=x.device, dtype=x.dtype)
-        B = torch.cat(Bs, dim=1).to(device=x.device, dtype=x.dtype)
+                layers += [-1 if index is None else index] * m.rank
+            per_slot[slot] = (first, len(slots))
+        A_T = torch.cat(As).T.contiguous().to(device=x.device, dtype=x.dtype)  # [in, R]
+        B_T = torch.cat(Bs, dim=1).T.contiguous().to(device=x.device, dtype=x.dtype)  # [R, out]
+        per_slot = {s: (A_T[:, a:b].contiguous(), B_T[a:b]) for s, (a, b) in per_slot.items()}
         col_slot = torch.tensor(slots, device=x.device)
         col_layer = torch.tensor(layers, device=x.device)
         self._layout = tuple(slots)
-        self._packed = (A, B, col_slot, col_layer, spans)
+        self._packed = (A_T, B_T, col_slot, col_layer, per_slot)
         return self._packed
 
     def set_layer_index(self, segment: int, index: int | None) -> None:

@@ -21,7 +21,7 @@ import pytest
 
 from tests.paths import BUILTIN
 from tests.server.lora_adapters import ADAPTERS, build_adapters
-from tests.server.server_harness import API_KEY, Server, no_traceback, running_server
+from tests.server.server_harness import API_KEY, Server, no_traceback, running_server, wait_until
 
 openai = pytest.importorskip("openai")
 pytest.importorskip("peft", reason="peft is in the [test] extra: pip install -e '.[test]'")
@@ -112,13 +112,13 @@ def test_unknown_adapter_is_404_and_bad_adapters_are_400(client, server, lora_di
 
 
 def test_unload_under_load_drops_no_request_then_load_again(client, server):
-    expected = _complete(client, "mlp", PROMPTS[1], False, 24)
+    expected = _complete(client, "mlp", PROMPTS[1], False, 48)
     results, errors = [], []
 
     def stream() -> None:
         try:
             tokens, finish = [], None
-            for chunk in client.completions.create(model="mlp", prompt=PROMPTS[1], max_tokens=24, temperature=0,
+            for chunk in client.completions.create(model="mlp", prompt=PROMPTS[1], max_tokens=48, temperature=0,
                                                    logprobs=0, stream=True, extra_body={"ignore_eos": True}):
                 tokens += chunk.choices[0].logprobs.tokens if chunk.choices[0].logprobs else []
                 finish = chunk.choices[0].finish_reason or finish
@@ -129,8 +129,7 @@ def test_unload_under_load_drops_no_request_then_load_again(client, server):
     threads = [threading.Thread(target=stream) for _ in range(6)]
     for t in threads:
         t.start()
-    while not server.metrics().get("ruvllm_num_requests_running", 0):
-        pass
+    wait_until(server, lambda m: m.get("ruvllm_num_requests_running", 0) > 0, timeout=60)  # unload mid-stream
     r = httpx.post(f"{server.url}/v1/unload_lora_adapter", json={"lora_name": "mlp"}, headers=AUTH, timeout=60)
     assert r.status_code == 200, r.text
     with pytest.raises(openai.NotFoundError):
@@ -142,4 +141,4 @@ def test_unload_under_load_drops_no_request_then_load_again(client, server):
     r = httpx.post(f"{server.url}/v1/load_lora_adapter", json={"lora_name": "mlp2", "lora_path": "mlp"},
                    headers=AUTH, timeout=60)
     assert r.status_code == 200, r.text
-    assert _complete(client, "mlp2", PROMPTS[1], False, 24) == expected
+    assert _complete(client, "mlp2", PROMPTS[1], False, 48) == expected
