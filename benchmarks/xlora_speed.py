@@ -70,13 +70,19 @@ def decode_tok_s(model, config, lora, prompt: list[int], new_tokens: int) -> flo
 
 
 def classifier_ms(xlora_model) -> float:
+    """Median ms of one classifier forward on one token, single-threaded as torch runs inside a decode
+    step on the CPU kernels' path (kernel_step); with 2 OpenMP threads on a loaded machine a 3-matmul
+    forward can wait ~20 ms for a descheduled thread."""
     hidden = torch.randn(1, 1, xlora_model.config.hidden_size)
     times = []
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
     with torch.inference_mode():
         for _ in range(2000):
             start = time.perf_counter()
             xlora_model.classifier(hidden)
             times.append(time.perf_counter() - start)
+    torch.set_num_threads(threads)
     return statistics.median(times) * 1e3
 
 
