@@ -51,17 +51,17 @@ def build(variant: str):
     from py_engine.backends.torch import LLM
 
     llm = LLM("tiny-shakespeare", dtype="float32")
-    model = llm.model
+    model, lora = llm.model, None
     if variant == "lora":
         LoraManager(model).add("comedies", ADAPTERS / "comedies")
-        model.lora.set_adapter_mix("comedies")
+        lora = "comedies"
     elif variant.startswith("xlora"):
         model = load_xlora(model, ADAPTERS / "xlora", non_granular=1 if variant == "xlora-ng" else None)
-    return model, llm.config
+    return model, llm.config, lora
 
 
-def decode_tok_s(model, config, prompt: list[int], new_tokens: int) -> float:
-    backend = TorchBackend(model, config, config.max_position_embeddings)
+def decode_tok_s(model, config, lora, prompt: list[int], new_tokens: int) -> float:
+    backend = TorchBackend(model, config, config.max_position_embeddings, lora)
     token = backend.argmax(backend.prefill(prompt))
     start = time.perf_counter()
     for _ in range(new_tokens - 1):
@@ -70,13 +70,19 @@ def decode_tok_s(model, config, prompt: list[int], new_tokens: int) -> float:
 
 
 def classifier_ms(xlora_model) -> float:
+    """Median ms of one classifier forward on one token, single-threaded as torch runs inside a decode
+    step on the CPU kernels' path (kernel_step); with 2 OpenMP threads on a loaded machine a 3-matmul
+    forward can wait ~20 ms for a descheduled thread."""
     hidden = torch.randn(1, 1, xlora_model.config.hidden_size)
     times = []
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
     with torch.inference_mode():
         for _ in range(2000):
             start = time.perf_counter()
             xlora_model.classifier(hidden)
             times.append(time.perf_counter() - start)
+    torch.set_num_threads(threads)
     return statistics.median(times) * 1e3
 
 
@@ -88,6 +94,7 @@ def main() -> None:
     p.add_argument("--out", type=Path, default=RESULTS)
     args = p.parse_args()
     torch.set_num_threads(args.threads)
+    meta = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), **machine()}
     models = {v: build(v) for v in VARIANTS}
     prompt = list(range(5, 21))  # 16 tokens
     runs: dict[str, list[float]] = {v: [] for v in VARIANTS}
@@ -106,7 +113,7 @@ def main() -> None:
     for v, row in rows.items():
         print(f"| {v} | {row['median_tok_s']:.0f} ({row['min']:.0f}-{row['max']:.0f}) | {row['ratio_to_base']:.2f}x |")
     print(f"classifier: {clf:.3f} ms per token")
-    report = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), **machine(),
+    report = {**meta,
               "loadavg_end": os.getloadavg(), "new_tokens": args.new_tokens, "threads": args.threads,
               "rows": rows, "classifier_ms_per_token": clf}
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -119,6 +119,7 @@ class XLoraModel(nn.Module):
                                    "cannot load either (no reference to be equal to); retrain it without lm_head")
         manager = getattr(lm, "lora", None) or LoraManager(lm)
         self.manager = manager
+        self.experts = experts
         self.expert_slots = [manager.add(f"xlora:{name}", adapter) for name, adapter in zip(config.expert_names, experts)]
         self.n_layers = len(manager.layer_names())
         weight = next(lm.parameters())
@@ -136,8 +137,8 @@ class XLoraModel(nn.Module):
 
     def forward(self, input_ids: Tensor, positions: Tensor, kv=None, last_only: bool = False,
                 logit_indices: Tensor | None = None) -> Tensor:
-        real_kv, weights = self._prepare(input_ids, positions, kv)
-        with self.manager.using(weights=weights):
+        real_kv, mix = self._prepare(input_ids, positions, kv)
+        with self.manager.using(**mix):
             return self.lm(input_ids, positions, real_kv, last_only=last_only, logit_indices=logit_indices)
 
     @property
@@ -147,27 +148,53 @@ class XLoraModel(nn.Module):
         return self._hidden
 
     def _hidden(self, input_ids: Tensor, positions: Tensor, kv=None) -> Tensor:
-        real_kv, weights = self._prepare(input_ids, positions, kv)
-        with self.manager.using(weights=weights):
+        real_kv, mix = self._prepare(input_ids, positions, kv)
+        with self.manager.using(**mix):
             return self.lm.model(input_ids, positions, real_kv)
 
-    def _prepare(self, input_ids: Tensor, positions: Tensor, kv) -> tuple[object, Tensor]:
-        """The scaling pass (or the frozen scalings): (the real pass's cache, the manager's weights)."""
+    def _prepare(self, input_ids: Tensor, positions: Tensor, kv) -> tuple[object, dict]:
+        """The scaling pass (or the frozen scalings): (the real pass's cache, the manager's mix)."""
         real_kv, scaling_kv = self._split(kv)
         if int(positions.min()) == 0:  # a new sequence
             self._calls, self._frozen = 0, None
+            if FROZEN in self.manager.slots:
+                self.manager.remove(FROZEN)
         B, T = input_ids.shape
-        if self._frozen is not None:  # non-granular, past its first k calls: no scaling pass
+        frozen = self._frozen is not None
+        if frozen:  # non-granular, past its first k calls: no scaling pass
             scalings = self._frozen.expand(B, T, -1, -1)
         else:
             scalings = self.classifier(self._scaling_pass(input_ids, positions, scaling_kv))  # [B, T, L, E]
             self._calls += 1
             if self.non_granular is not None and self._calls >= self.non_granular:
                 self._frozen = scalings[:, -1:].clone()  # [B, 1, L, E]
+                self._freeze_adapter()
         self.last_scalings = scalings
         if self.scalings_log is not None:
             self.scalings_log.append(scalings[:, -1].detach().clone())
-        return real_kv, self._mix_weights(select_scalings(scalings, self.xlora_config))
+        if frozen and FROZEN in self.manager.slots:
+            return real_kv, {"adapter": FROZEN}
+        return real_kv, {"weights": self._mix_weights(select_scalings(scalings, self.xlora_config))}
+
+    def _freeze_adapter(self) -> None:
+        """Frozen scalings are constants: fold them into one adapter (every expert's A stacked, each B times
+        its weight), which the single-adapter paths run, the CPU's one-call decode step included."""
+        if self._frozen.shape[0] != 1:  # one mix per row: the weights path
+            return
+        w = select_scalings(self._frozen, self.xlora_config)[0, 0] * self.xlora_config.global_scaling_weight  # [L, E]
+        index = {name: i for i, name in enumerate(self.manager.layer_names())}
+        modules = {}
+        for name in sorted({n for adapter in self.experts for n in adapter.modules}):
+            parts = [(adapter.modules[name], float(w[index[name], e])) for e, adapter in enumerate(self.experts)
+                     if name in adapter.modules]
+            modules[name] = LoraModule(torch.cat([m.A for m, _ in parts]),
+                                       torch.cat([m.B * (m.scaling * x) for m, x in parts], dim=1), 1.0)
+        rank = max(m.rank for m in modules.values())
+        config = LoraConfig(path=f"{self.xlora_config.path} (frozen X-LoRA mix)", r=rank, lora_alpha=rank)
+        try:
+            self.manager.add(FROZEN, LoraAdapter(config, modules))
+        except AdapterError:  # above the manager's rank limit: keep the weights path
+            pass
 
     def _scaling_pass(self, input_ids: Tensor, positions: Tensor, kv) -> Tensor:
         """The final hidden state [B, T, hidden] with every expert at scaling_pass_value (0: the base model)."""
@@ -220,6 +247,9 @@ class XLoraModel(nn.Module):
     def single_expert(self, index: int) -> nn.Module:
         """Expert `index` alone as plain LoRA (weight 1, no classifier): a CausalLM-like module."""
         return _OneAdapter(self.lm, self.manager, f"xlora:{self.expert_names[index]}")
+
+
+FROZEN = "xlora:frozen"  # the manager's name for the non-granular mode's folded adapter
 
 
 class _ShiftedKV:

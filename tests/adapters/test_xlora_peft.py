@@ -2,7 +2,7 @@
 
 Each case saves a peft XLoraModel (three LoRA experts, a classifier) with peft's own
 save_pretrained and loads that folder into ruvllm: logits and scalings within 1e-5 of
-peft's for depth 1 and 2, layerwise on and off, top-k with and without re-normalisation,
+peft's for depth 1, 2 and 3 (with peft's dropout layers), layerwise on and off, top-k with and without re-normalisation,
 softmax off, temperature != 1, a non-zero scaling-pass value and a global weight. The
 decode test runs 32 greedy steps with ruvllm's two KV caches and compares every step with
 peft's generate-style full recompute (no cache), then the greedy tokens.
@@ -17,7 +17,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 pytest.importorskip("peft", reason="peft is in the [test] extra: pip install -e '.[test]'")
 from tests.adapters.xlora_cases import peft_step, save_experts, xlora_model  # noqa: E402
-from py_engine.adapters.xlora import load_xlora  # noqa: E402
+from py_engine.adapters.xlora import load_xlora, select_scalings  # noqa: E402
 from py_engine.cpu.transforms import optimize_for_cpu  # noqa: E402
 from py_engine.models import DenseKVCache, load_model, longrope_switch_length  # noqa: E402
 
@@ -33,6 +33,9 @@ CONFIGS = {
                                    enable_softmax_topk=True),
     "topk1-softmax-off": dict(top_k_lora=1, enable_softmax=False),
     "scaling-pass-global-weight": dict(scaling_pass_value=0.5, global_scaling_weight=0.7, softmax_temperature=2.0),
+    # peft's default dropout numbers the classifier's Linears 0, 3, 6 (ReLU and Dropout between them)
+    "depth3-dropout-softmax-topk-only": dict(xlora_depth=3, xlora_size=8, xlora_dropout_p=0.2,
+                                             enable_softmax=False, enable_softmax_topk=True),
 }
 # A spread of families, each with every config: llama (biases, llama3 rope), qwen3 (q/k norms, tied
 # head), phi3 (fused qkv / gate_up, LongRoPE), gemma2 (sandwich norms, soft-capping, sliding window).
@@ -108,10 +111,14 @@ def test_non_granular_freezes_scalings_after_k_calls(family, tmp_path):
     model = load(folder, tmp_path / "xlora", non_granular=3)
     ids = prompt(9)[0].tolist()
     kv = DenseKVCache.allocate(model.config, 1, 32, layers=model.kv_layers)
+    scratch = DenseKVCache.allocate(model.config, 1, 32)  # the real pass's cache, copied before each frozen call
     with torch.no_grad():
         model(torch.tensor([ids[:5]]), positions(0, 5), kv)
         for t in range(5, 9):
-            model(torch.tensor([ids[t:t + 1]]), positions(t, t + 1), kv)
+            for i in range(model.config.num_hidden_layers):
+                scratch.keys[i].copy_(kv.keys[i])
+                scratch.values[i].copy_(kv.values[i])
+            logits = model(torch.tensor([ids[t:t + 1]]), positions(t, t + 1), kv)
             _, want = peft_step(peft_model, torch.tensor([ids[:t + 1]]))
             if t < 7:  # calls 2 and 3 are granular
                 assert (model.last_scalings[0, -1] - want[0, -1]).abs().max().item() < TOL
@@ -119,3 +126,8 @@ def test_non_granular_freezes_scalings_after_k_calls(family, tmp_path):
             else:
                 assert torch.equal(model.last_scalings[0, -1], frozen)
                 assert (model.last_scalings[0, -1] - want[0, -1]).abs().max() > 1e-4
+                # the folded adapter (one A/B per projection) gives the frozen weights' logits
+                with model.manager.using(weights=model._mix_weights(select_scalings(
+                        model.last_scalings, model.xlora_config))):
+                    direct = model.lm(torch.tensor([ids[t:t + 1]]), positions(t, t + 1), scratch)
+                assert (logits - direct).abs().max().item() < TOL

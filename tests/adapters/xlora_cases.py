@@ -40,7 +40,8 @@ def xlora_model(base_folder: Path, experts: list[Path], seed: int = 0, **config:
     hf = AutoModelForCausalLM.from_pretrained(str(base_folder), dtype=torch.float32, attn_implementation="eager")
     hf.config.use_cache = False
     torch.manual_seed(seed)
-    xc = XLoraConfig(task_type="CAUSAL_LM", hidden_size=hf.config.hidden_size, xlora_dropout_p=0.0,
+    config = {"xlora_dropout_p": 0.0, **config}
+    xc = XLoraConfig(task_type="CAUSAL_LM", hidden_size=hf.config.hidden_size,
                      adapters={str(i): str(p) for i, p in enumerate(experts)}, **config)
     model = get_peft_model(hf, xc).eval()
     with torch.no_grad():
