@@ -25,7 +25,8 @@ runs `llama-server -np 16 -c 8192 -t 2` (a -DGGML_NATIVE=ON build) and `ruvllm s
 on the very same GGUF (f32, or q8_0 / q4_0 made by llama-quantize; ruvllm keeps
 Q8_0 / Q4_0 codes as they are), alternating the two servers in each round on the
 same token-id prompts (`ignore_eos`), and reports output tok/s per level, the
-paired ratio ruvllm / llama-server per round, and each server's peak RSS.
+paired ratio ruvllm / llama-server per round, and each server's peak RSS (ruvllm's
+KV budget is 8192 fp32 positions, as llama-server's -c 8192; its default is 1 GiB).
 """
 from __future__ import annotations
 
@@ -52,6 +53,7 @@ from tests.server.server_harness import free_port, http_process  # noqa: E402
 
 GGUF_DIR = REPO / "benchmarks" / ".cache" / "qwen2.5-0.5b-random-seed0-gguf"
 VOCAB = 151936  # Qwen2.5's: the token-id prompts of the A/B against llama-server
+CONTEXT = 8192  # llama-server's -c; ruvllm serve gets a KV budget of as many fp32 positions (kv_bytes)
 
 
 def convert(sdist_dir: Path) -> Path:
@@ -138,7 +140,7 @@ def llama_server(bin_dir: Path, gguf: Path, threads: int, log: Path) -> Iterator
     """llama.cpp's llama-server with 16 parallel slots over an 8192-token context, as the issue sets it."""
     port = free_port()
     command = [str(bin_dir / "llama-server"), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port),
-               "-np", "16", "-c", "8192", "-t", str(threads), "--no-webui"]
+               "-np", "16", "-c", str(CONTEXT), "-t", str(threads), "--no-webui"]
     url = f"http://127.0.0.1:{port}"
     with http_process(command, url, "/health", log, "llama-server", startup_s=STARTUP_S, stop_s=STOP_S) as process:
         yield url, process
@@ -158,6 +160,15 @@ def one_server(kind: str, url: str, process: subprocess.Popen, levels: list[int]
     return {"rows": rows, "peak_rss_mib": peak_rss_mib(process.pid)}
 
 
+def kv_bytes(tokens: int) -> int:
+    """fp32 K and V of `tokens` positions in every layer: ruvllm's KV budget matching llama-server's -c."""
+    from decode_engines import model_config
+
+    c = model_config()
+    head_dim = c["hidden_size"] // c["num_attention_heads"]
+    return tokens * c["num_hidden_layers"] * 2 * c["num_key_value_heads"] * head_dim * 4
+
+
 def native_ab(bin_dir: Path, quant: str, levels: list[int], rounds: int, threads: int, prompt_len: int,
               gen_len: int, iterations: int) -> dict[str, Any]:
     """ruvllm serve and llama-server on one GGUF, alternating, `rounds` times."""
@@ -173,7 +184,8 @@ def native_ab(bin_dir: Path, quant: str, levels: list[int], rounds: int, threads
         for kind in order:
             print(f"== round {rnd}: {kind} on {gguf.name}", flush=True)
             if kind == "ruvllm":
-                server = serve(str(gguf), "--max-concurrent", str(max(levels)), log=logs / "ruvllm.log")
+                server = serve(str(gguf), "--max-concurrent", str(max(levels)), "--kv-cache-memory",
+                               str(kv_bytes(CONTEXT)), log=logs / "ruvllm.log")
             else:
                 server = llama_server(bin_dir, gguf, threads, logs / "llama-server.log")
             with server as (url, process):
