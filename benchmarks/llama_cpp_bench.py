@@ -185,7 +185,7 @@ def native_ab(bin_dir: Path, quant: str, levels: list[int], rounds: int, threads
             print(f"== round {rnd}: {kind} on {gguf.name}", flush=True)
             if kind == "ruvllm":
                 server = serve(str(gguf), "--max-concurrent", str(max(levels)), "--kv-cache-memory",
-                               str(kv_bytes(CONTEXT)), log=logs / "ruvllm.log")
+                               str(kv_bytes(CONTEXT)), "--max-context", str(CONTEXT), log=logs / "ruvllm.log")
             else:
                 server = llama_server(bin_dir, gguf, threads, logs / "llama-server.log")
             with server as (url, process):
