@@ -16,6 +16,17 @@ re-encoded to the prompt length; `min_tokens` = `max_tokens` stands in for
 behind a lock (no parallel slots, unlike llama.cpp's own llama-server), so
 concurrency only queues requests there; `--interrupt_requests False` keeps a
 new request from cancelling the one streaming.
+
+llama.cpp's own server (the real anchor: parallel slots, continuous batching):
+
+    python benchmarks/llama_cpp_bench.py --llama-cpp-bin /work/llama/build/bin --quant q4_0 --levels 1,16 --rounds 2
+
+runs `llama-server -np 16 -c 8192 -t 2` (a -DGGML_NATIVE=ON build) and `ruvllm serve`
+on the very same GGUF (f32, or q8_0 / q4_0 made by llama-quantize; ruvllm keeps
+Q8_0 / Q4_0 codes as they are), alternating the two servers in each round on the
+same token-id prompts (`ignore_eos`), and reports output tok/s per level, the
+paired ratio ruvllm / llama-server per round, and each server's peak RSS (ruvllm's
+KV budget is 8192 fp32 positions, as llama-server's -c 8192; its default is 1 GiB).
 """
 from __future__ import annotations
 
@@ -24,6 +35,7 @@ import contextlib
 import json
 import os
 import random
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -40,6 +52,8 @@ from server_bench import QWEN_TOKENIZER, RESULTS, STARTUP_S, STOP_S, peak_rss_mi
 from tests.server.server_harness import free_port, http_process  # noqa: E402
 
 GGUF_DIR = REPO / "benchmarks" / ".cache" / "qwen2.5-0.5b-random-seed0-gguf"
+VOCAB = 151936  # Qwen2.5's: the token-id prompts of the A/B against llama-server
+CONTEXT = 8192  # llama-server's -c; ruvllm serve gets a KV budget of as many fp32 positions (kv_bytes)
 
 
 def convert(sdist_dir: Path) -> Path:
@@ -121,16 +135,107 @@ def throughput(venv: Path, sdist_dir: Path, levels: list[int], prompt_len: int, 
     return {"rows": rows, "server_peak_rss_mib": rss, "gguf": str(gguf), "precision": "f32"}
 
 
+@contextlib.contextmanager
+def llama_server(bin_dir: Path, gguf: Path, threads: int, log: Path) -> Iterator[tuple[str, subprocess.Popen]]:
+    """llama.cpp's llama-server with 16 parallel slots over an 8192-token context, as the issue sets it."""
+    port = free_port()
+    command = [str(bin_dir / "llama-server"), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port),
+               "-np", "16", "-c", str(CONTEXT), "-t", str(threads), "--no-webui"]
+    url = f"http://127.0.0.1:{port}"
+    with http_process(command, url, "/health", log, "llama-server", startup_s=STARTUP_S, stop_s=STOP_S) as process:
+        yield url, process
+
+
+def one_server(kind: str, url: str, process: subprocess.Popen, levels: list[int], prompt_len: int,
+               gen_len: int, iterations: int) -> dict[str, Any]:
+    from native_server.bench.workload import Workload
+
+    workload = Workload(prompt_len, gen_len)
+    run_level_sync(url, workload.prompts(2, VOCAB, "warmup"), gen_len, 1)
+    rows = []
+    for level in levels:
+        timings = run_level_sync(url, workload.prompts(level * iterations, VOCAB, f"c{level}"), gen_len, level)
+        rows.append({"server": kind, "concurrency": level, **flatten(summarize(timings, level).to_dict())})
+        print(format_table(rows[-1:]), flush=True)
+    return {"rows": rows, "peak_rss_mib": peak_rss_mib(process.pid)}
+
+
+def kv_bytes(tokens: int) -> int:
+    """fp32 K and V of `tokens` positions in every layer: ruvllm's KV budget matching llama-server's -c."""
+    from decode_engines import model_config
+
+    c = model_config()
+    head_dim = c["hidden_size"] // c["num_attention_heads"]
+    return tokens * c["num_hidden_layers"] * 2 * c["num_key_value_heads"] * head_dim * 4
+
+
+def native_ab(bin_dir: Path, quant: str, levels: list[int], rounds: int, threads: int, prompt_len: int,
+              gen_len: int, iterations: int) -> dict[str, Any]:
+    """ruvllm serve and llama-server on one GGUF, alternating, `rounds` times."""
+    from decode_engines import gguf_file
+    from server_bench import serve
+
+    gguf = gguf_file(quant, bin_dir)
+    logs = REPO / "benchmarks" / ".cache" / "logs" / "llama_server"
+    logs.mkdir(parents=True, exist_ok=True)
+    runs = []
+    for rnd in range(rounds):
+        order = ["ruvllm", "llama-server"] if rnd % 2 == 0 else ["llama-server", "ruvllm"]
+        for kind in order:
+            print(f"== round {rnd}: {kind} on {gguf.name}", flush=True)
+            if kind == "ruvllm":
+                server = serve(str(gguf), "--max-concurrent", str(max(levels)), "--kv-cache-memory",
+                               str(kv_bytes(CONTEXT)), "--max-context", str(CONTEXT), log=logs / "ruvllm.log")
+            else:
+                server = llama_server(bin_dir, gguf, threads, logs / "llama-server.log")
+            with server as (url, process):
+                runs.append({"round": rnd, "server": kind,
+                             **one_server(kind, url, process, levels, prompt_len, gen_len, iterations)})
+    ratios = {}
+    for level in levels:
+        pairs = []
+        for rnd in range(rounds):
+            tok = {r["server"]: next(x["output_throughput"] for x in r["rows"] if x["concurrency"] == level)
+                   for r in runs if r["round"] == rnd}
+            pairs.append(tok["ruvllm"] / tok["llama-server"])
+        ratios[f"c{level}"] = statistics.median(pairs)
+    rss = {kind: max(r["peak_rss_mib"] for r in runs if r["server"] == kind) for kind in ("ruvllm", "llama-server")}
+    return {"gguf": str(gguf), "quant": quant, "threads": threads, "runs": runs, "paired_ratio": ratios,
+            "peak_rss_mib": rss}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--venv", type=Path, required=True, help="virtual environment with llama-cpp-python[server]")
-    parser.add_argument("--sdist-dir", type=Path, required=True, help="the unpacked llama_cpp_python sdist")
+    parser.add_argument("--venv", type=Path, help="virtual environment with llama-cpp-python[server]")
+    parser.add_argument("--sdist-dir", type=Path, help="the unpacked llama_cpp_python sdist (its converter)")
+    parser.add_argument("--llama-cpp-bin", type=Path, help="llama.cpp's native build: llama-server vs ruvllm, A/B")
+    parser.add_argument("--quant", default="f32", choices=["f32", "q8_0", "q4_0"], help="with --llama-cpp-bin")
+    parser.add_argument("--rounds", type=int, default=2, help="A/B rounds with --llama-cpp-bin")
+    parser.add_argument("--threads", type=int, default=2, help="llama-server's -t")
     parser.add_argument("--levels", default="1,4,16,64")
     parser.add_argument("--prompt-length", type=int, default=128)
     parser.add_argument("--gen-length", type=int, default=32)
     parser.add_argument("--iterations", type=int, default=1)
     args = parser.parse_args()
     levels = [int(x) for x in args.levels.split(",")]
+    if args.sdist_dir is not None:
+        convert(args.sdist_dir)  # the f32 GGUF every other is made from
+    if args.llama_cpp_bin is not None:
+        result = native_ab(args.llama_cpp_bin, args.quant, levels, args.rounds, args.threads, args.prompt_length,
+                           args.gen_length, args.iterations)
+        sys.path.insert(0, str(REPO / "benchmarks"))
+        from decode_speed import machine
+
+        result["machine"] = machine()
+        out = RESULTS.parent / f"llama_server_{args.quant}.json"
+        out.write_text(json.dumps(result, indent=2, default=str))
+        for run in result["runs"]:
+            print(format_table(run["rows"]))
+        print(f"ruvllm / llama-server output tok/s (paired, median over rounds): {result['paired_ratio']}; "
+              f"peak RSS MiB {result['peak_rss_mib']}; wrote {out}")
+        return 0
+    if args.venv is None or args.sdist_dir is None:
+        parser.error("--venv and --sdist-dir (llama-cpp-python's server), or --llama-cpp-bin (llama-server)")
     result = throughput(args.venv, args.sdist_dir, levels, args.prompt_length, args.gen_length, args.iterations)
     report = json.loads(RESULTS.read_text()) if RESULTS.exists() else {"models": {}}
     report.setdefault("models", {}).setdefault("qwen0.5b", {})["llama_cpp_python"] = result

@@ -7,12 +7,11 @@
  * The 256-bit tile's arithmetic is rows_q's step for step (per sub-block: int32 dot, converted,
  * times the x block's d into the group's sum; per group: times s; then the mins term), so a row
  * of a batch gets the value it would get alone, bit for bit. AVX-512 builds take two sub-blocks a
- * step (ztile) and scale each by d * s: the same integers, summed in another float order.
- * Measured per core (CPU time, shared 2-vCPU Xeon, 4864x896 and 896x4864, 16 rows): ztile
- * 1.3-1.6x the 256-bit tile for groups of 32 (Q4_0, Q8_0), the same for groups of 128.
+ * step (ztile) and scale each by d * s, for one sub-block a group (ztile_fits: then one row takes
+ * it too, so rows still do not depend on their batch). Measured per core (CPU time, shared
+ * 2-vCPU Xeon, 4864x896 and 896x4864, 16 rows): ztile 1.3-1.6x the 256-bit tile for groups of 32
+ * (Q4_0, Q8_0); for groups of 128 the same in batches and 1.4x slower for one row.
  */
-#include <stdlib.h>
-
 #include "quant.h"
 
 #ifndef T_X
@@ -117,9 +116,9 @@ static void tiles_of(const qjob_t *j, const qpart_t *a, int64_t n, int full, int
 }
 
 #ifdef __AVX512BW__
-/* AVX-512 builds: two sub-blocks per 512-bit step, each product scaled by d * s per lane (no group
- * sums), so a pair costs one dot, one convert, one multiply and one FMA per row pair (m, r) where the
- * 256-bit tile spends two of each plus the group step. 4-bit codes: the 32 bytes of sub-blocks b, b + 1
+/* AVX-512 builds, one sub-block a group: two sub-blocks per 512-bit step, each product scaled by
+ * d * s per lane, so a pair costs one dot, one convert, one multiply and one FMA per row pair (m, r)
+ * where the 256-bit tile spends two of each plus the group step. 4-bit codes: the 32 bytes of sub-blocks b, b + 1
  * as [low nibbles | high nibbles] against qxp's pair order (int32 lanes 0-3, 8-11: sub-block b; 4-7,
  * 12-15: b + 1); 8-bit: 64 bytes in order against qx (lanes 0-7: b, 8-15: b + 1). Needs nb even. */
 #ifndef Z_X
@@ -232,7 +231,7 @@ static void ztiles(const qjob_t *j, const qpart_t *a, int64_t n0, int64_t n1) {
 void q_tiles(const qjob_t *j, const qpart_t *a, int64_t n0, int64_t n1) {
   const int bits4 = a->w.bits4, pairs = bits4 && j->qxp && !(a->w.spg & 1);
 #ifdef __AVX512BW__
-  if (!(nb_of(&a->w) & 1) && (!bits4 || j->qxp) && !getenv("RUVLLM_NO_ZTILE")) {
+  if (ztile_fits(&a->w) && (!bits4 || j->qxp)) {
     ztiles(j, a, n0, n1);
     return;
   }

@@ -224,7 +224,7 @@ static void run_qpart_chunk(const qjob_t *j, const qpart_t *a, int64_t c) {
       if (blas_rows(&l, 0, n1 - n0) == 0) return;
     }
   }
-  if (j->M > 1 && !j->exact) { /* a batch or a prefill chunk: integer tiles (qtile.c) */
+  if ((j->M > 1 || ztile_fits(&a->w)) && !j->exact) { /* a batch, a prefill chunk: integer tiles (qtile.c) */
     q_tiles(j, a, n0, n1);
     return;
   }
@@ -476,10 +476,7 @@ int rk_qlinear_parts(const void *x, int x_bf16, int n_parts, const qmat_t *parts
                 .exact = exact, .M = M, .K = K};
   int pairs = 0;
   for (int p = 0; p < n_parts; ++p) pairs |= parts[p].bits4 && !(parts[p].spg & 1);
-#ifdef __AVX512BW__
-  if (M > 1 && !(nb & 1))  /* qtile.c's 512-bit tiles read every 4-bit matrix in pair order */
-    for (int p = 0; p < n_parts; ++p) pairs |= parts[p].bits4;
-#endif
+  for (int p = 0; p < n_parts; ++p) pairs |= parts[p].bits4 && ztile_fits(&parts[p]); /* qtile.c's 512-bit tiles */
   if (pairs && !exact) {
     int8_t *qxp = grow(&buffers[5], &sizes[5], M * nb * 32);
     float *dxp = grow(&buffers[6], &sizes[6], M * nb * 4 * 4);

@@ -23,8 +23,12 @@ was 1.4x (int8) and 2.1x (int4) slower per core in cache, 1.6x and 2.5x on
 streamed weights under load: FMA on converted codes costs twice the
 instructions per weight. Rounding x adds a relative error of ~0.5% (1.1% with
 1% outlier channels) to a layer's output, against 0.8% (int8) and 10% (int4
-g128) from the weights themselves. Prefill runs MKL's sgemm over dequantized
-rows (exact), within ~10% of the fp32 kernel.
+g128) from the weights themselves. Batches of 2-31 rows (decode batches, short
+prefills) run quant.c's integer tiles (qtile.c: each weight block read once for
+all rows, x rounded the same way); from 32 rows prefill runs MKL's sgemm over
+dequantized rows (exact), within ~10% of the fp32 kernel. The kernels' build is
+the best instruction-set variant the CPU has (py_engine.kernels.VARIANTS):
+vpdpbusd with AVX-512 VNNI, maddubs on AVX2.
 CUDA: the Triton kernel py_engine/gpu/quant_matmul.py reads this layout as
 it is (every bit width and group); without Triton, torch's
 `_weight_int8pack_mm` (int8 per channel, symmetric) and `_weight_int4pack_mm`

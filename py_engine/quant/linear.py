@@ -36,16 +36,20 @@ class QuantLinear(nn.Module):
     kernels = None  # set by use_cpu_kernels: TorchBackend then runs steps in kernel_step (its forward needs none)
     _int8_activations = True
 
-    def __init__(self, qweight: QuantizedWeight, bias: Tensor | None = None, perm: Tensor | None = None, *,
-                 consume: bool = False) -> None:
-        """consume: qweight is not used after this (its 8-bit codes are packed in place)."""
+    def __init__(self, qweight: QuantizedWeight | PackedWeight, bias: Tensor | None = None,
+                 perm: Tensor | None = None, *, consume: bool = False) -> None:
+        """consume: qweight is not used after this (its 8-bit codes are packed in place). A PackedWeight is
+        taken as it is (a GGUF file's Q4_0/Q4_1/Q8_0 blocks are that layout already: importers/gguf)."""
         super().__init__()
         self.in_features, self.out_features = qweight.in_features, qweight.out_features
         if perm is not None and tuple(perm.shape) != (qweight.in_features,):
             raise ValueError(f"perm has shape {list(perm.shape)}, expected [{qweight.in_features}]")
         # act-order: the codes' column j is W's column perm[j] (not saved in state_dict: the codes are not either)
         self.register_buffer("perm", None if perm is None else perm.to(torch.int64), persistent=False)
-        self.packed = PackedWeight.pack(qweight, consume) if PackedWeight.packable(qweight) else None
+        if isinstance(qweight, PackedWeight):
+            self.packed = qweight
+        else:
+            self.packed = PackedWeight.pack(qweight, consume) if PackedWeight.packable(qweight) else None
         self._raw = None if self.packed is not None else qweight  # a layout no kernel takes (groups of 16)
         self.bias = None if bias is None else nn.Parameter(bias.detach(), requires_grad=False)
         self._plan: QuantPlan | None = None  # built on the first CPU call

@@ -214,3 +214,19 @@ def test_tensor_shape_disagreeing_with_metadata(vocab, cache, tmp_path):
     assert run.returncode == 1
     lines = run.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and "blk.0.attn_k.weight" in lines[0]
+
+
+@pytest.mark.parametrize("qtype", ["Q4_0", "Q6_K"])
+def test_dequantizing_in_row_chunks_gives_gguf_s_values(qtype, vocab, tmp_path, monkeypatch):
+    """Matrices dequantize a chunk of rows at a time (peak memory): the same floats as gguf whole."""
+    from py_engine.importers.gguf import tensors
+    from py_engine.importers.gguf.reader import GGUFFile
+
+    path = write_gguf(tmp_path / f"{qtype}.gguf", hf_model("llama", len(vocab.tokens), hidden_size=256), vocab, qtype)
+    file = GGUFFile(path)
+    t = file.tensors["token_embd.weight"]
+    whole = gguf.quants.dequantize(t.data, t.qtype).reshape(t.shape)
+    monkeypatch.setattr(tensors, "DEQUANT_ROWS", 7)  # several chunks and a short last one
+    assert t.shape[0] > 7 and t.shape[0] % 7
+    chunked = tensors.dequantize(file, t)
+    assert chunked.dtype == whole.dtype and (chunked == whole).all()

@@ -67,11 +67,13 @@ def test_prompts_and_digit_texts_tokenize_as_llama_cpp(setup):
         assert tokenizer.encode(item["text"], add_special_tokens=False) == item["ids"], item["text"]
 
 
-@pytest.mark.parametrize("int8_activations,at_least", [(False, 4), (True, 3)], ids=["exact-x", "int8-x"])
+@pytest.mark.parametrize("int8_activations,at_least", [(False, 4), (True, 2)], ids=["exact-x", "int8-x"])
 def test_native_q4_1_greedy_matches_llama_cpp(setup, int8_activations, at_least):
     """exact-x: fp32 x against the Q4_1 codes; int8-x (the default decode path): x rounded per 32 values,
     as llama.cpp does with its own rounding (fp16 block scales) and an fp16 KV cache: it parts from
-    llama.cpp on one prompt more, each time at a near-tie."""
+    llama.cpp on more prompts, each time at a near-tie (asserted for every divergence). The count moved
+    from 3 to 2 of 5 when prefills under 32 tokens joined the int8 path and Q4_1 rows took the AVX-512
+    tiles' summation order (issue 16): the three divergences are at top-2 margins of 0.005-0.09."""
     from py_engine.quant.linear import set_int8_activations
 
     _, model, config, tokenizer = setup

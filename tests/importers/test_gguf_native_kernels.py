@@ -15,7 +15,7 @@ from tests.cpu.test_cpu_stack import _both, calls  # noqa: E402,F401  (the fixtu
 from tests.tiny_models import train_tokenizer  # noqa: E402
 
 from py_engine.hub import resolve_model  # noqa: E402
-from py_engine.importers.gguf.quantized import gguf_weight  # noqa: E402
+from py_engine.importers.gguf.quantized import gguf_packed, gguf_weight  # noqa: E402
 from py_engine.importers.gguf.reader import GGUFTensor  # noqa: E402
 from py_engine.kernels import cpu_kernels  # noqa: E402
 from py_engine.models import load_model  # noqa: E402
@@ -50,6 +50,21 @@ def test_codes_dequantize_to_ggml_reference_exactly(qtype):
     assert (back.offsets is None) == (q.offsets is None)
     if q.offsets is not None:
         assert torch.equal(back.offsets, q.offsets)
+
+
+@pytest.mark.parametrize("qtype", TYPES)
+def test_blocks_pack_straight_to_the_kernels_layout(qtype):
+    """gguf_packed (the loader's path: the file's bytes, no unpacking) equals packing gguf_weight's codes."""
+    t, ref = tensor(qtype)
+    rows = np.arange(t.shape[0])[::-1].copy()  # a row order, as q/k un-permuting gives
+    for order in (None, rows):
+        direct, packed = gguf_packed(t, order), PackedWeight.pack(gguf_weight(t, order))
+        for name in ("codes", "scales", "zero_points", "mins", "offsets"):
+            a, b = getattr(direct, name), getattr(packed, name)
+            assert (a is None) == (b is None) and (a is None or torch.equal(a, b)), name
+        assert (direct.bits, direct.block_size, direct.in_features, direct.symmetric, direct.spg) == (
+            packed.bits, packed.block_size, packed.in_features, packed.symmetric, packed.spg)
+    assert torch.equal(QuantLinear(gguf_packed(t)).dequantize(), ref)
 
 
 @kernels_only

@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from py_engine.quant.linear import QuantLinear
+from py_engine.quant.kernels import PackedWeight
 from py_engine.quant.rtn import QuantizedWeight
 
 from .reader import GGUFTensor
@@ -54,6 +55,33 @@ def gguf_weight(t: GGUFTensor, rows: np.ndarray | None = None) -> QuantizedWeigh
                            symmetric=t.type_name != "Q4_1", offsets=offsets)
 
 
+def gguf_packed(t: GGUFTensor, rows: np.ndarray | None = None) -> PackedWeight:
+    """PackedWeight.pack(gguf_weight(t, rows)) straight from the blocks: Q4_0/Q4_1 bytes already hold
+    code[j] | code[j + 16] << 4 and Q8_0's are code - 128 as int8, so the codes are one copy of the file's
+    bytes (unpacking the tied 151936 x 896 head to a byte a code and back cost ~0.5 GB of temporaries)."""
+    n, k = t.shape
+    nb = k // BLOCK
+    blocks = np.asarray(t.data).reshape(n, nb, -1)  # [N, blocks, bytes per block]
+    if rows is not None:
+        blocks = blocks[rows]
+    half = lambda lo: torch.from_numpy(  # noqa: E731
+        np.ascontiguousarray(blocks[..., lo:lo + 2]).view(np.float16)[..., 0].astype(np.float32))
+    scales, offsets, mins = half(0), None, None
+    if t.type_name == "Q8_0":
+        codes, zero, bits = blocks[..., 2:], 128, 8
+    else:
+        start = 2 if t.type_name == "Q4_0" else 4
+        codes, zero, bits = blocks[..., start:start + BLOCK // 2], 8 if t.type_name == "Q4_0" else 0, 4
+        if zero:
+            mins = scales * float(zero)  # s * z' as PackedWeight.pack makes it
+        if t.type_name == "Q4_1":
+            offsets = half(2)
+            mins = -offsets
+    codes = torch.from_numpy(np.ascontiguousarray(codes).reshape(n, -1))
+    return PackedWeight(codes, scales, torch.full((n, nb), zero, dtype=torch.uint8), mins, bits, BLOCK, k,
+                        t.type_name != "Q4_1", 1, offsets)
+
+
 def install_native(checkpoint, model: nn.Module, device) -> set[str]:
     """Swap each nn.Linear whose GGUF tensor is Q4_0 / Q4_1 / Q8_0 for a QuantLinear over its codes; a tied
     head gets the embedding table's codes (the embedding itself gathers from its dequantized rows)."""
@@ -69,10 +97,10 @@ def install_native(checkpoint, model: nn.Module, device) -> set[str]:
         t = gguf.tensors.get(tensor_name) if tensor_name else None
         if t is None or t.type_name not in NATIVE_TYPES:
             continue
-        q = gguf_weight(t, row_order(gguf, tensor_name, config))
+        q = gguf_packed(t, row_order(gguf, tensor_name, config))
         bias = None if module.bias is None else torch.empty(module.out_features, device="meta")
         parent, _, leaf = name.rpartition(".")
-        setattr(model.get_submodule(parent) if parent else model, leaf, QuantLinear(q, bias, consume=True))
+        setattr(model.get_submodule(parent) if parent else model, leaf, QuantLinear(q, bias))
         if hf in checkpoint.names:
             consumed.add(hf)
     return consumed

@@ -82,15 +82,25 @@ def float_tensor(gguf: GGUFFile, gguf_name: str, config: dict) -> np.ndarray:
     return np.ascontiguousarray(values)
 
 
+DEQUANT_ROWS = 8192  # rows of a matrix dequantized at a time
+
+
 def dequantize(gguf: GGUFFile, t: GGUFTensor) -> np.ndarray:
     """float32 in torch's shape, with ggml's reference dequantization."""
     import gguf as ggml
 
+    qtype = ggml.GGMLQuantizationType.BF16 if t.type_name == "BF16" else t.qtype
+    data = t.data
     try:
-        if t.type_name == "BF16":
-            values = ggml.quants.dequantize(t.data, ggml.GGMLQuantizationType.BF16)
-        else:
-            values = ggml.quants.dequantize(t.data, t.qtype)
+        if data.ndim == 2 and len(t.shape) == 2 and data.shape[0] == t.shape[0] > DEQUANT_ROWS:
+            # rows of blocks, a chunk at a time into one float32 array: gguf.quants' temporaries are
+            # several times their input's float size (a 151936 x 896 Q4_0 embedding peaked ~2 GB whole)
+            out = np.empty(t.shape, dtype=np.float32)
+            for r in range(0, t.shape[0], DEQUANT_ROWS):
+                out[r:r + DEQUANT_ROWS] = np.asarray(ggml.quants.dequantize(data[r:r + DEQUANT_ROWS], qtype),
+                                                     dtype=np.float32).reshape(-1, t.shape[1])
+            return out
+        values = ggml.quants.dequantize(data, qtype)
     except NotImplementedError:
         raise load_error(f"{gguf.path}: tensor {t.name!r} is {t.type_name}, which gguf cannot dequantize; "
                          "ruvllm reads F32, F16, BF16 and the types gguf.quants implements") from None
