@@ -3,6 +3,8 @@
     POST /v1/chat/completions   chat, streaming (SSE) or not          serving_chat.py
     POST /v1/completions        legacy completions, prompts or ids    serving_completions.py
                                 (what the two share: serving.py)
+    POST /v1/feedback           a rating / correction of a logged completion feedback.py
+                                (with --witness-log; the log: witness.py)
     GET  /v1/models             the one served model
     GET  /health                200 while serving, 503 once shutting down or when the engine loop died
     GET  /metrics               Prometheus text                        metrics.py
@@ -30,7 +32,8 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.staticfiles import StaticFiles
 
 from native_server.context import SHUTTING_DOWN, ServerContext
-from native_server.errors import error_response, install_error_handlers
+from native_server.errors import APIError, error_response, install_error_handlers
+from native_server.feedback import FeedbackRequest, FeedbackResponse
 from native_server.middleware import AllowedHosts, APIKey, IsolationHeaders
 from native_server.request_body import DEFAULT_BODY_TIMEOUT, DEFAULT_MAX_BODY_BYTES, RequestBody
 from native_server.protocol import (ChatCompletionRequest, ChatCompletionResponse, CompletionRequest,
@@ -49,6 +52,12 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
         (401, "missing or wrong API key"), (404, "unknown model"), (408, "request body not received in time"),
         (413, "request body too large"), (429, "too many request bodies being received at once"),
         (503, "waiting queue full, or the server is shutting down"))}
+_FEEDBACK_ERRORS: dict[int | str, dict[str, Any]] = {
+    status: {"model": ErrorResponse, "description": text} for status, text in (
+        (400, "bad shape: unknown fields, wrong types, a rating not 1 or -1, an empty correction"),
+        (401, "missing or wrong API key"), (404, "no logged completion with this id"),
+        (409, "this choice was rated already"), (413, "correction too long"),
+        (429, "too many feedbacks (server, session) or the learner's queue is full"))}
 _STREAM = {"description": "the response, or with `stream: true` server-sent events of chunks",
            "content": {"text/event-stream": {}}}
 
@@ -99,6 +108,10 @@ def create_app(ctx: ServerContext, *, api_key: str | None = None, max_body_bytes
             await ctx.drain(shutdown_timeout)
         finally:
             await ctx.templates.close()
+            if ctx.learner is not None:
+                ctx.learner.close()
+            if ctx.witness is not None:
+                ctx.witness.close()
 
     app = FastAPI(title="ruvllm", summary="OpenAI-compatible server of the ruvllm engine", lifespan=lifespan)
     app.state.ctx = ctx
@@ -131,6 +144,14 @@ def _add_routes(app: FastAPI, ctx: ServerContext) -> None:
               responses={**_ERRORS, 200: _STREAM}, tags=["openai"])
     async def completions(body: CompletionRequest, request: Request) -> Response:
         return await create_completion(ctx, body, request)
+
+    @app.post("/v1/feedback", response_model=FeedbackResponse, responses=_FEEDBACK_ERRORS, tags=["learning"])
+    async def feedback(body: FeedbackRequest) -> FeedbackResponse:
+        ctx.check_accepting()
+        if ctx.feedback is None:
+            raise APIError(404, "this server keeps no witness log, so it takes no feedback (start it with "
+                                "--witness-log DIR)", "id", "not_found")
+        return ctx.feedback.accept(body)
 
     @app.get("/v1/models", response_model=ModelList, tags=["openai"])
     async def models() -> ModelList:

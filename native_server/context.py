@@ -36,6 +36,9 @@ class ServerContext:
     draining: bool = False  # set on SIGTERM: new requests get a 503 while running ones finish
     templates: TemplateRenderer = field(default_factory=TemplateRenderer)  # renders in killable workers
     allow_client_chat_template: bool = False  # run templates sent in requests (a documented risk)
+    witness: Any = None  # native_server.witness.WitnessLog with --witness-log
+    feedback: Any = None  # native_server.feedback.FeedbackDesk, with the witness log
+    learner: Any = None  # native_server.learning (the instant and background loops) with --learning
 
     def __post_init__(self) -> None:
         self.texts = TokenTexts(self.engine.tokenizer)

@@ -107,6 +107,15 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="seconds a chat template may take to render before the request gets a 400 (default 10)")
     p.add_argument("--request-body-timeout", type=float, default=30.0, metavar="S",
                    help="seconds a client has to send a request body before a 408 (default 30)")
+    p.add_argument("--witness-log", type=Path, metavar="DIR",
+                   help="log every request and response as JSON lines in DIR (rotated; never headers or the API "
+                        "key) and take ratings and corrections on POST /v1/feedback")
+    p.add_argument("--witness-log-file-size", type=parse_size, default=64 << 20, metavar="BYTES",
+                   help="start a new witness file past this size (default 64M)")
+    p.add_argument("--witness-log-files", type=_positive, default=8, metavar="N",
+                   help="witness files kept per stream; older ones are deleted (default 8)")
+    p.add_argument("--feedback-rate", type=float, default=20.0, metavar="R",
+                   help="feedbacks a second the server takes (bursts of 2R); beyond it a 429 (default 20)")
     p.add_argument("--web-dir", type=Path, default=WEB_DIST, metavar="DIR",
                    help="the demo page served at / (default: web/dist, built by `ruvllm web build`)")
     p.set_defaults(func=run_serve)
@@ -146,6 +155,19 @@ def _log_configuration(args: argparse.Namespace, path: Path, engine: Any) -> Non
                 "required" if args.api_key else "not required")
 
 
+def _open_witness_log(ctx: Any, args: argparse.Namespace) -> None:
+    from native_server.feedback import FeedbackDesk, FeedbackLimits
+    from native_server.witness import WitnessLog
+
+    ctx.witness = WitnessLog(args.witness_log, max_file_bytes=args.witness_log_file_size,
+                             max_files=args.witness_log_files)
+    if not 0 < args.feedback_rate <= 1e6:
+        raise ValueError(f"--feedback-rate: must be in (0, 1e6], got {args.feedback_rate}")
+    ctx.feedback = FeedbackDesk(ctx.witness, FeedbackLimits(rate=args.feedback_rate, burst=2 * args.feedback_rate))
+    logger.info("witness log: %s (%d files of %d bytes at most per stream); POST /v1/feedback takes ratings",
+                args.witness_log, args.witness_log_files, args.witness_log_file_size)
+
+
 def run_serve(args: argparse.Namespace) -> int:
     try:  # the server's dependencies are an extra: the rest of the CLI runs without them
         import uvicorn
@@ -172,6 +194,8 @@ def run_serve(args: argparse.Namespace) -> int:
     ctx = ServerContext.for_engine(async_engine, path, name, _aliases(args.model, path),
                                    allow_client_chat_template=args.allow_client_chat_template,
                                    template_timeout=args.chat_template_timeout)
+    if args.witness_log is not None:
+        _open_witness_log(ctx, args)
     _log_configuration(args, path, async_engine)
     if args.allow_client_chat_template:
         logger.warning("--allow-client-chat-template: clients may run their own Jinja chat templates here")
