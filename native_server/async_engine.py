@@ -3,7 +3,7 @@
 A forward pass holds the GIL only in between torch ops, but it takes
 milliseconds to seconds: run on the event loop it would stall every client.
 So the loop thread owns the `LLMEngine` outright; the event loop talks to it
-through an inbox (add / abort) and gets each step's outputs back with
+through an inbox (add / abort / a call between steps) and gets each step's outputs back with
 `call_soon_threadsafe`, one asyncio.Queue per request. Nothing else is
 shared, so no lock is ever held across a forward pass.
 
@@ -21,6 +21,7 @@ fails, new requests are refused, `dead_reason()` says why, and `on_fatal`
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import queue
 import threading
@@ -88,6 +89,18 @@ class AsyncEngine:
             self._streams.pop(request_id, None)
             if not finished and not self._stop:  # the client left: free its blocks now
                 self._send(("abort", request_id))
+
+    def call_between_steps(self, fn: Callable[[], object]) -> concurrent.futures.Future:
+        """Run fn() on the loop thread between two steps, so no forward pass sees half a change (the
+        learner swaps adapters this way, dropping no request). An exception goes to the future, never
+        to the loop. Before start() (or after the loop ended) it runs at once, here."""
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        if self._thread is None or not self._thread.is_alive():
+            _settle(future, fn)
+            return future
+        self._inbox.put(("call", future, fn))
+        self._wake.set()
+        return future
 
     async def abort(self, request_id: str) -> None:
         """End a request; its stream gets a last output with finish_reason "abort"."""
@@ -187,6 +200,8 @@ class AsyncEngine:
                 out = self.engine.abort(message[1])
                 if out is not None:
                     outputs.append(out)
+            elif kind == "call":
+                _settle(message[1], message[2])
             elif kind == "stop":
                 self._stop = True
         if outputs:
@@ -200,3 +215,10 @@ class AsyncEngine:
             self._loop.call_soon_threadsafe(callback, *args)
         except RuntimeError:  # the loop is closed: nobody is listening any more
             pass
+
+
+def _settle(future: concurrent.futures.Future, fn: Callable[[], object]) -> None:
+    try:
+        future.set_result(fn())
+    except Exception as error:  # the caller's problem, never the engine's
+        future.set_exception(error)

@@ -20,6 +20,7 @@ One lock serialises training; reading adapters never waits for it long.
 """
 from __future__ import annotations
 
+import copy
 import threading
 import time
 from collections import OrderedDict
@@ -80,6 +81,8 @@ class Sona:
         self.version: int | None = None
         self.fisher: dict[str, Tensor] | None = None
         self.lock = threading.RLock()
+        self._consolidating = threading.Lock()
+        self._background: nn.Module | None = None
         if self.store is not None and (current := self.store.current()) is not None:
             self.consolidated, self.version = self.store.load(current), current
 
@@ -119,6 +122,13 @@ class Sona:
                 self.sessions.popitem(last=False)
         self.sessions.move_to_end(session)
         return lora
+
+    def version_name(self, session: str | None) -> str | None:
+        """What a request of `session` runs with, in words: "sona-v3", "session", "sona-v3+session", None."""
+        with self.lock:
+            parts = ([f"sona-v{self.version}" if self.version else "sona"] if self.consolidated else []) + \
+                    (["session"] if session is not None and session in self.sessions else [])
+        return "+".join(parts) or None
 
     def learn(self, record: dict[str, Any]) -> Update:
         """One feedback record (the witness log's shape): buffer it, and train its session's MicroLoRA."""
@@ -175,43 +185,57 @@ class Sona:
             ids += seq[len(start):]
         return ids[:n]
 
-    def fisher_for(self, names: Sequence[str]) -> tuple[dict[str, Tensor], float]:
+    def fisher_for(self, names: Sequence[str], model: nn.Module | None = None) -> tuple[dict[str, Tensor], float]:
+        """The base's diagonal Fisher for `names` (computed once, kept in DIR/fisher.safetensors)."""
         start = time.perf_counter()
         path = self.folder / "fisher.safetensors" if self.folder is not None else None
         if self.fisher is None and path is not None and path.is_file():
             self.fisher = load_fisher(path)
         if self.fisher is None or not set(names) <= set(self.fisher):
-            with applied(self.model, None):
-                self.fisher = diagonal_fisher(self.model, names, self.fisher_ids(), FISHER_WINDOW)
+            self.fisher = diagonal_fisher(model or self.model, names, self.fisher_ids(), FISHER_WINDOW)
             if path is not None:
                 save_fisher(path, self.fisher)
         return self.fisher, time.perf_counter() - start
 
+    def background_model(self) -> nn.Module:
+        """The consolidation's own copy of the model: it trains while the instant loop trains on the other."""
+        with self.lock:
+            if self._background is None:
+                self._background = freeze(copy.deepcopy(self.model))
+            return self._background
+
     def consolidate(self, ewc_lambda: float | None = None) -> Consolidation:
-        """Train one LoRA on every buffered feedback (EWC against the base), save it as the next version."""
+        """Train one LoRA on every buffered feedback (EWC against the base), save it as the next version.
+
+        Runs beside the instant loop (its own model copy; the lock is held only to take the buffer and
+        to publish the result), one consolidation at a time."""
         c = self.config
         lam = c.ewc_lambda if ewc_lambda is None else ewc_lambda
-        start = time.perf_counter()
-        with self.lock:
-            examples = [e for r in self.replay if (e := self.example(r)) is not None]
-            lora = TrainableLora.for_model(self.model, c.target_modules, c.layers, c.rank, seed=c.seed)
-            fisher, fisher_s = self.fisher_for(lora.names) if lam > 0 else (None, 0.0)
-            stats = train_lora(self.model, lora, examples, epochs=c.epochs, batch_size=c.batch_size, lr=c.lr,
+        with self._consolidating:
+            start = time.perf_counter()
+            with self.lock:
+                records = list(self.replay)
+                self.since_consolidation = 0
+                micro = {name: lora.adapter() for name, lora in self.sessions.items()} if c.fold_sessions > 0 else {}
+            model = self.background_model()
+            examples = [e for r in records if (e := self.example(r)) is not None]
+            lora = TrainableLora.for_model(model, c.target_modules, c.layers, c.rank, seed=c.seed)
+            fisher, fisher_s = self.fisher_for(lora.names, model) if lam > 0 else (None, 0.0)
+            stats = train_lora(model, lora, examples, epochs=c.epochs, batch_size=c.batch_size, lr=c.lr,
                                fisher=fisher, ewc_lambda=lam, seed=c.seed)
             modules = lora.adapter()
-            folded = 0
-            if c.fold_sessions > 0 and self.sessions:
-                modules = fold([(1.0, modules)] + [(c.fold_sessions, s.adapter()) for s in self.sessions.values()])
-                folded = len(self.sessions)
-                self.sessions.clear()  # their updates now reach every session through the consolidated one
+            if micro:
+                modules = fold([(1.0, modules)] + [(c.fold_sessions, m) for m in micro.values()])
             seconds = time.perf_counter() - start
             info = {"examples": len(examples), "ewc_lambda": lam, "rank": c.rank, "epochs": c.epochs,
                     "first_loss": stats.first_loss, "last_loss": stats.last_loss, "seconds": seconds,
-                    "folded_sessions": folded}
-            version = self.store.save(modules, info, self.base_name) if self.store is not None else None
-            self.consolidated, self.version = modules, version
-            self.since_consolidation = 0
-        return Consolidation(version, len(examples), seconds, fisher_s, stats, folded)
+                    "folded_sessions": len(micro)}
+            with self.lock:
+                version = self.store.save(modules, info, self.base_name) if self.store is not None else None
+                self.consolidated, self.version = modules, version
+                for name in micro:  # their updates now reach every session through the consolidated adapter
+                    self.sessions.pop(name, None)
+        return Consolidation(version, len(examples), seconds, fisher_s, stats, len(micro))
 
     def rollback(self, version: int | None) -> None:
         """Serve `version` of the consolidated adapter again (None or 0: the base model)."""

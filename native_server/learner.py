@@ -1,0 +1,132 @@
+"""The server's learning threads (`ruvllm serve --learning`): the instant loop and the background loop.
+
+    POST /v1/feedback -> FeedbackDesk -> Learner.submit(record)       (a bounded queue: full is a 429)
+    instant thread:    Sona.learn(record) -> publish(session, adapter) (the session's next requests use it)
+    background thread: every N feedbacks or T seconds, Sona.consolidate() -> publish(None, adapter)
+                       and every session again (their adapters hold the consolidated one too)
+
+`publish(name_of_session_or_None, modules_or_None)` is the serving side
+(adapter_slots.py): it swaps the adapter between two engine steps, so no
+request is dropped and none sees half an adapter. A failure in either thread
+is logged with its traceback and counted (`errors`); the thread goes on with
+the next record, and serving never notices. Nothing here touches the HTTP
+request or its headers.
+"""
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections import deque
+from typing import Any, Callable
+
+logger = logging.getLogger("ruvllm.learning")
+
+QUEUE_SIZE = 256
+LATENCIES_KEPT = 4096
+
+Publish = Callable[[str | None, Any], None]
+
+
+class Learner:
+    def __init__(self, sona: Any, publish: Publish, *, queue_size: int = QUEUE_SIZE) -> None:
+        self.sona, self.publish = sona, publish
+        self._queue: queue.Queue[dict[str, Any] | None] = queue.Queue(queue_size)
+        self._due = threading.Event()
+        self._closed = threading.Event()
+        self.instant_seconds: deque[float] = deque(maxlen=LATENCIES_KEPT)  # train + publish, per feedback
+        self.consolidation_seconds: deque[float] = deque(maxlen=LATENCIES_KEPT)
+        self.updates = self.consolidations = self.errors = 0
+        self.last_error: str | None = None
+        self._threads = [threading.Thread(target=self._guard, args=(self._instant_loop,), name="sona-instant",
+                                          daemon=True),
+                         threading.Thread(target=self._guard, args=(self._background_loop,), name="sona-background",
+                                          daemon=True)]
+        for thread in self._threads:
+            thread.start()
+
+    # --- the feedback side (event loop) -----------------------------------------------------------
+    def submit(self, record: dict[str, Any]) -> bool:
+        """Queue a feedback record for the instant loop; False when the queue is full (the caller's 429)."""
+        if self._closed.is_set():
+            return False
+        try:
+            self._queue.put_nowait(record)
+        except queue.Full:
+            return False
+        return True
+
+    def adapter_name(self, session: str | None) -> str | None:
+        """What a request of `session` runs with, for the witness log."""
+        try:
+            return self.sona.version_name(session)
+        except Exception:  # the log line must not fail a request
+            return None
+
+    def consolidate_soon(self) -> None:
+        self._due.set()
+
+    @property
+    def alive(self) -> bool:
+        return all(t.is_alive() for t in self._threads)
+
+    def close(self, timeout: float = 10.0) -> None:
+        self._closed.set()
+        self._due.set()
+        try:
+            self._queue.put_nowait(None)
+        except queue.Full:
+            pass
+        for thread in self._threads:
+            thread.join(timeout)
+
+    # --- the threads ------------------------------------------------------------------------------
+    def _guard(self, loop: Callable[[], None]) -> None:
+        """A loop's last line of defence: even an error that escapes it is logged, never raised further."""
+        try:
+            loop()
+        except BaseException as error:  # noqa: BLE001 (a dying thread must say why)
+            self._failed("thread ended", error)
+
+    def _failed(self, what: str, error: BaseException) -> None:
+        self.errors += 1
+        self.last_error = f"{type(error).__name__}: {error}"
+        logger.error("learning: %s (%s); serving goes on without this update", what, self.last_error,
+                     exc_info=error)
+
+    def _instant_loop(self) -> None:
+        while (record := self._queue.get()) is not None:
+            start = time.perf_counter()
+            try:
+                update = self.sona.learn(record)
+                if update.trained and update.session is not None:
+                    self.publish(update.session, self.sona.adapter_for(update.session))
+                    self.updates += 1
+                    self.instant_seconds.append(time.perf_counter() - start)
+                if self.sona.due():
+                    self._due.set()
+            except Exception as error:
+                self._failed(f"the instant update of session {record.get('session')!r} failed", error)
+
+    def _background_loop(self) -> None:
+        interval = self.sona.config.consolidate_interval_s or None
+        while not self._closed.is_set():
+            fired = self._due.wait(interval)
+            self._due.clear()
+            if self._closed.is_set():
+                return
+            if not fired and not self.sona.replay:
+                continue  # the timer, with nothing to learn from
+            try:
+                result = self.sona.consolidate()
+                self.publish(None, self.sona.adapter_for(None))
+                for session in list(self.sona.sessions):
+                    self.publish(session, self.sona.adapter_for(session))
+                self.consolidations += 1
+                self.consolidation_seconds.append(result.seconds)
+                logger.info("learning: consolidated %d feedback(s) into sona-v%s in %.2f s (loss %.3f -> %.3f)",
+                            result.examples, result.version, result.seconds, result.stats.first_loss,
+                            result.stats.last_loss)
+            except Exception as error:
+                self._failed("consolidation failed", error)
