@@ -10,7 +10,8 @@ seconds, when set), one LoRA of rank `rank` on `target_modules` of the last
 `layers` layers is trained on all logged feedback for `epochs` passes in
 batches of `batch_size` at `lr`, with the EWC penalty `ewc_lambda` * sum of
 F (dW)^2 (F: the base's diagonal Fisher on `fisher_tokens` of its own
-validation text, normalised to mean 1; 0 turns EWC off). `fold_sessions` > 0
+validation text in slices of `fisher_window` tokens, normalised to mean 1;
+0 turns EWC off). `fold_sessions` > 0
 adds that weight of each session's MicroLoRA into the consolidated adapter
 (which then reaches every session).
 """
@@ -36,8 +37,9 @@ class SonaConfig:
     lr: float = 5e-3
     epochs: int = 4
     batch_size: int = 8
-    ewc_lambda: float = 100.0
+    ewc_lambda: float = 3.0
     fisher_tokens: int = 4096
+    fisher_window: int = 32  # tokens per Fisher sample: smaller is closer to a per-token Fisher
     consolidate_every: int = 16  # feedbacks; 0: only on request or interval
     consolidate_interval_s: float = 0.0  # 0: no timer
     fold_sessions: float = 0.0
@@ -51,7 +53,8 @@ class SonaConfig:
             raise ValueError(f"target_modules: each one of {', '.join(PROJECTIONS)}; got {list(self.target_modules)}")
         for name, lo, hi in (("micro_rank", 1, 64), ("micro_layers", 1, 1024), ("micro_steps", 0, 1000),
                              ("rank", 1, 256), ("layers", 0, 1024), ("epochs", 0, 1000), ("batch_size", 1, 1024),
-                             ("fisher_tokens", 0, 1 << 22), ("consolidate_every", 0, 1 << 20),
+                             ("fisher_tokens", 0, 1 << 22), ("fisher_window", 2, 1 << 16),
+                             ("consolidate_every", 0, 1 << 20),
                              ("max_sessions", 1, 1 << 20), ("max_target_tokens", 1, 1 << 16)):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or not lo <= value <= hi:

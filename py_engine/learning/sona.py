@@ -40,7 +40,6 @@ from .train import TrainStats, freeze, train_lora
 
 Modules = dict[str, tuple[Tensor, Tensor, float]]
 MAX_REPLAY = 100_000
-FISHER_WINDOW = 128
 
 
 @dataclass(frozen=True)
@@ -178,7 +177,7 @@ class Sona:
         start = self.tokenizer.encode("", add_special_tokens=True) or [self.eos_id or 0]
         while len(ids) < n:
             seq = list(start)
-            for _ in range(min(FISHER_WINDOW, n - len(ids))):
+            for _ in range(min(128, n - len(ids))):
                 x = torch.tensor([seq[-self.max_len:]])
                 logits = self.model(x, torch.arange(x.shape[1])[None], last_only=True)[0, -1]
                 seq.append(int(torch.multinomial(torch.softmax(logits, -1), 1, generator=gen)))
@@ -192,7 +191,7 @@ class Sona:
         if self.fisher is None and path is not None and path.is_file():
             self.fisher = load_fisher(path)
         if self.fisher is None or not set(names) <= set(self.fisher):
-            self.fisher = diagonal_fisher(model or self.model, names, self.fisher_ids(), FISHER_WINDOW)
+            self.fisher = diagonal_fisher(model or self.model, names, self.fisher_ids(), self.config.fisher_window)
             if path is not None:
                 save_fisher(path, self.fisher)
         return self.fisher, time.perf_counter() - start
