@@ -8,6 +8,7 @@ import json
 import sys
 from typing import Any
 
+from py_engine.adapters.config import add_lora_options, lora_from_args
 from py_engine.sampling_params import SamplingParams
 
 BUILTIN = "tiny-shakespeare"
@@ -20,6 +21,7 @@ def model_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cache-dir", metavar="DIR", help="model cache (default: $RUVLLM_CACHE_DIR or ~/.cache/ruvllm)")
     from py_engine.quant.config import add_quantization_options  # py_engine.quant's package imports torch
     add_quantization_options(parser)
+    add_lora_options(parser)
 
 
 def sampling_options(parser: argparse.ArgumentParser, max_tokens: int) -> None:
@@ -46,15 +48,16 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from py_engine.quant.config import quant_config_from_args
 
     dtype = args.precision if args.backend == "onnx" and args.precision != "auto" else args.dtype
+    loras, adapter = lora_from_args(args)
     llm = LLM(args.model, dtype=dtype, device=args.device, cache_dir=args.cache_dir, backend=args.backend,
-              quantization=quant_config_from_args(args))
+              quantization=quant_config_from_args(args), lora=loras, max_lora_rank=args.max_lora_rank)
     params = sampling_params(args, llm.generation_config)
     if args.json:
-        out = llm.generate(args.prompt, params)
+        out = llm.generate(args.prompt, params, lora=adapter)
         print(json.dumps(out.to_dict(), ensure_ascii=False))
         return 0
     sys.stdout.write(args.prompt)
-    for chunk in llm.stream(args.prompt, params):
+    for chunk in llm.stream(args.prompt, params, lora=adapter):
         sys.stdout.write(chunk.text)
         sys.stdout.flush()
     sys.stdout.write("\n")

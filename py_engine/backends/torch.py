@@ -6,6 +6,8 @@
     for chunk in llm.stream("JULIET:", SamplingParams(max_tokens=40)):
         print(chunk.text, end="", flush=True)
     LLM("tiny-shakespeare", quantization="int4")         # or a QuantConfig: quantized at load time
+    llm = LLM("tiny-shakespeare", lora={"sonnets": "path/to/peft-adapter"})
+    llm.generate("ROMEO:", lora="sonnets")               # that adapter; lora=None (default) is the base
 
 `TorchBackend` is the forward pass of one sequence over a dense KV cache; the
 loop itself (sampling, detokenizing, stops) is py_engine.generate's, shared
@@ -19,6 +21,7 @@ from typing import Any, Iterator, Mapping, Sequence
 
 import torch
 
+from py_engine.adapters.config import DEFAULT_MAX_RANK
 from py_engine.chat import ChatConfig, load_chat_config, render_chat
 from py_engine.config import GenerationConfig, ModelConfig
 from py_engine.generate import Completion, GenerationChunk, complete, eos_token_ids, start_ids, stream
@@ -49,8 +52,14 @@ def pick_device(device: str = "auto") -> str:
 class TorchBackend:
     """One sequence through the torch model, its KV cache grown as the sequence grows."""
 
-    def __init__(self, model: CausalLM, config: ModelConfig, max_context: int) -> None:
+    def __init__(self, model: CausalLM, config: ModelConfig, max_context: int, lora: str | None = None) -> None:
         self.model, self.config, self.max_context = model, config, max_context
+        manager = getattr(model, "lora", None)  # py_engine.adapters.LoraManager, when adapters are loaded
+        if lora is not None and manager is None:
+            raise ValueError(f"adapter {lora!r} was asked for but this model has no LoRA adapters loaded")
+        self.lora, self._lora_manager = lora, manager
+        if manager is not None:
+            manager.slot(lora)  # an unknown name fails here, before any work
         weight = next(model.parameters())
         self.dtype, self.device = weight.dtype, weight.device
         self.kv: DenseKVCache | None = None
@@ -64,6 +73,10 @@ class TorchBackend:
     def _step(self) -> Any:
         """With the CPU kernels, torch runs single-threaded beside their pool (see py_engine.cpu.transforms)."""
         return kernel_step(self.kernels) if self.kernels is not None else nullcontext()
+
+    def _adapter(self) -> Any:
+        """This sequence's adapter (or the base) for the forward: the mix is the model's, set per call."""
+        return self._lora_manager.using(self.lora) if self._lora_manager is not None else nullcontext()
 
     def _reserve(self, length: int) -> None:
         """Make room for `length` positions, copying the filled prefix into a larger cache."""
@@ -82,7 +95,7 @@ class TorchBackend:
         self._reserve(self.length + n)
         ids = torch.tensor([list(token_ids)], dtype=torch.long, device=self.device)  # [1, n]
         positions = torch.arange(self.length, self.length + n, device=self.device)[None]  # [1, n]
-        with self._step():
+        with self._step(), self._adapter():
             logits = self.model(ids, positions, self.kv, last_only=True)  # [1, 1, V]
         self.length += n
         return logits[0, -1]  # [V], float32
@@ -119,11 +132,16 @@ class LLM:
 
     def __init__(self, model: str = "tiny-shakespeare", *, dtype: str = "auto", device: str = "auto",
                  cache_dir: str | None = None, max_context: int | None = None, backend: str = "torch",
-                 optimize: bool = True, quantization: str | QuantConfig | None = None) -> None:
+                 optimize: bool = True, quantization: str | QuantConfig | None = None,
+                 lora: Mapping[str, str | Path] | None = None, max_lora_rank: int = DEFAULT_MAX_RANK) -> None:
+        """lora: adapter name -> peft adapter folder, loaded unmerged (pick one per call with lora=NAME)."""
         self.path: Path = resolve_model(model, cache_dir)
         self.backend = backend
         self.quantization = as_quant_config(quantization)
         self.quant_report = None
+        if backend == "onnx" and lora:
+            raise ValueError("LoRA adapters apply to the torch backend; for ONNX merge the adapter when exporting "
+                             "(ruvllm export MODEL --lora PATH)")
         if backend == "onnx" and self.quantization.enabled:
             raise ValueError("quantization applies to the torch backend; an ONNX export is quantized when exported "
                              "(ruvllm export --quantization ...)")
@@ -138,6 +156,8 @@ class LLM:
                 self.path, self.quantization, dtype=dtype, device=self.device)
             if optimize:  # on CPU: fused projections and native GEMV kernels (no-op elsewhere)
                 optimize_for_cpu(self.model)
+            if lora:
+                self._load_loras(lora, max_lora_rank)
         else:
             raise ValueError(f"unknown backend {backend!r}; use torch or onnx")
         self.tokenizer = Tokenizer.from_pretrained(self.path)
@@ -147,28 +167,43 @@ class LLM:
         self.eos_token_ids = eos_token_ids(self.generation_config, self.config, self.tokenizer)
         self._chat_config: ChatConfig | None = None
 
+    def _load_loras(self, lora: Mapping[str, str | Path], max_rank: int) -> None:
+        from py_engine.adapters import LoraManager
+
+        manager = LoraManager(self.model, max_rank=max_rank)
+        for name, path in lora.items():
+            manager.add(name, path)
+
+    @property
+    def loras(self) -> list[str]:
+        """Names of the loaded LoRA adapters."""
+        manager = getattr(self.model, "lora", None)
+        return sorted(manager.slots) if manager is not None else []
+
     def encode(self, prompt: str | Sequence[int], add_special_tokens: bool = True) -> list[int]:
         if isinstance(prompt, str):
             return start_ids(self.tokenizer, prompt, add_special_tokens)
         return list(prompt)
 
     def stream(self, prompt: str | Sequence[int], params: SamplingParams | None = None,
-               *, add_special_tokens: bool = True) -> Iterator[GenerationChunk]:
+               *, add_special_tokens: bool = True, lora: str | None = None) -> Iterator[GenerationChunk]:
         """Yield text chunks as they are generated; the last one has a finish_reason."""
-        backend = self._new_backend()
+        backend = self._new_backend(lora)
         ids = self.encode(prompt, add_special_tokens)
         return stream(backend, self.tokenizer, ids, params or SamplingParams(), self.eos_token_ids)
 
     def generate(self, prompt: str | Sequence[int], params: SamplingParams | None = None,
-                 *, add_special_tokens: bool = True) -> Completion:
-        backend = self._new_backend()
+                 *, add_special_tokens: bool = True, lora: str | None = None) -> Completion:
+        backend = self._new_backend(lora)
         ids = self.encode(prompt, add_special_tokens)
         return complete(backend, self.tokenizer, ids, params or SamplingParams(), self.eos_token_ids)
 
-    def _new_backend(self):
+    def _new_backend(self, lora: str | None = None):
         if self.backend == "onnx":
+            if lora is not None:
+                raise ValueError("LoRA adapters apply to the torch backend")
             return self.model.backend(self.max_context)
-        return TorchBackend(self.model, self.config, self.max_context)
+        return TorchBackend(self.model, self.config, self.max_context, lora)
 
     def chat_prompt(self, messages: Sequence[Mapping[str, Any]], **template_kwargs: Any) -> str:
         """The model's chat template applied to messages, ending with the assistant's turn."""
@@ -177,6 +212,6 @@ class LLM:
         return render_chat(messages, self._chat_config, add_generation_prompt=True, **template_kwargs)
 
     def chat(self, messages: Sequence[Mapping[str, Any]], params: SamplingParams | None = None,
-             **template_kwargs: Any) -> Iterator[GenerationChunk]:
+             lora: str | None = None, **template_kwargs: Any) -> Iterator[GenerationChunk]:
         """Stream the assistant's reply; the template adds its own special tokens."""
-        return self.stream(self.chat_prompt(messages, **template_kwargs), params, add_special_tokens=False)
+        return self.stream(self.chat_prompt(messages, **template_kwargs), params, add_special_tokens=False, lora=lora)
