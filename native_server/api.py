@@ -5,6 +5,9 @@
                                 (what the two share: serving.py)
     POST /v1/feedback           a rating / correction of a logged completion feedback.py
                                 (with --witness-log; the log: witness.py)
+    GET  /v1/learning           the learning loops' state (with --learning)   learner.py
+    POST /v1/learning/consolidate   start a consolidation now (202)
+    POST /v1/learning/rollback  {"version": N}: serve consolidated sona-vN again (0: none)
     GET  /v1/models             the one served model
     GET  /health                200 while serving, 503 once shutting down or when the engine loop died
     GET  /metrics               Prometheus text                        metrics.py
@@ -21,6 +24,7 @@ files never include dotfiles (.git, .env).
 """
 from __future__ import annotations
 
+import asyncio
 import logging
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -28,6 +32,7 @@ from typing import Any, AsyncIterator
 
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.routing import APIRoute
+from pydantic import BaseModel, ConfigDict
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.staticfiles import StaticFiles
 
@@ -37,7 +42,7 @@ from native_server.feedback import FeedbackRequest, FeedbackResponse
 from native_server.middleware import AllowedHosts, APIKey, IsolationHeaders
 from native_server.request_body import DEFAULT_BODY_TIMEOUT, DEFAULT_MAX_BODY_BYTES, RequestBody
 from native_server.protocol import (ChatCompletionRequest, ChatCompletionResponse, CompletionRequest,
-                                    CompletionResponse, ErrorResponse, ModelCard, ModelList)
+                                    CompletionResponse, ErrorResponse, Int, ModelCard, ModelList)
 from native_server.serving_chat import create_chat_completion
 from native_server.serving_completions import create_completion
 from native_server.streaming import ClientDisconnected
@@ -134,6 +139,18 @@ async def _on_client_gone(request: Request, exc: Exception) -> Response:
     return Response(status_code=499)
 
 
+class RollbackRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    version: Int  # 0: the base model, no consolidated adapter
+
+
+def _learner(ctx: ServerContext) -> Any:
+    if ctx.learner is None:
+        raise APIError(404, "this server does not learn (start it with --learning --witness-log DIR)",
+                       code="not_found")
+    return ctx.learner
+
+
 def _add_routes(app: FastAPI, ctx: ServerContext) -> None:
     @app.post("/v1/chat/completions", response_model=ChatCompletionResponse,
               responses={**_ERRORS, 200: _STREAM}, tags=["openai"])
@@ -152,6 +169,28 @@ def _add_routes(app: FastAPI, ctx: ServerContext) -> None:
             raise APIError(404, "this server keeps no witness log, so it takes no feedback (start it with "
                                 "--witness-log DIR)", "id", "not_found")
         return ctx.feedback.accept(body)
+
+    @app.get("/v1/learning", tags=["learning"], responses={404: {"model": ErrorResponse}})
+    async def learning() -> Response:
+        return JSONResponse(_learner(ctx).status())
+
+    @app.post("/v1/learning/consolidate", tags=["learning"], status_code=202,
+              responses={404: {"model": ErrorResponse}})
+    async def consolidate() -> Response:
+        learner = _learner(ctx)
+        learner.consolidate_soon()
+        return JSONResponse(learner.status(), status_code=202)
+
+    @app.post("/v1/learning/rollback", tags=["learning"], responses={400: {"model": ErrorResponse}})
+    async def rollback(body: RollbackRequest) -> Response:
+        learner = _learner(ctx)
+        if not 0 <= body.version < 1 << 31:
+            raise APIError(400, f"version: an integer >= 0 (0: the base model), got {body.version}", "version")
+        try:
+            await asyncio.to_thread(learner.rollback, body.version)
+        except ValueError as exc:
+            raise APIError(400, f"version: {exc}", "version") from None
+        return JSONResponse(learner.status())
 
     @app.get("/v1/models", response_model=ModelList, tags=["openai"])
     async def models() -> ModelList:

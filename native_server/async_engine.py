@@ -64,8 +64,8 @@ class AsyncEngine:
             self._thread = threading.Thread(target=self._run, name="ruvllm-engine", daemon=True)
             self._thread.start()
 
-    async def generate(self, request_id: str, prompt_token_ids: list[int],
-                       params: SamplingParams) -> AsyncIterator[RequestOutput]:
+    async def generate(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
+                       adapter: str | None = None) -> AsyncIterator[RequestOutput]:
         """Stream the request's outputs until the last one (finished=True)."""
         self._check_open()
         self._loop = asyncio.get_running_loop()
@@ -76,7 +76,7 @@ class AsyncEngine:
             raise QueueFullError(f"the waiting queue is full ({self.engine.max_queue} requests)")
         stream: asyncio.Queue = asyncio.Queue()
         self._streams[request_id] = stream
-        self._send(("add", request_id, list(prompt_token_ids), params))
+        self._send(("add", request_id, list(prompt_token_ids), params, *((adapter,) if adapter is not None else ())))
         finished = False
         try:
             while not finished:

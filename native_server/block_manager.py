@@ -34,16 +34,20 @@ class BlockHash(NamedTuple):
     token_ids: tuple[int, ...]
 
 
-def hash_block(parent: BlockHash | None, token_ids: Sequence[int]) -> BlockHash:
-    """hash(parent's value, tuple(ids)); Python hashes ints and tuples the same in every process."""
+def hash_block(parent: BlockHash | None, token_ids: Sequence[int], salt: int = 0) -> BlockHash:
+    """hash(parent's value, tuple(ids)); Python hashes ints and tuples the same in every process.
+
+    The first block of a sequence chains from `salt` instead of a parent: sequences whose KV differs
+    for the same tokens (another LoRA adapter, or another version of it) never share blocks."""
     ids = tuple(token_ids)
-    return BlockHash(hash((0 if parent is None else parent.value, ids)), ids)
+    return BlockHash(hash((salt if parent is None else parent.value, ids)), ids)
 
 
-def extend_block_hashes(hashes: list[BlockHash], new_token_ids: Sequence[int], block_size: int) -> list[BlockHash]:
+def extend_block_hashes(hashes: list[BlockHash], new_token_ids: Sequence[int], block_size: int,
+                        salt: int = 0) -> list[BlockHash]:
     """Append the hashes of the full blocks of new_token_ids, the tokens that follow the hashed blocks."""
     for start in range(0, len(new_token_ids) - block_size + 1, block_size):
-        hashes.append(hash_block(hashes[-1] if hashes else None, new_token_ids[start:start + block_size]))
+        hashes.append(hash_block(hashes[-1] if hashes else None, new_token_ids[start:start + block_size], salt))
     return hashes
 
 

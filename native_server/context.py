@@ -38,7 +38,8 @@ class ServerContext:
     allow_client_chat_template: bool = False  # run templates sent in requests (a documented risk)
     witness: Any = None  # native_server.witness.WitnessLog with --witness-log
     feedback: Any = None  # native_server.feedback.FeedbackDesk, with the witness log
-    learner: Any = None  # native_server.learning (the instant and background loops) with --learning
+    learner: Any = None  # native_server.learner.Learner (the instant and background loops) with --learning
+    slots: Any = None  # native_server.learner.EngineSlots: which adapter a session's requests run with
 
     def __post_init__(self) -> None:
         self.texts = TokenTexts(self.engine.tokenizer)

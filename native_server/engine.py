@@ -21,6 +21,7 @@ from pathlib import Path
 
 import torch
 
+from native_server.adapters import EngineAdapters
 from native_server.block_manager import BlockManager
 from native_server.kv_cache import PagedKVCache, activation_reserve, memory_budget, num_kv_blocks
 from native_server.model_runner import ModelRunner
@@ -52,6 +53,7 @@ class _Request:
     params: SamplingParams
     arrival_time: float
     streams: list[SampleStream]  # one per sample, made up front so each seed is fixed from the start
+    adapter: str | None = None  # the LoRA adapter its sequences run with
     seqs: list[Sequence] = field(default_factory=list)  # grows to n at the fork
     first_token_time: float | None = None
 
@@ -85,7 +87,8 @@ class LLMEngine:
                                     max_num_batched_tokens, backend)
         self.block_manager = BlockManager(self.kv.num_blocks, block_size, enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, max_num_seqs, max_num_batched_tokens)
-        self.runner = ModelRunner(self.model, self.kv, self._decode_graphs(cuda_graphs, max_num_seqs))
+        self.adapters = EngineAdapters(self.model)  # LoRA adapters requests may name (the learning loops')
+        self.runner = ModelRunner(self.model, self.kv, self._decode_graphs(cuda_graphs, max_num_seqs), self.adapters)
         self.mask_tensors = MaskTensors(config.vocab_size, self.device)  # structured outputs' token masks
         self._requests: dict[str, _Request] = {}
         self._seq_ids = itertools.count()
@@ -148,8 +151,10 @@ class LLMEngine:
         if params.n > self.max_num_seqs:
             raise ValueError(f"n is {params.n} but the engine runs at most {self.max_num_seqs} sequences")
 
-    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> None:
+    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
+                    adapter: str | None = None) -> None:
         self.check_request(prompt_token_ids, params)
+        adapter, salt = self.adapters.resolve(adapter)
         if request_id in self._requests:
             raise ValueError(f"request id {request_id!r} is already running")
         if len(self.scheduler.waiting) >= self.max_queue:
@@ -157,8 +162,9 @@ class LLMEngine:
         prompt = list(prompt_token_ids)
         room = self.max_model_len - len(prompt)
         streams = [SampleStream(self.tokenizer, params, i, self.eos_token_ids, room) for i in range(params.n)]
-        req = _Request(request_id, prompt, params, time.monotonic(), streams)
-        req.seqs.append(Sequence(next(self._seq_ids), request_id, 0, prompt, params))
+        req = _Request(request_id, prompt, params, time.monotonic(), streams, adapter=adapter)
+        req.seqs.append(Sequence(next(self._seq_ids), request_id, 0, prompt, params, adapter=adapter,
+                                 cache_salt=salt))
         self.scheduler.add(req.seqs[0])
         self._requests[request_id] = req
         self.prompt_tokens += len(prompt)
@@ -238,7 +244,8 @@ class LLMEngine:
             if parent.index == 0 and parent.params.n > 1 and not parent.output_token_ids:
                 for i in range(1, parent.params.n):
                     pairs.append((parent, Sequence(next(self._seq_ids), parent.request_id, i,
-                                                   parent.prompt_token_ids, parent.params)))
+                                                   parent.prompt_token_ids, parent.params, adapter=parent.adapter,
+                                                   cache_salt=parent.cache_salt)))
         return pairs
 
     def _row(self, seq: Sequence) -> SamplingRow:

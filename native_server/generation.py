@@ -34,6 +34,7 @@ class Job:
     prompt_ids: list[int]
     params: SamplingParams
     first_choice: int
+    adapter: str | None = None  # the LoRA adapter it runs with (the learning loops' session adapter)
 
 
 @dataclass(frozen=True)
@@ -127,7 +128,8 @@ class Generation:
                 await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _run(self, job: Job) -> AsyncIterator[Delta]:
-        outputs = self.engine.generate(job.request_id, job.prompt_ids, job.params)
+        outputs = self.engine.generate(job.request_id, job.prompt_ids, job.params, job.adapter) \
+            if job.adapter is not None else self.engine.generate(job.request_id, job.prompt_ids, job.params)
         finished = False
         running = set(range(job.params.n))  # samples without a finish_reason yet
         try:

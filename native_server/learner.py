@@ -6,8 +6,10 @@
                        and every session again (their adapters hold the consolidated one too)
 
 `publish(name_of_session_or_None, modules_or_None)` is the serving side
-(adapter_slots.py): it swaps the adapter between two engine steps, so no
-request is dropped and none sees half an adapter. A failure in either thread
+(`EngineSlots`): it swaps the adapter between two engine steps, so no
+request is dropped and none sees half an adapter. Sessions the Sona drops
+(least recently used past max_sessions, or folded into a consolidation)
+have their adapters removed from the engine too. A failure in either thread
 is logged with its traceback and counted (`errors`); the thread goes on with
 the next record, and serving never notices. Nothing here touches the HTTP
 request or its headers.
@@ -29,9 +31,45 @@ LATENCIES_KEPT = 4096
 Publish = Callable[[str | None, Any], None]
 
 
+SESSION_PREFIX = "sona/"
+CONSOLIDATED = "sona"
+PUBLISH_TIMEOUT = 120.0
+
+
+class EngineSlots:
+    """`publish` into the serving engine: the consolidated adapter as "sona", a session's as "sona/<session>"
+    (the consolidated one folded in), each swapped between two steps; `name_for` routes a request."""
+
+    def __init__(self, engine: Any) -> None:
+        self.engine = engine  # native_server.async_engine.AsyncEngine
+        self.names: set[str] = set()
+        self._lock = threading.Lock()
+
+    def __call__(self, session: str | None, modules: Any) -> None:
+        from py_engine.learning.lora import to_lora_adapter
+
+        name = CONSOLIDATED if session is None else SESSION_PREFIX + session
+        adapter = to_lora_adapter(modules, name) if modules else None
+        self.engine.call_between_steps(lambda: self.engine.engine.adapters.set(name, adapter)).result(PUBLISH_TIMEOUT)
+        with self._lock:
+            (self.names.add if adapter is not None else self.names.discard)(name)
+
+    def name_for(self, session: str | None) -> str | None:
+        """The adapter a request of `session` runs with: its own, else the consolidated one, else None."""
+        with self._lock:
+            if session is not None and SESSION_PREFIX + session in self.names:
+                return SESSION_PREFIX + session
+            return CONSOLIDATED if CONSOLIDATED in self.names else None
+
+    def sessions(self) -> set[str]:
+        with self._lock:
+            return {n[len(SESSION_PREFIX):] for n in self.names if n.startswith(SESSION_PREFIX)}
+
+
 class Learner:
     def __init__(self, sona: Any, publish: Publish, *, queue_size: int = QUEUE_SIZE) -> None:
         self.sona, self.publish = sona, publish
+        self.published: set[str] = set()  # sessions whose adapter was published (the instant thread's)
         self._queue: queue.Queue[dict[str, Any] | None] = queue.Queue(queue_size)
         self._due = threading.Event()
         self._closed = threading.Event()
@@ -95,6 +133,37 @@ class Learner:
         logger.error("learning: %s (%s); serving goes on without this update", what, self.last_error,
                      exc_info=error)
 
+    def republish(self) -> None:
+        """The consolidated adapter and every session's again (after a consolidation or a rollback)."""
+        self.publish(None, self.sona.adapter_for(None))
+        for session in list(self.sona.sessions):
+            self.publish(session, self.sona.adapter_for(session))
+        self._drop_gone_sessions()
+
+    def _drop_gone_sessions(self) -> None:
+        for session in list(self.published - set(self.sona.sessions)):
+            self.publish(session, None)
+            self.published.discard(session)
+
+    def rollback(self, version: int | None) -> None:
+        """Serve consolidated `version` again (None or 0: no consolidated adapter); from the event loop's
+        thread pool. Session MicroLoRAs stay."""
+        self.sona.rollback(version)
+        self.republish()
+
+    def status(self) -> dict[str, Any]:
+        def ms(values: deque[float]) -> dict[str, float] | None:
+            if not values:
+                return None
+            ordered = sorted(values)
+            return {"p50": round(1000 * ordered[len(ordered) // 2], 3),
+                    "p99": round(1000 * ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))], 3)}
+        return {"object": "learning", "version": self.sona.version, "versions": self.sona.store.versions()
+                if self.sona.store is not None else [], "sessions": len(self.sona.sessions),
+                "updates": self.updates, "consolidations": self.consolidations, "errors": self.errors,
+                "last_error": self.last_error, "queued": self._queue.qsize(), "alive": self.alive,
+                "instant_update_ms": ms(self.instant_seconds), "consolidation_ms": ms(self.consolidation_seconds)}
+
     def _instant_loop(self) -> None:
         while (record := self._queue.get()) is not None:
             start = time.perf_counter()
@@ -102,8 +171,10 @@ class Learner:
                 update = self.sona.learn(record)
                 if update.trained and update.session is not None:
                     self.publish(update.session, self.sona.adapter_for(update.session))
+                    self.published.add(update.session)
                     self.updates += 1
                     self.instant_seconds.append(time.perf_counter() - start)
+                    self._drop_gone_sessions()
                 if self.sona.due():
                     self._due.set()
             except Exception as error:
@@ -120,9 +191,7 @@ class Learner:
                 continue  # the timer, with nothing to learn from
             try:
                 result = self.sona.consolidate()
-                self.publish(None, self.sona.adapter_for(None))
-                for session in list(self.sona.sessions):
-                    self.publish(session, self.sona.adapter_for(session))
+                self.republish()
                 self.consolidations += 1
                 self.consolidation_seconds.append(result.seconds)
                 logger.info("learning: consolidated %d feedback(s) into sona-v%s in %.2f s (loss %.3f -> %.3f)",

@@ -67,8 +67,9 @@ def prepare_inputs(out: SchedulerOutput, block_tables: list[list[int]], block_si
 class ModelRunner:
     """The model and its paged KV cache; `graphs` (cuda_graphs.DecodeGraphs) replays decode steps."""
 
-    def __init__(self, model: CausalLM, kv: PagedKVCache, graphs: Any = None) -> None:
+    def __init__(self, model: CausalLM, kv: PagedKVCache, graphs: Any = None, adapters: Any = None) -> None:
         self.model, self.kv, self.graphs = model, kv, graphs
+        self.adapters = adapters  # native_server.adapters.EngineAdapters: the LoRA slot of each token
         self.device = kv.keys[0].device
         self.kernels = model_kernels(model)  # set when optimize_for_cpu put the CPU kernels under the model
 
@@ -76,7 +77,14 @@ class ModelRunner:
     def execute(self, out: SchedulerOutput, block_tables: list[list[int]]) -> tuple[Tensor, list[int]]:
         """Logits [R, V] (float32) for the R sequences that sample, and their indices in out.seqs."""
         self.kv.copy_blocks(out.block_copies)
-        if self.graphs is not None and all(n == 1 and s.num_computed_tokens + 1 == s.num_tokens
+        adapters = self.adapters
+        if adapters is None or not adapters.active(out):
+            return self._execute(out, block_tables, graphs=self.graphs is not None)
+        with adapters.mix(out):  # captured graphs hold no adapter: eager while one applies
+            return self._execute(out, block_tables, graphs=False)
+
+    def _execute(self, out: SchedulerOutput, block_tables: list[list[int]], graphs: bool) -> tuple[Tensor, list[int]]:
+        if graphs and all(n == 1 and s.num_computed_tokens + 1 == s.num_tokens
                                            for s, n in zip(out.seqs, out.num_new_tokens)):
             positions = [s.num_computed_tokens for s in out.seqs]  # every sequence decodes its last token
             ids = [s.token_ids(p, p + 1)[0] for s, p in zip(out.seqs, positions)]

@@ -54,6 +54,8 @@ class Sequence:
     status: SequenceStatus = SequenceStatus.WAITING
     num_cached_tokens: int | None = None  # prompt tokens from the prefix cache, set when first admitted
     block_hashes: list[BlockHash] = field(default_factory=list)  # of the full blocks known so far
+    adapter: str | None = None  # the LoRA adapter it runs with (a LoraManager name), None for the base
+    cache_salt: int = 0  # seeds its block hashes: the adapter and its version, so KV is shared only alike
 
     @property
     def num_tokens(self) -> int:
@@ -77,5 +79,5 @@ class Sequence:
         hashed = len(self.block_hashes) * block_size
         num_full = self.num_tokens // block_size * block_size
         if hashed < num_full:
-            extend_block_hashes(self.block_hashes, self.token_ids(hashed, num_full), block_size)
+            extend_block_hashes(self.block_hashes, self.token_ids(hashed, num_full), block_size, self.cache_salt)
         return self.block_hashes

@@ -114,6 +114,12 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="start a new witness file past this size (default 64M)")
     p.add_argument("--witness-log-files", type=_positive, default=8, metavar="N",
                    help="witness files kept per stream; older ones are deleted (default 8)")
+    p.add_argument("--learning", action="store_true",
+                   help="learn from POST /v1/feedback (needs --witness-log DIR): each session's MicroLoRA is "
+                        "trained at once and its next requests use it; a background loop consolidates all "
+                        "feedback into DIR/adapters/sona-vN (EWC), served to every session")
+    p.add_argument("--learning-config", type=Path, metavar="JSON",
+                   help="the learning loops' settings (py_engine.learning.SonaConfig fields) as a JSON object")
     p.add_argument("--feedback-rate", type=float, default=20.0, metavar="R",
                    help="feedbacks a second the server takes (bursts of 2R); beyond it a 429 (default 20)")
     p.add_argument("--web-dir", type=Path, default=WEB_DIST, metavar="DIR",
@@ -168,6 +174,25 @@ def _open_witness_log(ctx: Any, args: argparse.Namespace) -> None:
                 args.witness_log, args.witness_log_files, args.witness_log_file_size)
 
 
+def _start_learning(ctx: Any, args: argparse.Namespace, path: Path, engine: Any) -> None:
+    import json
+
+    from native_server.learner import EngineSlots, Learner
+    from py_engine.learning import Sona, SonaConfig
+
+    raw = json.loads(args.learning_config.read_text(encoding="utf-8")) if args.learning_config else {}
+    if not isinstance(raw, dict):
+        raise ValueError(f"--learning-config {args.learning_config}: expected a JSON object of SonaConfig fields")
+    sona = Sona.load(path, SonaConfig.from_dict(raw), folder=args.witness_log)
+    slots = EngineSlots(engine)
+    if sona.consolidated is not None:  # the current version from an earlier run, before the first request
+        slots(None, sona.adapter_for(None))
+    ctx.learner, ctx.slots = Learner(sona, slots), slots
+    ctx.feedback.learner = ctx.learner
+    logger.info("learning: on (%s); consolidated adapter %s", sona.config,
+                f"sona-v{sona.version}" if sona.version else "none yet")
+
+
 def run_serve(args: argparse.Namespace) -> int:
     try:  # the server's dependencies are an extra: the rest of the CLI runs without them
         import uvicorn
@@ -180,6 +205,9 @@ def run_serve(args: argparse.Namespace) -> int:
     from native_server.context import ServerContext
     from native_server.engine import LLMEngine
 
+    if args.learning and args.witness_log is None:
+        raise ValueError("--learning needs --witness-log DIR (the feedback it learns from and its adapters live "
+                         "there)")
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     path = resolve_model(args.model, args.cache_dir)
     # A folder given by path is served under its name: a path on disk is nothing for clients to see.
@@ -196,6 +224,8 @@ def run_serve(args: argparse.Namespace) -> int:
                                    template_timeout=args.chat_template_timeout)
     if args.witness_log is not None:
         _open_witness_log(ctx, args)
+    if args.learning:
+        _start_learning(ctx, args, path, async_engine)
     _log_configuration(args, path, async_engine)
     if args.allow_client_chat_template:
         logger.warning("--allow-client-chat-template: clients may run their own Jinja chat templates here")

@@ -26,7 +26,7 @@ from native_server.protocol import (ChatChoice, ChatChunkChoice, ChatCompletionC
                                     ChatCompletionResponse, ChatDelta, ChatResponseMessage, DeltaToolCall, Usage)
 from native_server.serving import event_stream, run_to_end, usage_of
 from native_server.streaming import event
-from native_server.witness_record import start_trace
+from native_server.witness_record import route, start_trace
 from py_engine.chat import ChatTemplateError
 from py_engine.generate import start_ids
 from py_engine.guided.tools import ChoiceReader, ToolPlan, split_events
@@ -55,7 +55,8 @@ async def create_chat_completion(ctx: ServerContext, request: ChatCompletionRequ
     trace = start_trace(ctx, request_id, "chat.completions", request, [
         {"messages": [m.model_dump(exclude_none=True) for m in request.messages], "text": text,
          "token_ids": prompt_ids}], params)
-    generation = Generation(ctx.engine, [Job(request_id, prompt_ids, params, 0)], ctx.metrics, trace=trace)
+    job = Job(request_id, prompt_ids, params, 0, adapter=route(ctx, request))
+    generation = Generation(ctx.engine, [job], ctx.metrics, trace=trace)
     want_logprobs = params.logprobs is not None
     if request.stream:
         include_usage = bool(request.stream_options and request.stream_options.include_usage)

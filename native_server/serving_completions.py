@@ -26,7 +26,7 @@ from native_server.prompts import (check_best_of, check_choices, check_model, co
 from native_server.protocol import CompletionChoice, CompletionRequest, CompletionResponse, Usage
 from native_server.serving import event_stream, run_to_end, usage_of
 from native_server.streaming import event
-from native_server.witness_record import start_trace
+from native_server.witness_record import route, start_trace
 
 
 DEFAULT_MAX_TOKENS = 16  # OpenAI's (and vLLM's) default for legacy completions, `null` included
@@ -41,11 +41,11 @@ def _jobs(ctx: ServerContext, request: CompletionRequest, prompts: list[list[int
     explicit = "max_tokens" in request.model_fields_set and request.max_tokens is not None
     if not explicit:  # omitted or null: OpenAI's default of 16 (then clamped to the room left)
         params = dataclasses.replace(params, max_tokens=DEFAULT_MAX_TOKENS)
-    jobs = []
+    jobs, adapter = [], route(ctx, request)
     for p, ids in enumerate(prompts):
         fitted = fit_to_context(params, len(ids), ctx.max_model_len, explicit_max_tokens=explicit,
                                 prompt_param="prompt")
-        jobs.append(Job(f"{request_id}-{p}", ids, fitted, p * params.n))
+        jobs.append(Job(f"{request_id}-{p}", ids, fitted, p * params.n, adapter=adapter))
     return jobs
 
 

@@ -43,7 +43,7 @@ class SonaConfig:
     consolidate_every: int = 16  # feedbacks; 0: only on request or interval
     consolidate_interval_s: float = 0.0  # 0: no timer
     fold_sessions: float = 0.0
-    max_sessions: int = 1024  # MicroLoRAs kept; the least recently used beyond it is dropped
+    max_sessions: int = 64  # MicroLoRAs kept (each is an adapter slot the server computes): LRU beyond
     max_target_tokens: int = 512  # tokens of one trained answer (a longer correction is cut)
     seed: int = 0
 

@@ -17,7 +17,7 @@ import json
 import math
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Any, Iterator, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -186,3 +186,15 @@ def fold(parts: Sequence[tuple[float, dict[str, tuple[Tensor, Tensor, float]]]]
                 Bs.append(torch.zeros_like(shape[1]))
         out[name] = (torch.cat(As, 0), torch.cat(Bs, 1), 1.0)
     return out
+
+
+def to_lora_adapter(modules: dict[str, tuple[Tensor, Tensor, float]], name: str, base: str | None = None) -> Any:
+    """{module: (A, B, scaling)} as the adapters package's LoraAdapter (what LoraManager.add takes)."""
+    from py_engine.adapters import LoraAdapter, LoraConfig, LoraModule
+
+    ranks = {n: A.shape[0] for n, (A, _, _) in modules.items()}
+    r = max(ranks.values())
+    config = LoraConfig(path=name, r=r, lora_alpha=float(r), target_modules=tuple(sorted(modules)),
+                        base_model_name_or_path=base, rank_pattern={n: k for n, k in ranks.items() if k != r})
+    return LoraAdapter(config, {n: LoraModule(A.float().contiguous(), B.float().contiguous(), float(s))
+                                for n, (A, B, s) in modules.items()})
