@@ -47,8 +47,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--rank", type=int, default=8)
     p.add_argument("--epochs", type=int, default=20)
     p.add_argument("--lr", type=float, default=5e-3)
-    p.add_argument("--ewc-lambda", type=float, default=3.0)
-    p.add_argument("--ewc-sweep", default="0.3,1,10", help="more EWC strengths to consolidate with (the trade-off)")
+    p.add_argument("--ewc-lambda", type=float, default=10.0)
+    p.add_argument("--ewc-sweep", default="0.3,1,3", help="more EWC strengths to consolidate with (the trade-off)")
     p.add_argument("--ppl-tokens", type=int, default=8192)
     p.add_argument("--text-file", type=Path, help="validation text (default: the model folder's, else "
                                                  "benchmarks/data/stories_heldout.txt)")

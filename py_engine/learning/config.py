@@ -37,7 +37,7 @@ class SonaConfig:
     lr: float = 5e-3
     epochs: int = 4
     batch_size: int = 8
-    ewc_lambda: float = 3.0
+    ewc_lambda: float = 10.0
     fisher_tokens: int = 4096
     fisher_window: int = 32  # tokens per Fisher sample: smaller is closer to a per-token Fisher
     consolidate_every: int = 16  # feedbacks; 0: only on request or interval
