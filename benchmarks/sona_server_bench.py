@@ -2,7 +2,7 @@
 
     python benchmarks/sona_server_bench.py [--model tiny-shakespeare] [--rounds 2]
 
-Each round starts `ruvllm serve` three ways, in turn (A/B/C alternating, one
+Each round starts `ruvllm serve` three ways, in turn (the order rotating each round, one
 torch thread each, as the tests run it): plain; `--witness-log`; and
 `--witness-log --learning`, where a feeder keeps the learning threads busy
 during the measurement: one session after another asks a question and sends
@@ -111,7 +111,8 @@ def main() -> None:
     runs = []
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.rounds):
-            for mode in ("off", "witness", "learning"):
+            modes = ["off", "witness", "learning"]
+            for mode in modes[r % 3:] + modes[:r % 3]:  # the order rotates: no mode always runs first
                 result = run(args.model, mode, args, prompts, Path(tmp))
                 runs.append({"round": r, **result})
                 print(f"round {r} {mode:9s} {result['tok_s']:7.1f} tok/s ({result['errors']} errors)", flush=True)

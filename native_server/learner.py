@@ -17,6 +17,7 @@ request or its headers.
 from __future__ import annotations
 
 import logging
+import os
 import queue
 import threading
 import time
@@ -26,6 +27,7 @@ from typing import Any, Callable
 logger = logging.getLogger("ruvllm.learning")
 
 QUEUE_SIZE = 256
+THREAD_NICENESS = 10  # the learning threads yield the CPU to the engine thread (Linux: per-thread nice)
 LATENCIES_KEPT = 4096
 
 Publish = Callable[[str | None, Any], None]
@@ -122,6 +124,7 @@ class Learner:
     # --- the threads ------------------------------------------------------------------------------
     def _guard(self, loop: Callable[[], None]) -> None:
         """A loop's last line of defence: even an error that escapes it is logged, never raised further."""
+        _lower_priority(THREAD_NICENESS)
         try:
             loop()
         except BaseException as error:  # noqa: BLE001 (a dying thread must say why)
@@ -199,3 +202,13 @@ class Learner:
                             result.stats.last_loss)
             except Exception as error:
                 self._failed("consolidation failed", error)
+
+
+def _lower_priority(niceness: int) -> None:
+    """Nice this thread (not the process: on Linux a thread is a task of its own); where that is not
+    possible, train at the same priority."""
+    try:
+        tid = threading.get_native_id()
+        os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + niceness))
+    except (AttributeError, OSError):
+        pass

@@ -32,6 +32,8 @@ class SonaConfig:
     micro_steps: int = 3
     micro_lr: float = 2e-2
     micro_alpha: float | None = None  # lora_alpha of a MicroLoRA; None: = its rank (scaling 1)
+    micro_anchors: int = 0  # other logged prompts whose next-token distribution the update must keep
+    micro_anchor_weight: float = 1.0
     rank: int = 8
     layers: int = 0  # decoder layers of the consolidated LoRA, counted from the last; 0: all
     lr: float = 5e-3
@@ -51,7 +53,7 @@ class SonaConfig:
         bad = [m for m in self.target_modules if m not in PROJECTIONS]
         if not self.target_modules or bad:
             raise ValueError(f"target_modules: each one of {', '.join(PROJECTIONS)}; got {list(self.target_modules)}")
-        for name, lo, hi in (("micro_rank", 1, 64), ("micro_layers", 1, 1024), ("micro_steps", 0, 1000),
+        for name, lo, hi in (("micro_rank", 1, 64), ("micro_layers", 1, 1024), ("micro_steps", 0, 1000), ("micro_anchors", 0, 64),
                              ("rank", 1, 256), ("layers", 0, 1024), ("epochs", 0, 1000), ("batch_size", 1, 1024),
                              ("fisher_tokens", 0, 1 << 22), ("fisher_window", 2, 1 << 16),
                              ("consolidate_every", 0, 1 << 20),
@@ -59,7 +61,7 @@ class SonaConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or not lo <= value <= hi:
                 raise ValueError(f"{name}: an integer in [{lo}, {hi}], got {value!r}")
-        for name in ("micro_lr", "lr", "ewc_lambda", "consolidate_interval_s", "fold_sessions"):
+        for name in ("micro_anchor_weight", "micro_lr", "lr", "ewc_lambda", "consolidate_interval_s", "fold_sessions"):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
                 raise ValueError(f"{name}: a finite number >= 0, got {value!r}")

@@ -36,7 +36,7 @@ from .ewc import diagonal_fisher, load_fisher, save_fisher
 from .lora import TrainableLora, applied, fold
 from .objective import Example, example_from_feedback
 from .store import AdapterStore
-from .train import TrainStats, freeze, train_lora
+from .train import Anchors, TrainStats, freeze, train_lora
 
 Modules = dict[str, tuple[Tensor, Tensor, float]]
 MAX_REPLAY = 100_000
@@ -144,9 +144,25 @@ class Sona:
             if session is not None and self.config.micro_steps > 0:
                 lora = self.micro(session)
                 with applied(self.model, self.consolidated):
+                    anchors = self._anchors(example)
                     stats = train_lora(self.model, lora, [example], steps=self.config.micro_steps,
-                                       lr=self.config.micro_lr)
+                                       lr=self.config.micro_lr, anchors=anchors)
         return Update(session, stats is not None, time.perf_counter() - start, stats)
+
+    def _anchors(self, example: Example) -> Anchors | None:
+        """The latest other prompts in the buffer (any session's) with the distribution the base plus the
+        consolidated adapter gives them: what a session's MicroLoRA must leave alone."""
+        c = self.config
+        if c.micro_anchors == 0 or c.micro_anchor_weight == 0:
+            return None
+        prompts: list[list[int]] = []
+        for record in reversed(self.replay):
+            ids = list((record.get("prompt") or {}).get("token_ids") or [])[-self.max_len:]
+            if ids and ids != list(example.prompt_ids) and ids not in prompts:
+                prompts.append(ids)
+            if len(prompts) == c.micro_anchors:
+                break
+        return Anchors.of(self.model, prompts, c.micro_anchor_weight) if prompts else None
 
     def due(self) -> bool:
         every = self.config.consolidate_every
