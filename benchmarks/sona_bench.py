@@ -45,6 +45,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--micro-lr", type=float, default=5e-2)
     p.add_argument("--micro-rank", type=int, default=2)
     p.add_argument("--rank", type=int, default=8)
+    p.add_argument("--layers", type=int, default=0, help="layers of the consolidated LoRA from the last (0: all)")
+    p.add_argument("--micro-layers", type=int, default=2)
+    p.add_argument("--fisher-tokens", type=int, default=4096)
     p.add_argument("--epochs", type=int, default=20)
     p.add_argument("--lr", type=float, default=5e-3)
     p.add_argument("--ewc-lambda", type=float, default=10.0)
@@ -68,8 +71,9 @@ class Bench:
         torch.set_num_threads(args.threads)
         self.args = args
         self.config = SonaConfig(micro_rank=args.micro_rank, micro_steps=args.micro_steps, micro_lr=args.micro_lr,
-                                 rank=args.rank, epochs=args.epochs, lr=args.lr, ewc_lambda=args.ewc_lambda,
-                                 consolidate_every=0, seed=args.seed)
+                                 micro_layers=args.micro_layers, rank=args.rank, layers=args.layers,
+                                 epochs=args.epochs, lr=args.lr, ewc_lambda=args.ewc_lambda,
+                                 fisher_tokens=args.fisher_tokens, consolidate_every=0, seed=args.seed)
         self.sona = Sona.load(args.model, self.config)
         self.path = resolve_model(args.model)
         chat = load_chat_config(self.path)
