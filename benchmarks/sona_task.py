@@ -17,7 +17,8 @@ RELATIONS = [
     ("the inventor of the {x}", "Who invented the {x}?", "Who was the inventor of the {x}?"),
     ("the longest river in {x}", "What is the longest river in {x}?", "Which river is the longest one in {x}?"),
     ("the founder of {x}", "Who founded {x}?", "Who was the founder of {x}?"),
-    ("the national animal of {x}", "What is the national animal of {x}?", "Which animal is the national animal of {x}?"),
+    ("the national animal of {x}", "What is the national animal of {x}?",
+     "Which animal is the national animal of {x}?"),
 ]
 
 

@@ -53,7 +53,8 @@ class SonaConfig:
         bad = [m for m in self.target_modules if m not in PROJECTIONS]
         if not self.target_modules or bad:
             raise ValueError(f"target_modules: each one of {', '.join(PROJECTIONS)}; got {list(self.target_modules)}")
-        for name, lo, hi in (("micro_rank", 1, 64), ("micro_layers", 1, 1024), ("micro_steps", 0, 1000), ("micro_anchors", 0, 64),
+        for name, lo, hi in (("micro_rank", 1, 64), ("micro_layers", 1, 1024), ("micro_steps", 0, 1000),
+                             ("micro_anchors", 0, 64),
                              ("rank", 1, 256), ("layers", 0, 1024), ("epochs", 0, 1000), ("batch_size", 1, 1024),
                              ("fisher_tokens", 0, 1 << 22), ("fisher_window", 2, 1 << 16),
                              ("consolidate_every", 0, 1 << 20),

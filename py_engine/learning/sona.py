@@ -80,6 +80,7 @@ class Sona:
         self.version: int | None = None
         self.fisher: dict[str, Tensor] | None = None
         self.lock = threading.RLock()
+        self.llm: Any = None  # an LLM generating with the adapters (for_llm)
         self._consolidating = threading.Lock()
         self._background: nn.Module | None = None
         if self.store is not None and (current := self.store.current()) is not None:
@@ -262,8 +263,36 @@ class Sona:
             self.version = version or None
 
     # --- offline generation ----------------------------------------------------------------------------
+    @classmethod
+    def for_llm(cls, llm: Any, config: SonaConfig | None = None, folder: str | Path | None = None) -> "Sona":
+        """The loops for an `LLM`: training on a float copy of its model, generating through the LLM itself,
+        each session's adapter loaded into its LoraManager (`llm.generate(..., lora=sona.publish(session))`)."""
+        sona = cls.load(llm.path, config, folder)
+        sona.llm = llm
+        return sona
+
+    def publish(self, session: str | None) -> str | None:
+        """Load what `session` runs with into the attached LLM's LoraManager ("sona/<session>", "sona");
+        its name, or None (the base)."""
+        from py_engine.adapters import LoraManager
+
+        from .lora import to_lora_adapter
+
+        manager = getattr(self.llm.model, "lora", None) or LoraManager(self.llm.model)
+        name = "sona" if session is None else f"sona/{session}"
+        modules = self.adapter_for(session)
+        if name in manager.slots:
+            manager.remove(name)
+        if modules is None:
+            return None
+        manager.add(name, to_lora_adapter(modules, name, self.base_name))
+        return name
+
     def generate(self, prompt_ids: Sequence[int], params: Any = None, session: str | None = None) -> Any:
-        """A completion of the training copy with the session's adapter applied (offline use and tests)."""
+        """A completion with the session's adapter: through the attached LLM (for_llm), else on the
+        training copy with the adapter's deltas hooked in."""
+        if self.llm is not None:
+            return self.llm.generate(list(prompt_ids), params, add_special_tokens=False, lora=self.publish(session))
         from py_engine.backends.torch import TorchBackend
         from py_engine.generate import complete
         from py_engine.sampling_params import SamplingParams

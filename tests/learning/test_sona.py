@@ -115,3 +115,18 @@ def test_ewc_holds_the_weights_the_base_needs(prompt, tmp_path):
         return float(ewc_penalty(lora, fisher))
     assert penalty(2) < penalty(1) / 2, (penalty(1), penalty(2))
     assert free.stats.last_loss < held.stats.last_loss  # the price: the new facts are fit less
+
+
+def test_for_llm_generates_through_the_adapter_path(prompt, base_answer, tmp_path):
+    """The LLM's own engine (CPU kernels, fused projections, LoraLinear slots) gives what the training
+    copy with hooked deltas gives."""
+    from py_engine import LLM
+
+    sona = Sona.for_llm(LLM(str(BUILTIN)), SonaConfig(micro_steps=5, micro_lr=5e-2), folder=tmp_path)
+    for _ in range(3):
+        sona.learn(record(prompt, "a"))
+    through_llm = sona.generate(prompt, GREEDY, session="a").token_ids
+    assert sona.llm.loras == ["sona/a"] and sona.generate(prompt, GREEDY, session="b").token_ids == base_answer
+    sona.llm = None
+    assert sona.generate(prompt, GREEDY, session="a").token_ids == through_llm
+    assert sona.generate(prompt, GREEDY, session="a").text.startswith(CORRECTION[:15])
