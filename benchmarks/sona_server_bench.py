@@ -118,13 +118,18 @@ def main() -> None:
                 print(f"round {r} {mode:9s} {result['tok_s']:7.1f} tok/s ({result['errors']} errors)", flush=True)
     meta["loadavg_end"] = os.getloadavg()
     median = {m: statistics.median(x["tok_s"] for x in runs if x["mode"] == m) for m in ("off", "witness", "learning")}
+    def paired(mode: str) -> list[float]:  # each round's ratio to that round's "off"
+        return [x["tok_s"] / off["tok_s"] for x, off in zip((x for x in runs if x["mode"] == mode),
+                                                           (x for x in runs if x["mode"] == "off"))]
     summary = {"median_tok_s": median, "learning_vs_off": median["learning"] / median["off"],
-               "witness_vs_off": median["witness"] / median["off"]}
+               "witness_vs_off": median["witness"] / median["off"],
+               "paired_learning_vs_off": paired("learning"), "paired_witness_vs_off": paired("witness")}
     args.out.write_text(json.dumps({"meta": meta, "args": {k: str(v) for k, v in vars(args).items()},
                                     "learning_config": LEARNING, "runs": runs, "summary": summary}, indent=2) + "\n")
-    print("\n| mode | output tok/s (median) | vs off |\n| --- | --- | --- |")
+    print("\n| mode | output tok/s (median) | vs off (medians) | vs off, per round |\n| --- | --- | --- | --- |")
     for m in ("off", "witness", "learning"):
-        print(f"| {m} | {median[m]:.1f} | x{median[m] / median['off']:.2f} |")
+        rounds = ", ".join(f"x{r:.2f}" for r in paired(m))
+        print(f"| {m} | {median[m]:.1f} | x{median[m] / median['off']:.2f} | {rounds} |")
 
 
 if __name__ == "__main__":

@@ -128,3 +128,10 @@ def test_a_crash_in_a_learning_thread_is_logged_and_serving_goes_on(tmp_path):
         assert "injected learning fault" in state["last_error"] and state["alive"]
         assert ask(c, "alice", 4)[1] is not None and httpx.get(f"{srv.url}/health").status_code == 200
         assert "learning: the instant update of session 'alice' failed" in srv.log()
+
+
+def test_learning_needs_a_witness_log(capsys):
+    from ruvllm_cli.main import main
+
+    assert main(["serve", "--learning"]) == 1
+    assert "--learning needs --witness-log DIR" in capsys.readouterr().err
