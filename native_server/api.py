@@ -39,6 +39,7 @@ from starlette.staticfiles import StaticFiles
 from native_server.context import SHUTTING_DOWN, ServerContext
 from native_server.errors import APIError, error_response, install_error_handlers
 from native_server.feedback import FeedbackRequest, FeedbackResponse
+from native_server.learner import learning_metrics
 from native_server.middleware import AllowedHosts, APIKey, IsolationHeaders
 from native_server.request_body import DEFAULT_BODY_TIMEOUT, DEFAULT_MAX_BODY_BYTES, RequestBody
 from native_server.protocol import (ChatCompletionRequest, ChatCompletionResponse, CompletionRequest,
@@ -209,4 +210,5 @@ def _add_routes(app: FastAPI, ctx: ServerContext) -> None:
 
     @app.get("/metrics", response_class=PlainTextResponse)
     async def metrics() -> Response:
-        return PlainTextResponse(ctx.metrics.render(ctx.engine.stats()), media_type=PROMETHEUS_CONTENT_TYPE)
+        text = ctx.metrics.render(ctx.engine.stats()) + learning_metrics(ctx.witness, ctx.learner)
+        return PlainTextResponse(text, media_type=PROMETHEUS_CONTENT_TYPE)

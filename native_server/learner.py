@@ -212,3 +212,19 @@ def _lower_priority(niceness: int) -> None:
         os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + niceness))
     except (AttributeError, OSError):
         pass
+
+
+def learning_metrics(witness: Any, learner: Learner | None) -> str:
+    """Prometheus lines for the witness log and the learning loops ("" when neither runs)."""
+    samples = []
+    if witness is not None:
+        samples += [("witness_records_written_total", "counter", "Lines the witness log wrote.", witness.written),
+                    ("witness_records_dropped_total", "counter", "Lines dropped: the writer's queue was full.",
+                     witness.dropped)]
+    if learner is not None:
+        samples += [("learning_updates_total", "counter", "Instant-loop updates published.", learner.updates),
+                    ("learning_consolidations_total", "counter", "Consolidations published.", learner.consolidations),
+                    ("learning_errors_total", "counter", "Failures in the learning threads (logged).", learner.errors),
+                    ("learning_adapter_version", "gauge", "The consolidated version served (0: none).",
+                     learner.sona.version or 0)]
+    return "".join(f"# HELP ruvllm_{n} {h}\n# TYPE ruvllm_{n} {k}\nruvllm_{n} {v}\n" for n, k, h, v in samples)

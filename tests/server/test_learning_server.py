@@ -70,6 +70,9 @@ def test_a_session_learns_and_no_other_session_changes(server, client):
     assert ask(client)[1] == base
     state = status(server)
     assert state["sessions"] == 1 and state["errors"] == 0 and state["instant_update_ms"]["p50"] > 0
+    metrics = server.metrics()
+    assert metrics["ruvllm_learning_updates_total"] == 3 and metrics["ruvllm_learning_errors_total"] == 0
+    assert metrics["ruvllm_witness_records_written_total"] >= 8
 
 
 def test_consolidation_is_hot_swapped_under_running_streams(server, client, log_dir):
