@@ -3,7 +3,7 @@
 A forward pass holds the GIL only in between torch ops, but it takes
 milliseconds to seconds: run on the event loop it would stall every client.
 So the loop thread owns the `LLMEngine` outright; the event loop talks to it
-through an inbox (add / abort / a call between steps) and gets each step's outputs back with
+through an inbox (add / abort) and gets each step's outputs back with
 `call_soon_threadsafe`, one asyncio.Queue per request. Nothing else is
 shared, so no lock is ever held across a forward pass.
 
@@ -21,12 +21,11 @@ fails, new requests are refused, `dead_reason()` says why, and `on_fatal`
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import logging
 import queue
 import threading
 import time
-from typing import AsyncIterator, Callable
+from typing import Any, AsyncIterator, Callable
 
 from native_server.engine import LLMEngine
 from native_server.outputs import (EngineDeadError, EngineShutdownError, EngineStats, QueueFullError,
@@ -64,19 +63,19 @@ class AsyncEngine:
             self._thread = threading.Thread(target=self._run, name="ruvllm-engine", daemon=True)
             self._thread.start()
 
-    async def generate(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-                       adapter: str | None = None) -> AsyncIterator[RequestOutput]:
-        """Stream the request's outputs until the last one (finished=True)."""
+    async def generate(self, request_id: str, prompt_token_ids: list[int],
+                       params: SamplingParams, lora: str | None = None) -> AsyncIterator[RequestOutput]:
+        """Stream the request's outputs until the last one (finished=True); lora: a loaded adapter's name."""
         self._check_open()
         self._loop = asyncio.get_running_loop()
         if request_id in self._streams:
             raise ValueError(f"request id {request_id!r} is already running")
-        self.engine.check_request(prompt_token_ids, params)
+        self.engine.check_request(prompt_token_ids, params, lora)
         if len(self.engine.scheduler.waiting) + self._pending_adds >= self.engine.max_queue:
             raise QueueFullError(f"the waiting queue is full ({self.engine.max_queue} requests)")
         stream: asyncio.Queue = asyncio.Queue()
         self._streams[request_id] = stream
-        self._send(("add", request_id, list(prompt_token_ids), params, *((adapter,) if adapter is not None else ())))
+        self._send(("add", request_id, list(prompt_token_ids), params, *(() if lora is None else (lora,))))
         finished = False
         try:
             while not finished:
@@ -90,17 +89,28 @@ class AsyncEngine:
             if not finished and not self._stop:  # the client left: free its blocks now
                 self._send(("abort", request_id))
 
-    def call_between_steps(self, fn: Callable[[], object]) -> concurrent.futures.Future:
-        """Run fn() on the loop thread between two steps, so no forward pass sees half a change (the
-        learner swaps adapters this way, dropping no request). An exception goes to the future, never
-        to the loop. Before start() (or after the loop ended) it runs at once, here."""
-        future: concurrent.futures.Future = concurrent.futures.Future()
-        if self._thread is None or not self._thread.is_alive():
-            _settle(future, fn)
-            return future
-        self._inbox.put(("call", future, fn))
-        self._wake.set()
-        return future
+    async def load_lora(self, name: str, adapter: Any) -> None:
+        """Load a LoRA adapter (a LoraAdapter read off the loop) on the engine's thread, between steps."""
+        await self._call("load_lora", name, adapter)
+
+    async def unload_lora(self, name: str) -> None:
+        """Refuse new requests for the adapter; it leaves the model once its running requests finish."""
+        await self._call("unload_lora", name)
+
+    async def replace_lora(self, name: str, adapter: Any) -> None:
+        """Swap the adapter loaded as `name` (None: retire it), on the engine's thread between steps."""
+        await self._call("replace_lora", name, adapter)
+
+    def lora_names(self) -> list[str]:
+        return self.engine.lora_names()  # a copy of a dict's keys: safe under the GIL
+
+    async def _call(self, method: str, *args: Any) -> Any:
+        """engine.method(*args) on the engine's thread; its result or exception here."""
+        self._check_open()
+        self._loop = asyncio.get_running_loop()
+        future = self._loop.create_future()
+        self._send(("call", method, args, future))
+        return await future
 
     async def abort(self, request_id: str) -> None:
         """End a request; its stream gets a last output with finish_reason "abort"."""
@@ -201,13 +211,18 @@ class AsyncEngine:
                 if out is not None:
                     outputs.append(out)
             elif kind == "call":
-                _settle(message[1], message[2])
+                _, method, args, future = message
+                try:
+                    result, error = getattr(self.engine, method)(*args), None
+                except Exception as exc:  # e.g. an adapter that does not fit: the caller's 400
+                    result, error = None, exc
+                self._post(_settle, future, result, error)
             elif kind == "stop":
                 self._stop = True
         if outputs:
             self._post(self._deliver, outputs)
 
-    def _post(self, callback, *args) -> None:
+    def _post(self, callback: Callable[..., Any], *args: Any) -> None:
         """Run callback(*args) on the event loop (which is known once a request has come in)."""
         if self._loop is None:
             return
@@ -217,8 +232,6 @@ class AsyncEngine:
             pass
 
 
-def _settle(future: concurrent.futures.Future, fn: Callable[[], object]) -> None:
-    try:
-        future.set_result(fn())
-    except Exception as error:  # the caller's problem, never the engine's
-        future.set_exception(error)
+def _settle(future: asyncio.Future, result: Any, error: BaseException | None) -> None:
+    if not future.done():
+        future.set_exception(error) if error is not None else future.set_result(result)

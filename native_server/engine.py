@@ -21,16 +21,17 @@ from pathlib import Path
 
 import torch
 
-from native_server.adapters import EngineAdapters
 from native_server.block_manager import BlockManager
 from native_server.kv_cache import PagedKVCache, activation_reserve, memory_budget, num_kv_blocks
 from native_server.model_runner import ModelRunner
-from native_server.outputs import (CompletionOutput, EngineError, EngineStats, Histogram, PromptTooLongError,
-                                   QueueFullError, RequestOutput, SampleStream)
+from native_server.lora import DEFAULT_MAX_LORA_RANK, DEFAULT_MAX_LORAS, EngineAdapters
+from native_server.outputs import (AdapterNotFoundError, CompletionOutput, EngineError, EngineStats, Histogram,
+                                   PromptTooLongError, QueueFullError, RequestOutput, SampleStream)
 from native_server.paged_attention import PagedAttentionBackend, backend_for
 from native_server.sampler import MaskTensors, SamplingRow, sample
 from native_server.scheduler import Scheduler
 from native_server.sequence import Sequence, SequenceStatus
+from py_engine.adapters import AdapterError, LoraAdapter
 from py_engine.config import GenerationConfig
 from py_engine.backends.torch import pick_device
 from py_engine.generate import eos_token_ids
@@ -53,7 +54,6 @@ class _Request:
     params: SamplingParams
     arrival_time: float
     streams: list[SampleStream]  # one per sample, made up front so each seed is fixed from the start
-    adapter: str | None = None  # the LoRA adapter its sequences run with
     seqs: list[Sequence] = field(default_factory=list)  # grows to n at the fork
     first_token_time: float | None = None
 
@@ -68,7 +68,16 @@ class LLMEngine:
                  max_num_batched_tokens: int = 2048, max_model_len: int | None = None, max_queue: int = 1024,
                  enable_prefix_caching: bool = True, model_name: str | None = None,
                  quantization: str | QuantConfig | None = None, optimize: bool = True,
-                 attention_backend: str = "auto", cuda_graphs: bool = True) -> None:
+                 attention_backend: str = "auto", cuda_graphs: bool = True,
+                 lora_modules: dict[str, str] | None = None, enable_lora: bool = False,
+                 max_loras: int = DEFAULT_MAX_LORAS, max_lora_rank: int = DEFAULT_MAX_LORA_RANK,
+                 xlora: str | None = None) -> None:
+        """lora_modules: adapter name -> peft folder, loaded now; enable_lora: adapters may be loaded later
+        (load_lora) even if none is given now. See native_server/lora.py. xlora: a peft X-LoRA folder
+        applied to every request (py_engine/adapters/xlora.py); it takes no other adapters."""
+        if xlora is not None and (lora_modules or enable_lora):
+            raise ValueError("--xlora applies its own LoRA experts to every request: it cannot be combined with "
+                             "--lora-modules or --enable-runtime-lora")
         path: Path = resolve_model(model_path)
         self.model_name = model_name or model_path
         self.device = torch.device(pick_device(device))
@@ -77,6 +86,15 @@ class LLMEngine:
                                                                           device=self.device)
         if optimize:  # on CPU: fused projections, the native GEMV/GEMM kernels and norms (no-op elsewhere)
             optimize_for_cpu(self.model)
+        self.adapters: EngineAdapters | None = None
+        if lora_modules or enable_lora:
+            self.adapters = EngineAdapters(self.model, max_loras, max_lora_rank)
+            for name, lora_path in (lora_modules or {}).items():
+                self.adapters.add(name, lora_path)
+        if xlora is not None:  # per-token scalings from each row's own hidden state: batches mix freely
+            from py_engine.adapters.xlora import load_xlora
+            self.model = load_xlora(self.model, xlora)
+        self.kv_layers = getattr(self.model, "kv_layers", None)  # X-LoRA: its scaling pass's layers too
         self.tokenizer = Tokenizer.from_pretrained(path)
         config = self.model_config
         self.eos_token_ids = eos_token_ids(GenerationConfig.from_model_dir(path), config, self.tokenizer)
@@ -87,7 +105,6 @@ class LLMEngine:
                                     max_num_batched_tokens, backend)
         self.block_manager = BlockManager(self.kv.num_blocks, block_size, enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, max_num_seqs, max_num_batched_tokens)
-        self.adapters = EngineAdapters(self.model)  # LoRA adapters requests may name (the learning loops')
         self.runner = ModelRunner(self.model, self.kv, self._decode_graphs(cuda_graphs, max_num_seqs), self.adapters)
         self.mask_tensors = MaskTensors(config.vocab_size, self.device)  # structured outputs' token masks
         self._requests: dict[str, _Request] = {}
@@ -113,6 +130,9 @@ class LLMEngine:
         """CUDA graphs of decode steps (cuda_graphs.py) where they can be captured, else None."""
         if not enabled or self.device.type != "cuda":
             return None
+        if self.kv_layers is not None:
+            logger.info("CUDA graphs off: X-LoRA runs two passes with data-dependent scalings")
+            return None
         from native_server.cuda_graphs import DecodeGraphs, graph_problem
 
         problem = graph_problem(self.model, self.kv)
@@ -130,15 +150,17 @@ class LLMEngine:
         # On CPU without a budget, stop at what max_num_seqs full-length sequences could fill.
         cap = -(-max_num_seqs * self.max_model_len // block_size) if (
             kv_cache_memory is None and self.device.type == "cpu") else None
-        num_blocks = num_kv_blocks(config, block_size, dtype, max(budget, 0), cap)
+        num_blocks = num_kv_blocks(config, block_size, dtype, max(budget, 0), cap, self.kv_layers)
         if num_blocks * block_size < self.max_model_len:
             raise ValueError(f"the KV cache budget holds {max(num_blocks, 0) * block_size} tokens, fewer than "
                              f"max_model_len {self.max_model_len}: give it more memory or lower max_model_len")
-        return PagedKVCache(config, num_blocks, block_size, dtype, self.device, backend)
+        return PagedKVCache(config, num_blocks, block_size, dtype, self.device, backend, self.kv_layers)
 
     # --- requests ---------------------------------------------------------------------------------
-    def check_request(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
-        """Raise PromptTooLongError or ValueError for a request that can never run."""
+    def check_request(self, prompt_token_ids: list[int], params: SamplingParams, lora: str | None = None) -> None:
+        """Raise PromptTooLongError, AdapterNotFoundError or ValueError for a request that can never run."""
+        if lora is not None and (self.adapters is None or lora not in self.adapters.by_name):
+            raise AdapterNotFoundError(f"no LoRA adapter named {lora!r} is loaded")
         if not prompt_token_ids:
             raise ValueError("the prompt is empty")
         if len(prompt_token_ids) > self.max_model_len - 1:
@@ -152,9 +174,9 @@ class LLMEngine:
             raise ValueError(f"n is {params.n} but the engine runs at most {self.max_num_seqs} sequences")
 
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-                    adapter: str | None = None) -> None:
-        self.check_request(prompt_token_ids, params)
-        adapter, salt = self.adapters.resolve(adapter)
+                    lora: str | None = None) -> None:
+        """lora: the name of a loaded adapter to run the request with (None: the base model)."""
+        self.check_request(prompt_token_ids, params, lora)
         if request_id in self._requests:
             raise ValueError(f"request id {request_id!r} is already running")
         if len(self.scheduler.waiting) >= self.max_queue:
@@ -162,9 +184,12 @@ class LLMEngine:
         prompt = list(prompt_token_ids)
         room = self.max_model_len - len(prompt)
         streams = [SampleStream(self.tokenizer, params, i, self.eos_token_ids, room) for i in range(params.n)]
-        req = _Request(request_id, prompt, params, time.monotonic(), streams, adapter=adapter)
-        req.seqs.append(Sequence(next(self._seq_ids), request_id, 0, prompt, params, adapter=adapter,
-                                 cache_salt=salt))
+        req = _Request(request_id, prompt, params, time.monotonic(), streams)
+        seq = Sequence(next(self._seq_ids), request_id, 0, prompt, params)
+        if lora is not None:
+            loaded = self.adapters.get(lora)
+            seq.lora, seq.lora_load_id = loaded.key, loaded.load_id
+        req.seqs.append(seq)
         self.scheduler.add(req.seqs[0])
         self._requests[request_id] = req
         self.prompt_tokens += len(prompt)
@@ -180,6 +205,7 @@ class LLMEngine:
                 self.scheduler.finish(seq, SequenceStatus.FINISHED_ABORTED)
         for stream in req.streams:
             stream.abort()
+        self._release_adapters()
         return self._output(req)
 
     def has_unfinished_requests(self) -> bool:
@@ -194,6 +220,17 @@ class LLMEngine:
         raises is aborted, its blocks freed, and it ends with an output carrying `error`; the
         others go on.
         """
+        try:
+            return self._step()
+        finally:
+            self._release_adapters()
+
+    def _release_adapters(self) -> None:
+        """Unloaded adapters leave the model once no request uses them (lora.py)."""
+        if self.adapters is not None and self.adapters.retiring:
+            self.adapters.release(s.lora for req in self._requests.values() for s in req.seqs)
+
+    def _step(self) -> list[RequestOutput]:
         out = self.scheduler.schedule()
         if not out.seqs:
             return []
@@ -244,8 +281,8 @@ class LLMEngine:
             if parent.index == 0 and parent.params.n > 1 and not parent.output_token_ids:
                 for i in range(1, parent.params.n):
                     pairs.append((parent, Sequence(next(self._seq_ids), parent.request_id, i,
-                                                   parent.prompt_token_ids, parent.params, adapter=parent.adapter,
-                                                   cache_salt=parent.cache_salt)))
+                                                   parent.prompt_token_ids, parent.params, lora=parent.lora,
+                                                   lora_load_id=parent.lora_load_id)))
         return pairs
 
     def _row(self, seq: Sequence) -> SamplingRow:
@@ -303,6 +340,38 @@ class LLMEngine:
         deltas = [d for d in (s.take() for s in req.streams) if d is not None]
         return RequestOutput(req.request_id, req.prompt_token_ids, deltas, req.finished,
                              req.seqs[0].num_cached_tokens or 0)
+
+    # --- adapters (engine thread) ------------------------------------------------------------------
+    def load_lora(self, name: str, adapter: LoraAdapter | str | Path) -> None:
+        """Load an adapter under a name (AdapterError if it does not fit the model or the limits)."""
+        if self.adapters is None:
+            raise AdapterError("this engine was started without LoRA support (enable_lora / --enable-runtime-lora)")
+        self.adapters.add(name, adapter)
+
+    def unload_lora(self, name: str) -> None:
+        """New requests for `name` are refused from now; running ones finish with it (see lora.py)."""
+        if self.adapters is None:
+            raise AdapterNotFoundError(f"no LoRA adapter named {name!r} is loaded")
+        try:
+            self.adapters.retire(name)
+        except AdapterError as e:
+            raise AdapterNotFoundError(str(e)) from None
+        self._release_adapters()
+
+    def replace_lora(self, name: str, adapter: LoraAdapter | None) -> None:
+        """Load `adapter` as `name` in one call, retiring the one loaded under that name (its running
+        requests finish with it; new ones get the new one); None only retires. The learning loops' hot
+        swap (learner.py): between two steps, so no request sees the name missing."""
+        if self.adapters is None:
+            raise AdapterError("this engine was started without LoRA support (enable_lora / --enable-runtime-lora)")
+        if name in self.adapters.by_name:
+            self.adapters.retire(name)
+        if adapter is not None:
+            self.adapters.add(name, adapter)
+        self._release_adapters()
+
+    def lora_names(self) -> list[str]:
+        return sorted(self.adapters.by_name) if self.adapters is not None else []
 
     def stats(self) -> EngineStats:
         bm = self.block_manager

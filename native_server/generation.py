@@ -34,7 +34,7 @@ class Job:
     prompt_ids: list[int]
     params: SamplingParams
     first_choice: int
-    adapter: str | None = None  # the LoRA adapter it runs with (the learning loops' session adapter)
+    lora: str | None = None  # the LoRA adapter the request's `model` named (None: the base model)
 
 
 @dataclass(frozen=True)
@@ -70,7 +70,6 @@ class Generation:
     usage: UsageCount = field(default_factory=UsageCount)
     arrival: float = field(default_factory=time.monotonic)
     trace: Trace | None = None  # the witness line this request fills (witness_record.py), when logging
-
 
     @property
     def num_choices(self) -> int:
@@ -128,8 +127,8 @@ class Generation:
                 await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _run(self, job: Job) -> AsyncIterator[Delta]:
-        outputs = self.engine.generate(job.request_id, job.prompt_ids, job.params, job.adapter) \
-            if job.adapter is not None else self.engine.generate(job.request_id, job.prompt_ids, job.params)
+        extra = {"lora": job.lora} if job.lora is not None else {}
+        outputs = self.engine.generate(job.request_id, job.prompt_ids, job.params, **extra)
         finished = False
         running = set(range(job.params.n))  # samples without a finish_reason yet
         try:

@@ -16,6 +16,7 @@ request or its headers.
 """
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import queue
@@ -33,8 +34,8 @@ LATENCIES_KEPT = 4096
 Publish = Callable[[str | None, Any], None]
 
 
-SESSION_PREFIX = "sona/"
-CONSOLIDATED = "sona"
+CONSOLIDATED = "#sona"  # "#": no client can name these (context.LEARNED_PREFIX)
+SESSION_PREFIX = "#sona/"
 PUBLISH_TIMEOUT = 120.0
 
 
@@ -52,7 +53,11 @@ class EngineSlots:
 
         name = CONSOLIDATED if session is None else SESSION_PREFIX + session
         adapter = to_lora_adapter(modules, name) if modules else None
-        self.engine.call_between_steps(lambda: self.engine.engine.adapters.set(name, adapter)).result(PUBLISH_TIMEOUT)
+        loop = getattr(self.engine, "_loop", None)
+        if loop is None or getattr(self.engine, "_thread", None) is None:  # before serving: no engine thread yet
+            self.engine.engine.replace_lora(name, adapter)
+        else:
+            asyncio.run_coroutine_threadsafe(self.engine.replace_lora(name, adapter), loop).result(PUBLISH_TIMEOUT)
         with self._lock:
             (self.names.add if adapter is not None else self.names.discard)(name)
 

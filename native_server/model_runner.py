@@ -68,8 +68,8 @@ class ModelRunner:
     """The model and its paged KV cache; `graphs` (cuda_graphs.DecodeGraphs) replays decode steps."""
 
     def __init__(self, model: CausalLM, kv: PagedKVCache, graphs: Any = None, adapters: Any = None) -> None:
-        self.model, self.kv, self.graphs = model, kv, graphs
-        self.adapters = adapters  # native_server.adapters.EngineAdapters: the LoRA slot of each token
+        """adapters: native_server.lora.EngineAdapters when LoRA is on: each token gets its sequence's adapter."""
+        self.model, self.kv, self.graphs, self.adapters = model, kv, graphs, adapters
         self.device = kv.keys[0].device
         self.kernels = model_kernels(model)  # set when optimize_for_cpu put the CPU kernels under the model
 
@@ -77,14 +77,8 @@ class ModelRunner:
     def execute(self, out: SchedulerOutput, block_tables: list[list[int]]) -> tuple[Tensor, list[int]]:
         """Logits [R, V] (float32) for the R sequences that sample, and their indices in out.seqs."""
         self.kv.copy_blocks(out.block_copies)
-        adapters = self.adapters
-        if adapters is None or not adapters.active(out):
-            return self._execute(out, block_tables, graphs=self.graphs is not None)
-        with adapters.mix(out):  # captured graphs hold no adapter: eager while one applies
-            return self._execute(out, block_tables, graphs=False)
-
-    def _execute(self, out: SchedulerOutput, block_tables: list[list[int]], graphs: bool) -> tuple[Tensor, list[int]]:
-        if graphs and all(n == 1 and s.num_computed_tokens + 1 == s.num_tokens
+        adapted = self.adapters is not None and any(s.lora is not None for s in out.seqs)
+        if self.graphs is not None and not adapted and all(n == 1 and s.num_computed_tokens + 1 == s.num_tokens
                                            for s, n in zip(out.seqs, out.num_new_tokens)):
             positions = [s.num_computed_tokens for s in out.seqs]  # every sequence decodes its last token
             ids = [s.token_ids(p, p + 1)[0] for s, p in zip(out.seqs, positions)]
@@ -92,6 +86,8 @@ class ModelRunner:
             if logits is not None:
                 return logits, list(range(len(out.seqs)))
         inputs = prepare_inputs(out, block_tables, self.kv.block_size, self.device)
+        if self.adapters is not None:
+            self.adapters.set_mix([s.lora for s in out.seqs], out.num_new_tokens, inputs.sampling)
         with kernel_step(self.kernels) if self.kernels is not None else nullcontext():
             if not inputs.sampling:  # only middle-of-prompt chunks: run for the KV, skip the LM head
                 self.model.model(inputs.input_ids, inputs.positions, self.kv.step(inputs.meta))

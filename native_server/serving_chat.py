@@ -21,7 +21,7 @@ from native_server.errors import APIError
 from native_server.generation import Delta, Generation, Job
 from native_server.guided import prepare, tool_plan, with_tools
 from native_server.logprobs import chat_logprobs
-from native_server.prompts import chat_render_args, check_choices, check_model, fit_to_context, sampling_params
+from native_server.prompts import chat_render_args, check_choices, fit_to_context, sampling_params
 from native_server.protocol import (ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionRequest,
                                     ChatCompletionResponse, ChatDelta, ChatResponseMessage, DeltaToolCall, Usage)
 from native_server.serving import event_stream, run_to_end, usage_of
@@ -34,7 +34,7 @@ from py_engine.guided.tools import ChoiceReader, ToolPlan, split_events
 
 async def create_chat_completion(ctx: ServerContext, request: ChatCompletionRequest, raw: Request) -> Response:
     ctx.check_accepting()
-    check_model(request.model, ctx.accepted_names)
+    adapter = ctx.adapter_for(request.model)
     chat_config = ctx.check_chat()
     params = sampling_params(request, ctx.vocab_size)
     check_choices(params.n, 1)
@@ -55,7 +55,7 @@ async def create_chat_completion(ctx: ServerContext, request: ChatCompletionRequ
     trace = start_trace(ctx, request_id, "chat.completions", request, [
         {"messages": [m.model_dump(exclude_none=True) for m in request.messages], "text": text,
          "token_ids": prompt_ids}], params)
-    job = Job(request_id, prompt_ids, params, 0, adapter=route(ctx, request))
+    job = Job(request_id, prompt_ids, params, 0, adapter or route(ctx, request))
     generation = Generation(ctx.engine, [job], ctx.metrics, trace=trace)
     want_logprobs = params.logprobs is not None
     if request.stream:
@@ -69,7 +69,8 @@ async def create_chat_completion(ctx: ServerContext, request: ChatCompletionRequ
         choices.append(ChatChoice(index=i, message=ChatResponseMessage(content=content, tool_calls=calls),
                                   finish_reason=reader.finish_reason(r.finish_reason),
                                   logprobs=chat_logprobs(r.logprobs, ctx.texts) if want_logprobs else None))
-    body = ChatCompletionResponse(id=request_id, created=int(time.time()), model=ctx.model_name, choices=choices,
+    body = ChatCompletionResponse(id=request_id, created=int(time.time()), model=adapter or ctx.model_name,
+                                  choices=choices,
                                   usage=usage_of(generation))
     return JSONResponse(body.model_dump(mode="json"))
 
@@ -77,10 +78,11 @@ async def create_chat_completion(ctx: ServerContext, request: ChatCompletionRequ
 async def _stream(ctx: ServerContext, generation: Generation, raw: Request, request_id: str,
                   want_logprobs: bool, include_usage: bool, plan: ToolPlan) -> Response:
     created = int(time.time())
+    model = generation.jobs[0].lora or ctx.model_name
     readers = [ChoiceReader(plan) for _ in range(generation.num_choices)] if plan.active else None
 
     def chunk(choices: list[ChatChunkChoice], usage: Usage | None = None) -> str:
-        return event(ChatCompletionChunk(id=request_id, created=created, model=ctx.model_name, choices=choices,
+        return event(ChatCompletionChunk(id=request_id, created=created, model=model, choices=choices,
                                          usage=usage))
 
     def delta_chunk(delta: Delta) -> str:

@@ -12,6 +12,7 @@ from typing import Any, TextIO
 
 from py_engine.sampling_params import SamplingParams, SamplingParamsError
 from py_engine.adapters.config import lora_from_args
+from py_engine.adapters.xlora_config import xlora_from_args
 from ruvllm_cli.generate import model_options, sampling_options, sampling_params
 
 HELP = """commands:
@@ -102,8 +103,10 @@ def cmd_chat(args: argparse.Namespace) -> int:
     from py_engine.quant.config import quant_config_from_args
 
     loras, adapter = lora_from_args(args)
+    xlora, non_granular = xlora_from_args(args)
     llm = LLM(args.model, dtype=args.dtype, device=args.device, cache_dir=args.cache_dir,
-              quantization=quant_config_from_args(args), lora=loras, max_lora_rank=args.max_lora_rank)
+              quantization=quant_config_from_args(args), lora=loras, max_lora_rank=args.max_lora_rank,
+              xlora=xlora, xlora_non_granular=non_granular)
     llm.chat_prompt([{"role": "user", "content": "hi"}])  # fail now, not after the first question
     session = ChatSession(llm, sampling_params(args, llm.generation_config), args.system, sys.stdout, adapter)
     interactive = sys.stdin.isatty()

@@ -9,6 +9,7 @@ import sys
 from typing import Any
 
 from py_engine.adapters.config import add_lora_options, lora_from_args
+from py_engine.adapters.xlora_config import add_xlora_options, xlora_from_args
 from py_engine.sampling_params import SamplingParams
 
 BUILTIN = "tiny-shakespeare"
@@ -22,6 +23,7 @@ def model_options(parser: argparse.ArgumentParser) -> None:
     from py_engine.quant.config import add_quantization_options  # py_engine.quant's package imports torch
     add_quantization_options(parser)
     add_lora_options(parser)
+    add_xlora_options(parser)
 
 
 def sampling_options(parser: argparse.ArgumentParser, max_tokens: int) -> None:
@@ -49,12 +51,19 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
     dtype = args.precision if args.backend == "onnx" and args.precision != "auto" else args.dtype
     loras, adapter = lora_from_args(args)
+    xlora, non_granular = xlora_from_args(args)
     llm = LLM(args.model, dtype=dtype, device=args.device, cache_dir=args.cache_dir, backend=args.backend,
-              quantization=quant_config_from_args(args), lora=loras, max_lora_rank=args.max_lora_rank)
+              quantization=quant_config_from_args(args), lora=loras, max_lora_rank=args.max_lora_rank,
+              xlora=xlora, xlora_non_granular=non_granular)
     params = sampling_params(args, llm.generation_config)
     if args.json:
+        if llm.xlora is not None:  # log the scalings behind each token
+            llm.xlora.scalings_log = []
         out = llm.generate(args.prompt, params, lora=adapter)
-        print(json.dumps(out.to_dict(), ensure_ascii=False))
+        result = out.to_dict()
+        if llm.xlora is not None:
+            result["adapter_weights"] = llm.xlora.token_weights()[: len(out.token_ids)]
+        print(json.dumps(result, ensure_ascii=False))
         return 0
     sys.stdout.write(args.prompt)
     for chunk in llm.stream(args.prompt, params, lora=adapter):
@@ -71,7 +80,8 @@ def add_parser(sub: Any) -> None:
     sampling_options(p, max_tokens=128)
     model_options(p)
     p.add_argument("--json", action="store_true",
-                   help='print one object {"text", "prompt_token_ids", "token_ids", "finish_reason"}')
+                   help='print one object {"text", "prompt_token_ids", "token_ids", "finish_reason"}; with '
+                        '--xlora also "adapter_weights": per generated token, each expert\'s weight')
     p.add_argument("--backend", choices=["torch", "onnx"], default="torch",
                    help="torch, or onnx: onnxruntime over an export folder (--model DIR from `ruvllm export`)")
     p.add_argument("--precision", choices=["auto", "fp32", "fp16", "int8", "int4"], default="auto",

@@ -28,7 +28,7 @@ each column's slot and layer index beside them.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor, nn
@@ -41,11 +41,18 @@ class AdapterMix:
     """Which adapters the next forward applies (one per model; see LoraManager.set_adapter_mix).
 
     slot: one adapter slot for every row; rows: [N] slot per flattened row, -1 for the base;
-    weights: [N, S] or [N, L, S] per-row weight of each slot (X-LoRA). At most one is set."""
+    weights: [N, S] or [N, L, S] per-row weight of each slot (X-LoRA). At most one is set.
+    head_rows: with rows, the slot of each row the LM head sees when it computes fewer rows than the
+    decoder (the server's logit_indices: one row per sampling sequence)."""
 
     slot: int | None = None
     rows: Tensor | None = None
     weights: Tensor | None = None
+    head_rows: Tensor | None = None
+    # rows' 0/1 column masks, shared by the projections whose packed columns have the same slots (most of a
+    # model's): one compare per layout and step instead of one per projection. Cleared when the mix changes.
+    masks: dict = field(default_factory=dict)
+    version: int = 0  # bumped when any LoraLinear of the model changes its adapters (stack.py rereads them)
 
     @property
     def active(self) -> bool:
@@ -62,7 +69,9 @@ class LoraLinear(nn.Module):
         self.offsets = [sum(splits[:i]) for i in range(len(splits))]
         self.layer_index: list[int | None] = [None] * len(splits)  # X-LoRA's layer number per segment
         self.entries: dict[int, dict[int, LoraModule]] = {}  # slot -> segment -> matrices
+        self.is_head = False  # the model's LM head (reads AdapterMix.head_rows)
         self._packed: tuple[Tensor, Tensor, Tensor, Tensor, dict[int, tuple[int, int]]] | None = None
+        self._layout: tuple[int, ...] = ()  # each packed column's slot (the key of AdapterMix.masks)
 
     @property
     def in_features(self) -> int:
@@ -79,11 +88,30 @@ class LoraLinear(nn.Module):
 
     def add(self, slot: int, segment: int, module: LoraModule) -> None:
         self.entries.setdefault(slot, {})[segment] = module
-        self._packed = None
+        self._changed()
 
     def remove(self, slot: int) -> None:
         if self.entries.pop(slot, None) is not None:
-            self._packed = None
+            self._changed()
+
+    def _changed(self) -> None:
+        self._packed = None
+        self.mix.version += 1
+        self.mix.masks.clear()
+
+    def slot_matrices(self, slot: int) -> tuple[Tensor, Tensor] | None:
+        """One adapter's A [r, in] and scaled B [out, r] over every segment (fp32, CPU, contiguous), or None."""
+        if slot not in self.entries:
+            return None
+        As, Bs = zip(*(self._segment(seg, m) for seg, m in sorted(self.entries[slot].items())))
+        return torch.cat(As).contiguous(), torch.cat(Bs, dim=1).contiguous()
+
+    def _segment(self, seg: int, m: LoraModule) -> tuple[Tensor, Tensor]:
+        """A [r, in] and B [out, r] of one segment's adapter, scaling folded in, zero outside its rows."""
+        B = torch.zeros(self.out_features, m.rank)
+        off = self.offsets[seg]
+        B[off:off + self.splits[seg]] = m.B * m.scaling
+        return m.A, B
 
     def segments_with_adapters(self) -> list[int]:
         return sorted({seg for per_slot in self.entries.values() for seg in per_slot})
@@ -108,10 +136,15 @@ class LoraLinear(nn.Module):
         x2 = x.reshape(-1, shape[-1])  # [N, in]
         h = x2 @ A.T  # [N, R]: every loaded adapter's shrink
         if mix.rows is not None:
-            rows = mix.rows.to(col_slot.device)
-            if rows.shape != (x2.shape[0],):
-                raise ValueError(f"adapter rows has shape {list(rows.shape)}; the forward has {x2.shape[0]} rows")
-            h = h * (rows[:, None] == col_slot[None]).to(h.dtype)  # [N, R]: each row keeps its adapter's columns
+            head = self.is_head and mix.head_rows is not None
+            key = (self._layout, head, h.dtype, h.device)
+            mask = mix.masks.get(key)
+            if mask is None:
+                rows = (mix.head_rows if head else mix.rows).to(col_slot.device)
+                if rows.shape != (x2.shape[0],):
+                    raise ValueError(f"adapter rows has shape {list(rows.shape)}; the forward has {x2.shape[0]} rows")
+                mask = mix.masks[key] = (rows[:, None] == col_slot[None]).to(h.dtype)  # [N, R]
+            h = h * mask  # each row keeps its adapter's columns
         else:
             h = h * self._column_weights(mix.weights, x2.shape[0], col_slot, col_layer).to(h.dtype)
         return (h @ B.T).view(*shape[:-1], B.shape[0])  # [N, out] -> [..., out]
@@ -138,10 +171,9 @@ class LoraLinear(nn.Module):
         As, Bs, slots, layers, spans, start = [], [], [], [], {}, 0
         for slot in sorted(self.entries):
             for seg, m in sorted(self.entries[slot].items()):
-                r, off = m.rank, self.offsets[seg]
-                B = torch.zeros(self.out_features, r)
-                B[off:off + self.splits[seg]] = m.B * m.scaling
-                As.append(m.A)
+                r = m.rank
+                A, B = self._segment(seg, m)
+                As.append(A)
                 Bs.append(B)
                 slots += [slot] * r
                 index = self.layer_index[seg]
@@ -152,12 +184,14 @@ class LoraLinear(nn.Module):
         B = torch.cat(Bs, dim=1).to(device=x.device, dtype=x.dtype)
         col_slot = torch.tensor(slots, device=x.device)
         col_layer = torch.tensor(layers, device=x.device)
+        self._layout = tuple(slots)
         self._packed = (A, B, col_slot, col_layer, spans)
         return self._packed
 
     def set_layer_index(self, segment: int, index: int | None) -> None:
-        self.layer_index[segment] = index
-        self._packed = None
+        if self.layer_index[segment] != index:
+            self.layer_index[segment] = index
+            self._changed()
 
 
 def _in_features(module: nn.Module) -> int:

@@ -102,13 +102,15 @@ class LoraManager:
 
     # the mix ------------------------------------------------------------------------------------------
     def set_adapter_mix(self, adapter: str | None = None, *, indices: Sequence[int] | Tensor | None = None,
-                        weights: Tensor | None = None) -> None:
+                        weights: Tensor | None = None, head_indices: Sequence[int] | Tensor | None = None) -> None:
         """What the next forwards apply: one adapter by name (None: the base), a slot per flattened row
-        (indices, -1 for the base), or per-row weights per slot ([rows, slots] or [rows, layers, slots])."""
+        (indices, -1 for the base), or per-row weights per slot ([rows, slots] or [rows, layers, slots]).
+        head_indices: with indices, the slot of each row the LM head computes (when it computes a subset)."""
         if sum(v is not None for v in (adapter, indices, weights)) > 1:
             raise ValueError("set_adapter_mix takes one of adapter, indices or weights")
         mix = self.mix
-        mix.slot = mix.rows = mix.weights = None
+        mix.slot = mix.rows = mix.weights = mix.head_rows = None
+        mix.masks.clear()
         if adapter is not None:
             mix.slot = self.slot(adapter)
         elif indices is not None:
@@ -116,6 +118,8 @@ class LoraManager:
             if rows.dim() != 1:
                 raise ValueError(f"indices must be one slot per row, got shape {list(rows.shape)}")
             mix.rows = rows
+            if head_indices is not None:
+                mix.head_rows = torch.as_tensor(head_indices, dtype=torch.long)
         elif weights is not None:
             if weights.shape[-1] != self.num_slots:
                 raise ValueError(f"weights' last axis is {weights.shape[-1]}; {self.num_slots} slots are loaded")
@@ -192,6 +196,8 @@ class LoraManager:
             except AttributeError:
                 module = None
             module = module.base if isinstance(module, LoraLinear) else module
+            if hasattr(module, "qweight"):  # a quantized head: its rounded codes cannot equal the float copy
+                continue
             weight = getattr(module, "weight", None)
             if not isinstance(weight, Tensor) or tuple(weight.shape) != tuple(saved.shape) or not torch.equal(
                     saved.to(device=weight.device, dtype=weight.dtype), weight):
@@ -210,6 +216,7 @@ class LoraManager:
         else:
             leaves = [attr]
         wrapper = LoraLinear(module, splits, [f"{prefix}.{leaf}".lstrip(".") for leaf in leaves], self.mix)
+        wrapper.is_head = parent is self.model and attr == "lm_head"
         parent._modules[attr] = wrapper
         return wrapper
 

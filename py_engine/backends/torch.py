@@ -83,7 +83,9 @@ class TorchBackend:
         if self.kv is not None and self.kv.max_len >= length:
             return
         capacity = min(self.max_context, -(-length // _CACHE_STEP) * _CACHE_STEP)
-        fresh = DenseKVCache.allocate(self.config, 1, capacity, self.dtype, self.device)
+        # X-LoRA (py_engine.adapters.xlora) keeps its scaling pass's cache beside the model's: kv_layers = 2 x layers
+        layers = getattr(self.model, "kv_layers", None)
+        fresh = DenseKVCache.allocate(self.config, 1, capacity, self.dtype, self.device, layers=layers)
         if self.kv is not None:
             for old, new in zip(self.kv.keys + self.kv.values, fresh.keys + fresh.values):
                 new[:, :, : self.length].copy_(old[:, :, : self.length])
@@ -133,12 +135,18 @@ class LLM:
     def __init__(self, model: str = "tiny-shakespeare", *, dtype: str = "auto", device: str = "auto",
                  cache_dir: str | None = None, max_context: int | None = None, backend: str = "torch",
                  optimize: bool = True, quantization: str | QuantConfig | None = None,
-                 lora: Mapping[str, str | Path] | None = None, max_lora_rank: int = DEFAULT_MAX_RANK) -> None:
-        """lora: adapter name -> peft adapter folder, loaded unmerged (pick one per call with lora=NAME)."""
+                 lora: Mapping[str, str | Path] | None = None, max_lora_rank: int = DEFAULT_MAX_RANK,
+                 xlora: str | Path | None = None, xlora_non_granular: int | None = None) -> None:
+        """lora: adapter name -> peft adapter folder, loaded unmerged (pick one per call with lora=NAME).
+        xlora: a peft X-LoRA folder, applied to every call (py_engine.adapters.xlora); xlora_non_granular=k
+        computes its scalings for the first k forward calls of a generation only."""
         self.path: Path = resolve_model(model, cache_dir)
         self.backend = backend
         self.quantization = as_quant_config(quantization)
         self.quant_report = None
+        if xlora is not None and (backend != "torch" or lora):
+            raise ValueError("X-LoRA runs on the torch backend and applies to every call: it cannot be combined "
+                             "with --lora adapters or the onnx backend")
         if backend == "onnx" and lora:
             raise ValueError("LoRA adapters apply to the torch backend; for ONNX merge the adapter when exporting "
                              "(ruvllm export MODEL --lora PATH)")
@@ -158,6 +166,9 @@ class LLM:
                 optimize_for_cpu(self.model)
             if lora:
                 self._load_loras(lora, max_lora_rank)
+            if xlora is not None:
+                from py_engine.adapters.xlora import load_xlora
+                self.model = load_xlora(self.model, xlora, xlora_non_granular, max_lora_rank)
         else:
             raise ValueError(f"unknown backend {backend!r}; use torch or onnx")
         self.tokenizer = Tokenizer.from_pretrained(self.path)
@@ -173,6 +184,12 @@ class LLM:
         manager = LoraManager(self.model, max_rank=max_rank)
         for name, path in lora.items():
             manager.add(name, path)
+
+    @property
+    def xlora(self) -> Any:
+        """The X-LoRA model (py_engine.adapters.xlora.XLoraModel) when loaded with xlora=, else None."""
+        from py_engine.adapters.xlora import XLoraModel
+        return self.model if isinstance(self.model, XLoraModel) else None
 
     @property
     def loras(self) -> list[str]:

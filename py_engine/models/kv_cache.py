@@ -38,9 +38,11 @@ class DenseKVCache:
 
     @classmethod
     def allocate(cls, config: ModelConfig, batch: int, max_len: int,
-                 dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu") -> "DenseKVCache":
+                 dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
+                 layers: int | None = None) -> "DenseKVCache":
+        """layers: how many layers to hold, the model's by default (X-LoRA keeps two caches in one: 2 x)."""
         shape = (batch, config.num_key_value_heads, max_len, config.head_dim)
-        layers = range(config.num_hidden_layers)
+        layers = range(config.num_hidden_layers if layers is None else layers)
         return cls(keys=[torch.zeros(shape, dtype=dtype, device=device) for _ in layers],
                    values=[torch.zeros(shape, dtype=dtype, device=device) for _ in layers])
 

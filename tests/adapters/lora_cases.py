@@ -31,7 +31,7 @@ def target_sets(model_type: str) -> dict[str, list[str]]:
     return {"attention": attn, "mlp": mlp, "all": attn + mlp + ["lm_head"]}
 
 
-def save_peft_adapter(hf_model, folder: Path, seed: int = 0, **config: Any):
+def save_peft_adapter(hf_model, folder: Path, seed: int = 0, b_scale: float = 0.1, **config: Any):
     """A peft LoRA adapter on a copy of hf_model, saved to folder; returns the PeftModel (eval)."""
     from peft import LoraConfig, get_peft_model
 
@@ -40,6 +40,6 @@ def save_peft_adapter(hf_model, folder: Path, seed: int = 0, **config: Any):
     with torch.no_grad():
         for name, p in peft_model.named_parameters():
             if "lora_B" in name:
-                p.mul_(0.1)
+                p.mul_(b_scale)
     peft_model.save_pretrained(folder)
     return peft_model

@@ -8,7 +8,6 @@ and merged, and peft's greedy tokens.
 """
 from __future__ import annotations
 
-import copy
 
 import pytest
 
