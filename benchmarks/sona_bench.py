@@ -101,7 +101,7 @@ class Bench:
     def evaluate(self, which: list[int], session: str | None = None) -> dict:
         """Accuracy and answer NLL on the questions and the paraphrases of facts `which`."""
         from py_engine.learning.lora import applied
-        from py_engine.learning.objective import Example, mean_nll
+        from py_engine.learning.objective import mean_nll
 
         out = {}
         for kind, prompts in (("question", self.q_ids), ("paraphrase", self.p_ids)):
