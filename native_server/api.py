@@ -3,6 +3,11 @@
     POST /v1/chat/completions   chat, streaming (SSE) or not          serving_chat.py
     POST /v1/completions        legacy completions, prompts or ids    serving_completions.py
                                 (what the two share: serving.py)
+    POST /v1/feedback           a rating / correction of a logged completion feedback.py
+                                (with --witness-log; the log: witness.py)
+    GET  /v1/learning           the learning loops' state (with --learning)   learner.py
+    POST /v1/learning/consolidate   start a consolidation now (202)
+    POST /v1/learning/rollback  {"version": N}: serve consolidated sona-vN again (0: none)
     GET  /v1/models             the served model and its LoRA adapters (`parent`)
     POST /v1/load_lora_adapter  {lora_name, lora_path}: with --enable-runtime-lora only   lora.py
     POST /v1/unload_lora_adapter {lora_name}
@@ -29,18 +34,21 @@ from typing import Any, AsyncIterator
 
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.routing import APIRoute
+from pydantic import BaseModel, ConfigDict
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.staticfiles import StaticFiles
 
 from native_server.context import SHUTTING_DOWN, ServerContext, engine_error
 from native_server.errors import APIError, error_response, install_error_handlers
+from native_server.feedback import FeedbackRequest, FeedbackResponse
+from native_server.learner import learning_metrics
 from native_server.lora import confined_path
 from native_server.outputs import EngineError
 from native_server.middleware import AllowedHosts, APIKey, IsolationHeaders
 from native_server.request_body import DEFAULT_BODY_TIMEOUT, DEFAULT_MAX_BODY_BYTES, RequestBody
 from native_server.protocol import (ChatCompletionRequest, ChatCompletionResponse, CompletionRequest,
-                                    CompletionResponse, ErrorResponse, LoadLoraAdapterRequest, ModelCard, ModelList,
-                                    UnloadLoraAdapterRequest)
+                                    CompletionResponse, ErrorResponse, Int, LoadLoraAdapterRequest, ModelCard,
+                                    ModelList, UnloadLoraAdapterRequest)
 from native_server.serving_chat import create_chat_completion
 from native_server.serving_completions import create_completion
 from native_server.streaming import ClientDisconnected
@@ -56,6 +64,12 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
         (401, "missing or wrong API key"), (404, "unknown model"), (408, "request body not received in time"),
         (413, "request body too large"), (429, "too many request bodies being received at once"),
         (503, "waiting queue full, or the server is shutting down"))}
+_FEEDBACK_ERRORS: dict[int | str, dict[str, Any]] = {
+    status: {"model": ErrorResponse, "description": text} for status, text in (
+        (400, "bad shape: unknown fields, wrong types, a rating not 1 or -1, an empty correction"),
+        (401, "missing or wrong API key"), (404, "no logged completion with this id"),
+        (409, "this choice was rated already"), (413, "correction too long"),
+        (429, "too many feedbacks (server, session) or the learner's queue is full"))}
 _STREAM = {"description": "the response, or with `stream: true` server-sent events of chunks",
            "content": {"text/event-stream": {}}}
 
@@ -107,6 +121,10 @@ def create_app(ctx: ServerContext, *, api_key: str | None = None, max_body_bytes
             await ctx.drain(shutdown_timeout)
         finally:
             await ctx.templates.close()
+            if ctx.learner is not None:
+                ctx.learner.close()
+            if ctx.witness is not None:
+                ctx.witness.close()
 
     app = FastAPI(title="ruvllm", summary="OpenAI-compatible server of the ruvllm engine", lifespan=lifespan)
     app.state.ctx = ctx
@@ -154,6 +172,18 @@ async def _on_client_gone(request: Request, exc: Exception) -> Response:
     return Response(status_code=499)
 
 
+class RollbackRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    version: Int  # 0: the base model, no consolidated adapter
+
+
+def _learner(ctx: ServerContext) -> Any:
+    if ctx.learner is None:
+        raise APIError(404, "this server does not learn (start it with --learning --witness-log DIR)",
+                       code="not_found")
+    return ctx.learner
+
+
 def _add_routes(app: FastAPI, ctx: ServerContext) -> None:
     @app.post("/v1/chat/completions", response_model=ChatCompletionResponse,
               responses={**_ERRORS, 200: _STREAM}, tags=["openai"])
@@ -165,13 +195,43 @@ def _add_routes(app: FastAPI, ctx: ServerContext) -> None:
     async def completions(body: CompletionRequest, request: Request) -> Response:
         return await create_completion(ctx, body, request)
 
+    @app.post("/v1/feedback", response_model=FeedbackResponse, responses=_FEEDBACK_ERRORS, tags=["learning"])
+    async def feedback(body: FeedbackRequest) -> FeedbackResponse:
+        ctx.check_accepting()
+        if ctx.feedback is None:
+            raise APIError(404, "this server keeps no witness log, so it takes no feedback (start it with "
+                                "--witness-log DIR)", "id", "not_found")
+        return ctx.feedback.accept(body)
+
+    @app.get("/v1/learning", tags=["learning"], responses={404: {"model": ErrorResponse}})
+    async def learning() -> Response:
+        return JSONResponse(_learner(ctx).status())
+
+    @app.post("/v1/learning/consolidate", tags=["learning"], status_code=202,
+              responses={404: {"model": ErrorResponse}})
+    async def consolidate() -> Response:
+        learner = _learner(ctx)
+        learner.consolidate_soon()
+        return JSONResponse(learner.status(), status_code=202)
+
+    @app.post("/v1/learning/rollback", tags=["learning"], responses={400: {"model": ErrorResponse}})
+    async def rollback(body: RollbackRequest) -> Response:
+        learner = _learner(ctx)
+        if not 0 <= body.version < 1 << 31:
+            raise APIError(400, f"version: an integer >= 0 (0: the base model), got {body.version}", "version")
+        try:
+            await asyncio.to_thread(learner.rollback, body.version)
+        except ValueError as exc:
+            raise APIError(400, f"version: {exc}", "version") from None
+        return JSONResponse(learner.status())
+
     @app.get("/v1/models", response_model=ModelList, tags=["openai"])
     async def models() -> ModelList:
         card = ModelCard(id=ctx.model_name, created=ctx.created, root=ctx.model_name,
                          max_model_len=ctx.max_model_len)
         adapters = [ModelCard(id=name, created=ctx.created, root=name, parent=ctx.model_name,
                               max_model_len=ctx.max_model_len)
-                    for name in getattr(ctx.engine, "lora_names", lambda: [])()]
+                    for name in ctx.public_lora_names()]
         return ModelList(data=[card, *adapters])
 
     @app.get("/health", responses={503: {"model": ErrorResponse}})
@@ -185,4 +245,5 @@ def _add_routes(app: FastAPI, ctx: ServerContext) -> None:
 
     @app.get("/metrics", response_class=PlainTextResponse)
     async def metrics() -> Response:
-        return PlainTextResponse(ctx.metrics.render(ctx.engine.stats()), media_type=PROMETHEUS_CONTENT_TYPE)
+        text = ctx.metrics.render(ctx.engine.stats()) + learning_metrics(ctx.witness, ctx.learner)
+        return PlainTextResponse(text, media_type=PROMETHEUS_CONTENT_TYPE)

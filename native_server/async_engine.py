@@ -97,6 +97,10 @@ class AsyncEngine:
         """Refuse new requests for the adapter; it leaves the model once its running requests finish."""
         await self._call("unload_lora", name)
 
+    async def replace_lora(self, name: str, adapter: Any) -> None:
+        """Swap the adapter loaded as `name` (None: retire it), on the engine's thread between steps."""
+        await self._call("replace_lora", name, adapter)
+
     def lora_names(self) -> list[str]:
         return self.engine.lora_names()  # a copy of a dict's keys: safe under the GIL
 

@@ -21,6 +21,7 @@ from native_server.outputs import (AdapterNotFoundError, EngineError, EngineShut
 from native_server.templates import DEFAULT_TIMEOUT as DEFAULT_TEMPLATE_TIMEOUT, TemplateRenderer
 from py_engine.chat import ChatConfig, ChatTemplateError, load_chat_config
 
+LEARNED_PREFIX = "#sona"  # the learning loops' adapters (learner.py): never listed, never named by clients
 SHUTTING_DOWN = "the server is shutting down; retry on another replica or later"
 
 
@@ -36,6 +37,10 @@ class ServerContext:
     draining: bool = False  # set on SIGTERM: new requests get a 503 while running ones finish
     templates: TemplateRenderer = field(default_factory=TemplateRenderer)  # renders in killable workers
     allow_client_chat_template: bool = False  # run templates sent in requests (a documented risk)
+    witness: Any = None  # native_server.witness.WitnessLog with --witness-log
+    feedback: Any = None  # native_server.feedback.FeedbackDesk, with the witness log
+    learner: Any = None  # native_server.learner.Learner (the instant and background loops) with --learning
+    slots: Any = None  # native_server.learner.EngineSlots: which adapter a session's requests run with
     lora_dir: Path | None = None  # with --enable-runtime-lora: the only folder adapters may be loaded from
     max_lora_rank: int = 64
 
@@ -86,12 +91,16 @@ class ServerContext:
         """The LoRA adapter `model` names, None for the served model (or omitted); 404 for anything else."""
         if requested is None or requested in self.accepted_names:
             return None
-        names = getattr(self.engine, "lora_names", lambda: [])()
+        names = self.public_lora_names()
         if requested in names:
             return requested
         adapters = f" or one of its LoRA adapters ({', '.join(names)})" if names else ""
         raise APIError(404, f"The model `{requested}` does not exist; this server serves `{self.model_name}`"
                             f"{adapters} (see GET /v1/models)", "model", "model_not_found")
+
+    def public_lora_names(self) -> list[str]:
+        """The adapters clients may name: not the learning loops' own (a session's adapter is its own)."""
+        return [n for n in getattr(self.engine, "lora_names", lambda: [])() if not n.startswith(LEARNED_PREFIX)]
 
     def check_accepting(self) -> None:
         if self.draining:

@@ -358,6 +358,18 @@ class LLMEngine:
             raise AdapterNotFoundError(str(e)) from None
         self._release_adapters()
 
+    def replace_lora(self, name: str, adapter: LoraAdapter | None) -> None:
+        """Load `adapter` as `name` in one call, retiring the one loaded under that name (its running
+        requests finish with it; new ones get the new one); None only retires. The learning loops' hot
+        swap (learner.py): between two steps, so no request sees the name missing."""
+        if self.adapters is None:
+            raise AdapterError("this engine was started without LoRA support (enable_lora / --enable-runtime-lora)")
+        if name in self.adapters.by_name:
+            self.adapters.retire(name)
+        if adapter is not None:
+            self.adapters.add(name, adapter)
+        self._release_adapters()
+
     def lora_names(self) -> list[str]:
         return sorted(self.adapters.by_name) if self.adapters is not None else []
 

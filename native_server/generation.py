@@ -21,6 +21,7 @@ import anyio
 from native_server.errors import APIError
 from native_server.metrics import ServerMetrics
 from native_server.outputs import EngineError
+from native_server.witness_record import Trace
 from py_engine.sampling import SampleOutput
 from py_engine.sampling_params import SamplingParams
 
@@ -68,6 +69,7 @@ class Generation:
     metrics: ServerMetrics
     usage: UsageCount = field(default_factory=UsageCount)
     arrival: float = field(default_factory=time.monotonic)
+    trace: Trace | None = None  # the witness line this request fills (witness_record.py), when logging
 
     @property
     def num_choices(self) -> int:
@@ -79,9 +81,20 @@ class Generation:
         # aclosing: `async for` alone leaves the inner generator suspended (its
         # engine request alive) when this one is closed early.
         inner = self._run(self.jobs[0]) if len(self.jobs) == 1 else self._merged()
-        async with aclosing(inner):
-            async for delta in inner:
-                yield delta
+        status = "aborted"
+        try:
+            async with aclosing(inner):
+                async for delta in inner:
+                    if self.trace is not None:
+                        self.trace.add(delta.choice, delta.text, delta.token_ids, delta.finish_reason)
+                    yield delta
+            status = "ok"
+        except Exception:
+            status = "error"
+            raise
+        finally:
+            if self.trace is not None:
+                self.trace.finish(status)
 
     async def _merged(self) -> AsyncIterator[Delta]:
         """Several jobs at once: one task each feeding a queue; None marks a job's end."""

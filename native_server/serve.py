@@ -122,6 +122,21 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="seconds a chat template may take to render before the request gets a 400 (default 10)")
     p.add_argument("--request-body-timeout", type=float, default=30.0, metavar="S",
                    help="seconds a client has to send a request body before a 408 (default 30)")
+    p.add_argument("--witness-log", type=Path, metavar="DIR",
+                   help="log every request and response as JSON lines in DIR (rotated; never headers or the API "
+                        "key) and take ratings and corrections on POST /v1/feedback")
+    p.add_argument("--witness-log-file-size", type=parse_size, default=64 << 20, metavar="BYTES",
+                   help="start a new witness file past this size (default 64M)")
+    p.add_argument("--witness-log-files", type=_positive, default=8, metavar="N",
+                   help="witness files kept per stream; older ones are deleted (default 8)")
+    p.add_argument("--learning", action="store_true",
+                   help="learn from POST /v1/feedback (needs --witness-log DIR): each session's MicroLoRA is "
+                        "trained at once and its next requests use it; a background loop consolidates all "
+                        "feedback into DIR/adapters/sona-vN (EWC), served to every session")
+    p.add_argument("--learning-config", type=Path, metavar="JSON",
+                   help="the learning loops' settings (py_engine.learning.SonaConfig fields) as a JSON object")
+    p.add_argument("--feedback-rate", type=float, default=20.0, metavar="R",
+                   help="feedbacks a second the server takes (bursts of 2R); beyond it a 429 (default 20)")
     p.add_argument("--web-dir", type=Path, default=WEB_DIST, metavar="DIR",
                    help="the demo page served at / (default: web/dist, built by `ruvllm web build`)")
     p.set_defaults(func=run_serve)
@@ -161,6 +176,46 @@ def _log_configuration(args: argparse.Namespace, path: Path, engine: Any) -> Non
                 "required" if args.api_key else "not required")
 
 
+def _open_witness_log(ctx: Any, args: argparse.Namespace) -> None:
+    from native_server.feedback import FeedbackDesk, FeedbackLimits
+    from native_server.witness import WitnessLog
+
+    ctx.witness = WitnessLog(args.witness_log, max_file_bytes=args.witness_log_file_size,
+                             max_files=args.witness_log_files)
+    if not 0 < args.feedback_rate <= 1e6:
+        raise ValueError(f"--feedback-rate: must be in (0, 1e6], got {args.feedback_rate}")
+    ctx.feedback = FeedbackDesk(ctx.witness, FeedbackLimits(rate=args.feedback_rate, burst=2 * args.feedback_rate))
+    logger.info("witness log: %s (%d files of %d bytes at most per stream); POST /v1/feedback takes ratings",
+                args.witness_log, args.witness_log_files, args.witness_log_file_size)
+
+
+def _learning_config(args: argparse.Namespace) -> Any:
+    import json
+
+    from py_engine.learning import SonaConfig
+
+    if args.xlora is not None:
+        raise ValueError("--learning serves its adapters as LoRA; it cannot be combined with --xlora")
+    raw = json.loads(args.learning_config.read_text(encoding="utf-8")) if args.learning_config else {}
+    if not isinstance(raw, dict):
+        raise ValueError(f"--learning-config {args.learning_config}: expected a JSON object of SonaConfig fields")
+    return SonaConfig.from_dict(raw)
+
+
+def _start_learning(ctx: Any, args: argparse.Namespace, config: Any, path: Path, engine: Any) -> None:
+    from native_server.learner import EngineSlots, Learner
+    from py_engine.learning import Sona
+
+    sona = Sona.load(path, config, folder=args.witness_log)
+    slots = EngineSlots(engine)
+    if sona.consolidated is not None:  # the current version from an earlier run, before the first request
+        slots(None, sona.adapter_for(None))
+    ctx.learner, ctx.slots = Learner(sona, slots), slots
+    ctx.feedback.learner = ctx.learner
+    logger.info("learning: on (%s); consolidated adapter %s", sona.config,
+                f"sona-v{sona.version}" if sona.version else "none yet")
+
+
 def run_serve(args: argparse.Namespace) -> int:
     try:  # the server's dependencies are an extra: the rest of the CLI runs without them
         import uvicorn
@@ -173,10 +228,14 @@ def run_serve(args: argparse.Namespace) -> int:
     from native_server.context import ServerContext
     from native_server.engine import LLMEngine
 
+    if args.learning and args.witness_log is None:
+        raise ValueError("--learning needs --witness-log DIR (the feedback it learns from and its adapters live "
+                         "there)")
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     lora_modules = parse_lora_modules(args.lora_modules)
     if args.enable_runtime_lora and (args.lora_dir is None or not args.lora_dir.is_dir()):
         raise ValueError("--enable-runtime-lora needs --lora-dir DIR, an existing folder adapters are loaded from")
+    sona_config = _learning_config(args) if args.learning else None
     path = resolve_model(args.model, args.cache_dir)
     # A folder given by path is served under its name: a path on disk is nothing for clients to see.
     name = args.served_model_name or (path.name if Path(args.model).expanduser().exists() else args.model)
@@ -186,13 +245,19 @@ def run_serve(args: argparse.Namespace) -> int:
                        max_model_len=args.max_context, max_queue=args.max_queue,
                        enable_prefix_caching=not args.no_prefix_caching, quantization=quant_config_from_args(args),
                        attention_backend=args.attention_backend, cuda_graphs=not args.enforce_eager,
-                       lora_modules=lora_modules, enable_lora=args.enable_runtime_lora, max_loras=args.max_loras,
-                       max_lora_rank=args.max_lora_rank, xlora=args.xlora)
+                       lora_modules=lora_modules, enable_lora=args.enable_runtime_lora or args.learning,
+                       max_loras=args.max_loras + (2 * sona_config.max_sessions + 2 if sona_config else 0),
+                       max_lora_rank=max(args.max_lora_rank, sona_config.rank + sona_config.micro_rank
+                                         if sona_config else 0), xlora=args.xlora)
     async_engine = AsyncEngine(engine)
     ctx = ServerContext.for_engine(async_engine, path, name, _aliases(args.model, path),
                                    allow_client_chat_template=args.allow_client_chat_template,
                                    template_timeout=args.chat_template_timeout)
     ctx.lora_dir, ctx.max_lora_rank = args.lora_dir, args.max_lora_rank
+    if args.witness_log is not None:
+        _open_witness_log(ctx, args)
+    if args.learning:
+        _start_learning(ctx, args, sona_config, path, async_engine)
     _log_configuration(args, path, async_engine)
     if args.allow_client_chat_template:
         logger.warning("--allow-client-chat-template: clients may run their own Jinja chat templates here")

@@ -26,6 +26,7 @@ from native_server.protocol import (ChatChoice, ChatChunkChoice, ChatCompletionC
                                     ChatCompletionResponse, ChatDelta, ChatResponseMessage, DeltaToolCall, Usage)
 from native_server.serving import event_stream, run_to_end, usage_of
 from native_server.streaming import event
+from native_server.witness_record import route, start_trace
 from py_engine.chat import ChatTemplateError
 from py_engine.generate import start_ids
 from py_engine.guided.tools import ChoiceReader, ToolPlan, split_events
@@ -51,7 +52,11 @@ async def create_chat_completion(ctx: ServerContext, request: ChatCompletionRequ
     params = fit_to_context(params, len(prompt_ids), ctx.max_model_len, explicit_max_tokens=explicit,
                             prompt_param="messages")
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
-    generation = Generation(ctx.engine, [Job(request_id, prompt_ids, params, 0, adapter)], ctx.metrics)
+    trace = start_trace(ctx, request_id, "chat.completions", request, [
+        {"messages": [m.model_dump(exclude_none=True) for m in request.messages], "text": text,
+         "token_ids": prompt_ids}], params)
+    job = Job(request_id, prompt_ids, params, 0, adapter or route(ctx, request))
+    generation = Generation(ctx.engine, [job], ctx.metrics, trace=trace)
     want_logprobs = params.logprobs is not None
     if request.stream:
         include_usage = bool(request.stream_options and request.stream_options.include_usage)

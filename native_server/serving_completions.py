@@ -26,6 +26,7 @@ from native_server.prompts import (check_best_of, check_choices, completion_prom
 from native_server.protocol import CompletionChoice, CompletionRequest, CompletionResponse, Usage
 from native_server.serving import event_stream, run_to_end, usage_of
 from native_server.streaming import event
+from native_server.witness_record import route, start_trace
 
 
 DEFAULT_MAX_TOKENS = 16  # OpenAI's (and vLLM's) default for legacy completions, `null` included
@@ -41,7 +42,7 @@ def _jobs(ctx: ServerContext, request: CompletionRequest, prompts: list[list[int
     explicit = "max_tokens" in request.model_fields_set and request.max_tokens is not None
     if not explicit:  # omitted or null: OpenAI's default of 16 (then clamped to the room left)
         params = dataclasses.replace(params, max_tokens=DEFAULT_MAX_TOKENS)
-    jobs = []
+    jobs, adapter = [], adapter or route(ctx, request)
     for p, ids in enumerate(prompts):
         fitted = fit_to_context(params, len(ids), ctx.max_model_len, explicit_max_tokens=explicit,
                                 prompt_param="prompt")
@@ -56,9 +57,13 @@ async def create_completion(ctx: ServerContext, request: CompletionRequest, raw:
     request_id = f"cmpl-{uuid.uuid4().hex}"
     jobs = _jobs(ctx, request, prompts, request_id, adapter)
     await prepare(jobs[0].params, ctx.tokenizer, getattr(ctx.engine, "eos_token_ids", ()))  # a grammar: in a worker
-    generation = Generation(ctx.engine, jobs, ctx.metrics)
     n = jobs[0].params.n
-    echoes = [_prompt_text(ctx, request, p, ids) if request.echo else "" for p, ids in enumerate(prompts)]
+    texts = [_prompt_text(ctx, request, p, ids) for p, ids in enumerate(prompts)] if ctx.witness or request.echo \
+        else [""] * len(prompts)
+    trace = start_trace(ctx, request_id, "completions", request,
+                        [{"text": t, "token_ids": ids} for t, ids in zip(texts, prompts)], jobs[0].params)
+    generation = Generation(ctx.engine, jobs, ctx.metrics, trace=trace)
+    echoes = [t if request.echo else "" for t in texts]
     echo_of = [echoes[c // n] for c in range(generation.num_choices)]  # the prompt text of each choice
     want_logprobs = jobs[0].params.logprobs is not None
     if request.stream:

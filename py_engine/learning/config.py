@@ -1,0 +1,77 @@
+"""The learning loops' settings (SONA): one frozen dataclass, validated once, stdlib only (ring 0).
+
+    cfg = SonaConfig(micro_rank=2, micro_steps=3, ewc_lambda=100.0)
+
+Instant loop: a MicroLoRA per session, rank `micro_rank` on `target_modules`
+of the last `micro_layers` decoder layers, trained `micro_steps` Adam steps at
+`micro_lr` on each accepted or corrected completion.
+Background loop: every `consolidate_every` feedbacks (or `consolidate_interval_s`
+seconds, when set), one LoRA of rank `rank` on `target_modules` of the last
+`layers` layers is trained on all logged feedback for `epochs` passes in
+batches of `batch_size` at `lr`, with the EWC penalty `ewc_lambda` * sum of
+F (dW)^2 (F: the base's diagonal Fisher on `fisher_tokens` of its own
+validation text in slices of `fisher_window` tokens, normalised to mean 1;
+0 turns EWC off). `fold_sessions` > 0
+adds that weight of each session's MicroLoRA into the consolidated adapter
+(which then reaches every session).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+
+# Peft's names for a Llama block's linear layers.
+PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+@dataclass(frozen=True)
+class SonaConfig:
+    target_modules: tuple[str, ...] = ("o_proj", "down_proj")
+    micro_rank: int = 2
+    micro_layers: int = 2
+    micro_steps: int = 3
+    micro_lr: float = 2e-2
+    micro_alpha: float | None = None  # lora_alpha of a MicroLoRA; None: = its rank (scaling 1)
+    micro_anchors: int = 0  # other logged prompts whose next-token distribution the update must keep
+    micro_anchor_weight: float = 1.0
+    rank: int = 8
+    layers: int = 0  # decoder layers of the consolidated LoRA, counted from the last; 0: all
+    lr: float = 5e-3
+    epochs: int = 4
+    batch_size: int = 8
+    ewc_lambda: float = 10.0
+    fisher_tokens: int = 4096
+    fisher_window: int = 32  # tokens per Fisher sample: smaller is closer to a per-token Fisher
+    consolidate_every: int = 16  # feedbacks; 0: only on request or interval
+    consolidate_interval_s: float = 0.0  # 0: no timer
+    fold_sessions: float = 0.0
+    max_sessions: int = 64  # MicroLoRAs kept (each is an adapter slot the server computes): LRU beyond
+    max_target_tokens: int = 512  # tokens of one trained answer (a longer correction is cut)
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        bad = [m for m in self.target_modules if m not in PROJECTIONS]
+        if not self.target_modules or bad:
+            raise ValueError(f"target_modules: each one of {', '.join(PROJECTIONS)}; got {list(self.target_modules)}")
+        for name, lo, hi in (("micro_rank", 1, 64), ("micro_layers", 1, 1024), ("micro_steps", 0, 1000),
+                             ("micro_anchors", 0, 64),
+                             ("rank", 1, 256), ("layers", 0, 1024), ("epochs", 0, 1000), ("batch_size", 1, 1024),
+                             ("fisher_tokens", 0, 1 << 22), ("fisher_window", 2, 1 << 16),
+                             ("consolidate_every", 0, 1 << 20),
+                             ("max_sessions", 1, 1 << 20), ("max_target_tokens", 1, 1 << 16)):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or not lo <= value <= hi:
+                raise ValueError(f"{name}: an integer in [{lo}, {hi}], got {value!r}")
+        for name in ("micro_anchor_weight", "micro_lr", "lr", "ewc_lambda", "consolidate_interval_s", "fold_sessions"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+                raise ValueError(f"{name}: a finite number >= 0, got {value!r}")
+
+    @classmethod
+    def from_dict(cls, raw: dict) -> "SonaConfig":
+        names = {f.name for f in fields(cls)}
+        unknown = sorted(set(raw) - names)
+        if unknown:
+            raise ValueError(f"unknown learning settings: {', '.join(unknown)} (known: {', '.join(sorted(names))})")
+        raw = {k: tuple(v) if k == "target_modules" else v for k, v in raw.items()}
+        return cls(**raw)
