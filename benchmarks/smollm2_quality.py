@@ -152,15 +152,20 @@ def main() -> int:
         base = r["perplexity"] if how == "float" else base
         results.append({"label": label, **r})
         print(format_row(label, r, base), flush=True)
-    meta = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "model": gguf.name, "text": str(TEXT.name),
-            "text_tokens": len(ids), "chunks": args.chunks, "ctx": CTX, "scored_per_chunk": CTX // 2,
-            "calibration": f"{CALIBRATION.name}, {args.calibration_samples} x 512 tokens", "threads": args.threads,
-            "torch": torch.__version__, "seconds": round(time.time() - started, 1), "machine": machine(),
-            "note": "re-quantized rows also hold the LM head int8 per channel (QuantConfig's default)"}
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps({"meta": meta, "rows": results}, indent=1) + "\n", encoding="utf-8")
-    print(f"wrote {args.output} ({meta['seconds']} s)")
+        meta = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "model": gguf.name,
+                "text": str(TEXT.name), "text_tokens": len(ids), "chunks": args.chunks, "ctx": CTX,
+                "scored_per_chunk": CTX // 2, "calibration": f"{CALIBRATION.name}, {args.calibration_samples} x 512 "
+                "tokens", "threads": args.threads, "torch": torch.__version__,
+                "seconds": round(time.time() - started, 1), "machine": machine(),
+                "note": "re-quantized rows also hold the LM head int8 per channel (QuantConfig's default)"}
+        write(args.output, meta, results)  # after every row: a long run stopped early keeps what it measured
+    print(f"wrote {args.output} ({round(time.time() - started, 1)} s)")
     return 0
+
+
+def write(output: Path, meta: dict, rows: list[dict]) -> None:
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n", encoding="utf-8")
 
 
 if __name__ == "__main__":
