@@ -99,7 +99,8 @@ def cmd_chat(args: argparse.Namespace) -> int:
     from py_engine.quant.config import quant_config_from_args
 
     llm = LLM(args.model, dtype=args.dtype, device=args.device, cache_dir=args.cache_dir,
-              quantization=quant_config_from_args(args))
+              quantization=quant_config_from_args(args), kv_cache_dtype=args.kv_cache_dtype,
+              kv_hot_tokens=args.kv_hot_tokens)
     llm.chat_prompt([{"role": "user", "content": "hi"}])  # fail now, not after the first question
     session = ChatSession(llm, sampling_params(args, llm.generation_config), args.system, sys.stdout)
     interactive = sys.stdin.isatty()

@@ -20,6 +20,8 @@ def model_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cache-dir", metavar="DIR", help="model cache (default: $RUVLLM_CACHE_DIR or ~/.cache/ruvllm)")
     from py_engine.quant.config import add_quantization_options  # py_engine.quant's package imports torch
     add_quantization_options(parser)
+    from py_engine.models.kv_quant import add_kv_cache_options
+    add_kv_cache_options(parser)
 
 
 def sampling_options(parser: argparse.ArgumentParser, max_tokens: int) -> None:
@@ -47,7 +49,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
     dtype = args.precision if args.backend == "onnx" and args.precision != "auto" else args.dtype
     llm = LLM(args.model, dtype=dtype, device=args.device, cache_dir=args.cache_dir, backend=args.backend,
-              quantization=quant_config_from_args(args))
+              quantization=quant_config_from_args(args), kv_cache_dtype=args.kv_cache_dtype,
+              kv_hot_tokens=args.kv_hot_tokens)
     params = sampling_params(args, llm.generation_config)
     if args.json:
         out = llm.generate(args.prompt, params)

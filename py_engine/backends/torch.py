@@ -6,6 +6,7 @@
     for chunk in llm.stream("JULIET:", SamplingParams(max_tokens=40)):
         print(chunk.text, end="", flush=True)
     LLM("tiny-shakespeare", quantization="int4")         # or a QuantConfig: quantized at load time
+    LLM("tiny-shakespeare", kv_cache_dtype="int4", kv_hot_tokens=128)  # two-tier KV cache (kv_quant.py)
 
 `TorchBackend` is the forward pass of one sequence over a dense KV cache; the
 loop itself (sampling, detokenizing, stops) is py_engine.generate's, shared
@@ -24,6 +25,7 @@ from py_engine.config import GenerationConfig, ModelConfig
 from py_engine.generate import Completion, GenerationChunk, complete, eos_token_ids, start_ids, stream
 from py_engine.hub import resolve_model
 from py_engine.models import CausalLM, DenseKVCache, longrope_switch_length
+from py_engine.models.kv_quant import DEFAULT_HOT_TOKENS, KVQuantConfig
 from py_engine.cpu.transforms import kernel_step, model_kernels, optimize_for_cpu
 from py_engine.quant.config import QuantConfig
 from py_engine.quant.load import as_quant_config, load_quantized
@@ -49,8 +51,10 @@ def pick_device(device: str = "auto") -> str:
 class TorchBackend:
     """One sequence through the torch model, its KV cache grown as the sequence grows."""
 
-    def __init__(self, model: CausalLM, config: ModelConfig, max_context: int) -> None:
+    def __init__(self, model: CausalLM, config: ModelConfig, max_context: int,
+                 kv_quant: KVQuantConfig | None = None) -> None:
         self.model, self.config, self.max_context = model, config, max_context
+        self.kv_quant = kv_quant
         weight = next(model.parameters())
         self.dtype, self.device = weight.dtype, weight.device
         self.kv: DenseKVCache | None = None
@@ -70,10 +74,12 @@ class TorchBackend:
         if self.kv is not None and self.kv.max_len >= length:
             return
         capacity = min(self.max_context, -(-length // _CACHE_STEP) * _CACHE_STEP)
-        fresh = DenseKVCache.allocate(self.config, 1, capacity, self.dtype, self.device)
+        fresh = DenseKVCache.allocate(self.config, 1, capacity, self.dtype, self.device, self.kv_quant)
         if self.kv is not None:
             for old, new in zip(self.kv.keys + self.kv.values, fresh.keys + fresh.values):
                 new[:, :, : self.length].copy_(old[:, :, : self.length])
+            if hasattr(fresh, "settled"):  # the copied prefix keeps its cold blocks
+                fresh.settled = self.kv.settled
         self.kv = fresh
 
     @torch.inference_mode()
@@ -89,6 +95,8 @@ class TorchBackend:
 
     def prefill(self, token_ids: Sequence[int]) -> torch.Tensor:
         self.length = 0
+        if hasattr(self.kv, "settled"):  # a fresh sequence in the same buffers: nothing is cold yet
+            self.kv.settled = 0
         self.tokens = list(token_ids)
         return self._forward(token_ids)
 
@@ -119,7 +127,13 @@ class LLM:
 
     def __init__(self, model: str = "tiny-shakespeare", *, dtype: str = "auto", device: str = "auto",
                  cache_dir: str | None = None, max_context: int | None = None, backend: str = "torch",
-                 optimize: bool = True, quantization: str | QuantConfig | None = None) -> None:
+                 optimize: bool = True, quantization: str | QuantConfig | None = None,
+                 kv_cache_dtype: str = "auto", kv_hot_tokens: int = DEFAULT_HOT_TOKENS) -> None:
+        """kv_cache_dtype "int8" or "int4": the two-tier KV cache (the most recent kv_hot_tokens tokens
+        in the model's dtype, older blocks quantized; py_engine/models/kv_quant.py), as the server's."""
+        kv_quant = KVQuantConfig(kv_cache_dtype, kv_hot_tokens)  # bad values fail before the model loads
+        if backend == "onnx" and kv_quant.enabled:
+            raise ValueError("kv_cache_dtype applies to the torch backend")
         self.path: Path = resolve_model(model, cache_dir)
         self.backend = backend
         self.quantization = as_quant_config(quantization)
@@ -145,6 +159,7 @@ class LLM:
         self.max_context = min(max_context or self.config.max_position_embeddings,
                                self.config.max_position_embeddings)
         self.eos_token_ids = eos_token_ids(self.generation_config, self.config, self.tokenizer)
+        self.kv_quant = kv_quant.check(self.max_context)
         self._chat_config: ChatConfig | None = None
 
     def encode(self, prompt: str | Sequence[int], add_special_tokens: bool = True) -> list[int]:
@@ -168,7 +183,7 @@ class LLM:
     def _new_backend(self):
         if self.backend == "onnx":
             return self.model.backend(self.max_context)
-        return TorchBackend(self.model, self.config, self.max_context)
+        return TorchBackend(self.model, self.config, self.max_context, self.kv_quant)
 
     def chat_prompt(self, messages: Sequence[Mapping[str, Any]], **template_kwargs: Any) -> str:
         """The model's chat template applied to messages, ending with the assistant's turn."""

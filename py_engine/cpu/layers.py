@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..kernels import CpuKernels
-from ..models.kv_cache import DenseKVCache, KVCache
+from ..models.kv_cache import DenseKVCache, KVCache, TwoTierDenseKVCache
 from ..models.layers import MLP, Attention, RMSNorm
 from .linears import FusedLinear, KernelLinear
 
@@ -58,6 +58,8 @@ class KernelAttention(Attention):
             return super().forward(x, cos, sin, positions, kv)
         assert isinstance(kv, DenseKVCache)
         position = int(positions)  # [1, 1]
+        if self.layer == 0 and isinstance(kv, TwoTierDenseKVCache):
+            kv.settle(position)  # attend() would have: blocks leaving the hot window turn cold first
         keys, values = kv.keys[self.layer], kv.values[self.layer]  # [1, KV, max_len, D]
         if position >= keys.shape[2]:
             raise ValueError(f"position {position} does not fit a cache of max_len {keys.shape[2]}")

@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..kernels import CpuKernels
-from ..models.kv_cache import DenseKVCache
+from ..models.kv_cache import DenseKVCache, TwoTierDenseKVCache
 from ..models.transformer import DecoderLayer, DecoderModel
 from .layers import DTYPES, KernelAttention, KernelMLP, KernelRMSNorm
 from .linears import FusedLinear, KernelLinear
@@ -292,6 +292,8 @@ class KernelDecoderModel(DecoderModel):
         if self.embedding_multiplier != 1.0:
             x = x * torch.tensor(self.embedding_multiplier, dtype=x.dtype)
         cos, sin = self.rotary_emb(positions, x.dtype)  # [1, 1, rot]
+        if isinstance(kv, TwoTierDenseKVCache):
+            kv.settle(int(positions))  # the blocks leaving the hot window turn cold before the step reads them
         with stack.lock:  # one step at a time: the work rows and the bound cache are the plan's
             if not stack.bound_to(kv):
                 try:
