@@ -22,7 +22,8 @@ from pathlib import Path
 import torch
 
 from native_server.block_manager import BlockManager
-from native_server.kv_cache import PagedKVCache, activation_reserve, memory_budget, num_kv_blocks
+from native_server.kv_cache import (PagedKVCache, activation_reserve, kv_bytes_per_block, memory_budget,
+                                    num_kv_blocks, split_budget)
 from native_server.model_runner import ModelRunner
 from native_server.outputs import (CompletionOutput, EngineError, EngineStats, Histogram, PromptTooLongError,
                                    QueueFullError, RequestOutput, SampleStream)
@@ -35,6 +36,7 @@ from py_engine.backends.torch import pick_device
 from py_engine.generate import eos_token_ids
 from py_engine.hub import resolve_model
 from py_engine.models import longrope_switch_length
+from py_engine.models.kv_quant import DEFAULT_HOT_TOKENS, KVQuantConfig
 from py_engine.cpu.transforms import optimize_for_cpu
 from py_engine.quant.config import QuantConfig
 from py_engine.quant.load import load_quantized
@@ -66,7 +68,9 @@ class LLMEngine:
                  max_num_batched_tokens: int = 2048, max_model_len: int | None = None, max_queue: int = 1024,
                  enable_prefix_caching: bool = True, model_name: str | None = None,
                  quantization: str | QuantConfig | None = None, optimize: bool = True,
-                 attention_backend: str = "auto", cuda_graphs: bool = True) -> None:
+                 attention_backend: str = "auto", cuda_graphs: bool = True, kv_cache_dtype: str = "auto",
+                 kv_hot_tokens: int = DEFAULT_HOT_TOKENS) -> None:
+        kv_quant = KVQuantConfig(kv_cache_dtype, kv_hot_tokens, block_size)  # bad values fail before loading
         path: Path = resolve_model(model_path)
         self.model_name = model_name or model_path
         self.device = torch.device(pick_device(device))
@@ -79,11 +83,13 @@ class LLMEngine:
         config = self.model_config
         self.eos_token_ids = eos_token_ids(GenerationConfig.from_model_dir(path), config, self.tokenizer)
         self.max_model_len = self._context_limit(max_model_len)
+        self.kv_quant = kv_quant.check(self.max_model_len)
         self.max_queue, self.max_num_seqs = max_queue, max_num_seqs
         backend = backend_for(self.device, attention_backend)  # before the memory is sized: it may refuse
         self.kv = self._allocate_kv(block_size, kv_cache_memory, gpu_memory_fraction, max_num_seqs,
                                     max_num_batched_tokens, backend)
-        self.block_manager = BlockManager(self.kv.num_blocks, block_size, enable_prefix_caching)
+        self.block_manager = BlockManager(self.kv.num_blocks, block_size, enable_prefix_caching,
+                                          self.kv.num_cold_blocks, kv_quant.hot_tokens if kv_quant.enabled else None)
         self.scheduler = Scheduler(self.block_manager, max_num_seqs, max_num_batched_tokens)
         self.runner = ModelRunner(self.model, self.kv, self._decode_graphs(cuda_graphs, max_num_seqs))
         self.mask_tensors = MaskTensors(config.vocab_size, self.device)  # structured outputs' token masks
@@ -127,6 +133,19 @@ class LLMEngine:
         # On CPU without a budget, stop at what max_num_seqs full-length sequences could fill.
         cap = -(-max_num_seqs * self.max_model_len // block_size) if (
             kv_cache_memory is None and self.device.type == "cpu") else None
+        quant = self.kv_quant
+        if quant.enabled:
+            if cap is not None:  # the same cap, in bytes of the full-precision cache
+                budget = min(budget, cap * kv_bytes_per_block(config, block_size, dtype))
+            hot, cold = split_budget(config, quant, dtype, max(budget, 0), max_num_seqs, max_num_batched_tokens)
+            # One max_model_len sequence must fit: its cold blocks, and hot its window and one step's tokens.
+            need_hot = -(-quant.hot_tokens // block_size) + 2 + -(-min(max_num_batched_tokens, self.max_model_len)
+                                                                     // block_size)
+            if hot < need_hot or (hot + cold) * block_size < self.max_model_len:
+                raise ValueError(f"the KV cache budget holds {hot} hot and {cold} cold blocks of {block_size} "
+                                 f"tokens, too few for one sequence of max_model_len {self.max_model_len}: give it "
+                                 f"more memory or lower max_model_len")
+            return PagedKVCache(config, hot, block_size, dtype, self.device, backend, quant, cold)
         num_blocks = num_kv_blocks(config, block_size, dtype, max(budget, 0), cap)
         if num_blocks * block_size < self.max_model_len:
             raise ValueError(f"the KV cache budget holds {max(num_blocks, 0) * block_size} tokens, fewer than "
@@ -191,7 +210,9 @@ class LLMEngine:
         out = self.scheduler.schedule()
         if not out.seqs:
             return []
-        logits, sampling = self.runner.execute(out, [self.block_manager.block_table(s.seq_id) for s in out.seqs])
+        bm = self.block_manager
+        cold = [bm.num_cold(s.seq_id) for s in out.seqs] if self.kv.quant is not None else None
+        logits, sampling = self.runner.execute(out, [bm.block_table(s.seq_id) for s in out.seqs], cold)
         seqs = [out.seqs[i] for i in sampling]
         if not seqs:  # only prompt chunks ran
             self.scheduler.update(out, {})
@@ -306,7 +327,10 @@ class LLMEngine:
             prefix_cache_hits=bm.prefix_hits, prefix_cache_queries=bm.prefix_queries,
             prompt_tokens=self.prompt_tokens, generation_tokens=self.generation_tokens,
             num_preemptions=self.scheduler.num_preemptions,
-            ttft=self.ttft.snapshot(), inter_token_latency=self.inter_token_latency.snapshot())
+            ttft=self.ttft.snapshot(), inter_token_latency=self.inter_token_latency.snapshot(),
+            kv_cold_blocks_total=bm.num_cold_blocks, kv_cold_blocks_used=bm.num_used_cold_blocks,
+            kv_hot_bytes_per_token=self.kv.hot_bytes_per_token, kv_cold_bytes_per_token=self.kv.cold_bytes_per_token,
+            kv_capacity_tokens=(bm.num_blocks + bm.num_cold_blocks) * bm.block_size)
 
 
 __all__ = ["CompletionOutput", "EngineError", "EngineStats", "LLMEngine", "PromptTooLongError", "QueueFullError",

@@ -33,6 +33,7 @@ from typing import Any
 
 from py_engine.hub import BUILTIN_MODEL, load_aliases, resolve_model
 from py_engine.quant.config import add_quantization_options, quant_config_from_args
+from py_engine.models.kv_quant import add_kv_cache_options
 
 logger = logging.getLogger("ruvllm.server")
 
@@ -96,6 +97,7 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="weights' dtype (auto: the checkpoint's)")
     p.add_argument("--cache-dir", metavar="DIR", help="model cache (default: $RUVLLM_CACHE_DIR or ~/.cache/ruvllm)")
     add_quantization_options(p)
+    add_kv_cache_options(p)
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     p.add_argument("--allowed-hosts", metavar="NAMES",
                    help="comma-separated Host names to answer besides loopback ones, e.g. api.example.com,"
@@ -142,6 +144,11 @@ def _log_configuration(args: argparse.Namespace, path: Path, engine: Any) -> Non
     logger.info("KV cache: %d blocks of %d tokens = %d tokens; batch: %d sequences, %d tokens per step; "
                 "queue: %d", stats.kv_blocks_total, block_size, stats.kv_blocks_total * block_size,
                 args.max_concurrent, args.max_num_batched_tokens, args.max_queue)
+    if stats.kv_cold_blocks_total:
+        logger.info("KV cache %s with %d hot tokens: %d hot blocks (%.0f bytes/token) + %d cold blocks (%.0f "
+                    "bytes/token) = capacity %d tokens", args.kv_cache_dtype, args.kv_hot_tokens,
+                    stats.kv_blocks_total, stats.kv_hot_bytes_per_token, stats.kv_cold_blocks_total,
+                    stats.kv_cold_bytes_per_token, stats.kv_capacity_tokens)
     logger.info("listening on http://%s:%d (API key %s)", args.host, args.port,
                 "required" if args.api_key else "not required")
 
@@ -167,7 +174,8 @@ def run_serve(args: argparse.Namespace) -> int:
                        max_num_seqs=args.max_concurrent, max_num_batched_tokens=args.max_num_batched_tokens,
                        max_model_len=args.max_context, max_queue=args.max_queue,
                        enable_prefix_caching=not args.no_prefix_caching, quantization=quant_config_from_args(args),
-                       attention_backend=args.attention_backend, cuda_graphs=not args.enforce_eager)
+                       attention_backend=args.attention_backend, cuda_graphs=not args.enforce_eager,
+                       kv_cache_dtype=args.kv_cache_dtype, kv_hot_tokens=args.kv_hot_tokens)
     async_engine = AsyncEngine(engine)
     ctx = ServerContext.for_engine(async_engine, path, name, _aliases(args.model, path),
                                    allow_client_chat_template=args.allow_client_chat_template,

@@ -26,6 +26,7 @@ from native_server.bench.report import FORMATS, flatten, render
 from native_server.bench.stats import RequestTiming, RunResult, summarize
 from native_server.bench.workload import Workload
 from py_engine.quant.config import add_quantization_options, quant_config_from_args
+from py_engine.models.kv_quant import add_kv_cache_options
 
 SERVER_LEVELS = (1, 4, 16, 64)
 
@@ -84,6 +85,7 @@ def add_benchmark_parser(subparsers: Any) -> argparse.ArgumentParser:
     engine.add_argument("--no-prefix-caching", action="store_true", help="turn the prefix cache off")
     engine.add_argument("--cache-dir", metavar="DIR", help="model cache (default: $RUVLLM_CACHE_DIR or ~/.cache/ruvllm)")
     add_quantization_options(engine)
+    add_kv_cache_options(engine)
     p.set_defaults(func=run_benchmark)
     return p
 
@@ -110,7 +112,8 @@ def run_offline(args: argparse.Namespace, workload: Workload, levels: Sequence[i
                        kv_cache_memory=args.kv_cache_memory, max_num_seqs=max(levels),
                        max_num_batched_tokens=args.max_num_batched_tokens,
                        enable_prefix_caching=not args.no_prefix_caching, model_name=args.model,
-                       quantization=quant_config_from_args(args))
+                       quantization=quant_config_from_args(args), kv_cache_dtype=args.kv_cache_dtype,
+                       kv_hot_tokens=args.kv_hot_tokens)
     vocab = args.vocab_size or engine.model_config.vocab_size
     if args.warmup:
         run_engine(engine, workload.prompts(args.warmup, vocab, "warmup"), workload.gen_len, 1)
@@ -141,7 +144,9 @@ def run_offline(args: argparse.Namespace, workload: Workload, levels: Sequence[i
             "dtype": str(next(engine.model.parameters()).dtype).removeprefix("torch."),
             "kv_blocks": kv.num_blocks, "block_size": kv.block_size, "max_model_len": engine.max_model_len,
             "parameters": config.num_parameters(), "torch_threads": _torch_threads(),
-            "quantization": quant_config_from_args(args).describe()}
+            "quantization": quant_config_from_args(args).describe(), "kv_cache_dtype": args.kv_cache_dtype,
+            "kv_hot_tokens": args.kv_hot_tokens, "kv_cold_blocks": kv.num_cold_blocks,
+            "kv_capacity_tokens": (kv.num_blocks + kv.num_cold_blocks) * kv.block_size}
     return rows, meta
 
 
