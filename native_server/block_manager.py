@@ -243,7 +243,8 @@ class BlockManager:
         demote = [b for b in [*table, *cached][:self.cold_prefix(num_computed_tokens)] if not b.cold]
         cold_needed = sum(1 for b in cached if b.ref_cnt == 0 and b.cold) + sum(
             1 for b in demote if b.demoted_to is None or b.demoted_to.ref_cnt == 0)
-        if (max(num_needed, 0) + len(shared) > len(self.free_queue) - revived
+        freed = sum(1 for b in demote if b.ref_cnt <= 1)  # demoted before the new blocks are taken
+        if (max(num_needed, 0) + len(shared) > len(self.free_queue) - revived + freed
                 or cold_needed > len(self.cold_free_queue)):
             return None
         for block in cached:

@@ -137,7 +137,8 @@ class LLMEngine:
         if quant.enabled:
             if cap is not None:  # the same cap, in bytes of the full-precision cache
                 budget = min(budget, cap * kv_bytes_per_block(config, block_size, dtype))
-            hot, cold = split_budget(config, quant, dtype, max(budget, 0), max_num_seqs, max_num_batched_tokens)
+            hot, cold = split_budget(config, quant, dtype, max(budget, 0), max_num_seqs, max_num_batched_tokens,
+                                     self.max_model_len)
             # One max_model_len sequence must fit: its cold blocks, and hot its window and one step's tokens.
             need_hot = -(-quant.hot_tokens // block_size) + 2 + -(-min(max_num_batched_tokens, self.max_model_len)
                                                                      // block_size)

@@ -45,19 +45,25 @@ def cold_bytes_per_block(config: ModelConfig, quant: KVQuantConfig) -> int:
 
 
 def split_budget(config: ModelConfig, quant: KVQuantConfig, dtype: torch.dtype, budget: int, max_num_seqs: int,
-                 max_num_batched_tokens: int) -> tuple[int, int]:
+                 max_num_batched_tokens: int, max_model_len: int) -> tuple[int, int]:
     """(hot blocks, cold blocks) of a two-tier cache in `budget` bytes.
 
-    The hot pool holds what the running batch can have hot at once: each of
-    max_num_seqs sequences its hot window plus the block being filled and the
-    one about to turn cold, plus one step's worth of new tokens (a prompt
-    chunk is written hot and demoted at the sequence's next step); at most
-    half the budget. The rest buys cold blocks.
+    A running sequence holds at most hot_tokens / block_size + 2 hot blocks
+    (its window, the block being filled, the one about to turn cold), and
+    one step's new tokens are written hot before they are demoted at the
+    sequence's next step. The hot pool gets that for max_num_seqs sequences
+    plus one step, but no more than the hot share of sequences of
+    max_model_len tokens (hot blocks in the proportion such a sequence holds
+    them): more would only sit idle. The rest buys cold blocks.
     """
     bs = quant.block_size
-    hot_need = max_num_seqs * (-(-quant.hot_tokens // bs) + 2) + -(-max_num_batched_tokens // bs)
     hot_block, cold_block = kv_bytes_per_block(config, bs, dtype), cold_bytes_per_block(config, quant)
-    hot = min(hot_need, budget // 2 // hot_block)
+    per_seq_hot = -(-quant.hot_tokens // bs) + 2
+    per_seq_cold = -(-max(max_model_len - quant.hot_tokens, 0) // bs)
+    step_blocks = -(-max_num_batched_tokens // bs)
+    share = per_seq_hot * hot_block / (per_seq_hot * hot_block + per_seq_cold * cold_block)
+    fair = int(share * max(budget - step_blocks * hot_block, 0)) // hot_block + step_blocks
+    hot = min(max_num_seqs * per_seq_hot + step_blocks, max(fair, per_seq_hot + step_blocks), budget // hot_block)
     return hot, (budget - hot * hot_block) // cold_block
 
 

@@ -182,3 +182,21 @@ class _no_raise:
 
     def __exit__(self, *exc):
         return False
+
+
+@pytest.mark.parametrize("dtype", ["int8", "int4"])
+def test_the_cold_pool_takes_the_bytes_it_is_accounted_in(model_dir, dtype):
+    import torch
+
+    from native_server.kv_cache import ColdPool, cold_bytes_per_block, kv_bytes_per_block, split_budget
+    from py_engine.config import ModelConfig
+    from py_engine.models.kv_quant import KVQuantConfig
+
+    config, quant = ModelConfig.from_file(model_dir), KVQuantConfig(dtype, 32)
+    pool = ColdPool(config, 10, quant, "cpu")
+    assert pool.nbytes == 10 * cold_bytes_per_block(config, quant)
+    hot, cold = split_budget(config, quant, torch.float32, 1 << 20, 4, 64, 128)
+    assert hot == 4 * (2 + 2) + 4  # four sequences' windows and one step of 64 tokens
+    hot_bytes = hot * kv_bytes_per_block(config, 16, torch.float32)
+    assert hot_bytes + cold * cold_bytes_per_block(config, quant) <= 1 << 20
+    assert (1 << 20) - hot_bytes - cold * cold_bytes_per_block(config, quant) < cold_bytes_per_block(config, quant)
