@@ -128,7 +128,7 @@ def main() -> None:
             if window > config.max_position_embeddings:
                 continue
             rows += run_context(name, model, ids, window, args.tokens)
-    Path(args.output).write_text(json.dumps({"machine": meta, "text": TEXT.name, "rows": rows}, indent=1))
+            Path(args.output).write_text(json.dumps({"machine": meta, "text": TEXT.name, "rows": rows}, indent=1))
     print("\n" + "\n".join(_line(r) for r in rows))
 
 

@@ -79,7 +79,7 @@ class TorchBackend:
             for old, new in zip(self.kv.keys + self.kv.values, fresh.keys + fresh.values):
                 new[:, :, : self.length].copy_(old[:, :, : self.length])
             if hasattr(fresh, "settled"):  # the copied prefix keeps its cold blocks
-                fresh.settled = self.kv.settled
+                fresh.take_cold(self.kv)
         self.kv = fresh
 
     @torch.inference_mode()

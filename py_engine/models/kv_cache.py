@@ -12,11 +12,11 @@ the storage, applies the window.
 
 `TwoTierDenseKVCache` is the two-tier cache of one or a few sequences
 (kv_quant.py): the same buffers, whose blocks past the hot window are
-replaced, once, by their dequantized int8/int4 values, so the decode paths
-that read the buffers (torch, and the C kernels of py_engine.cpu) attend
-exactly as the server's cold pool would make them. It saves no memory: it
-is the reference arithmetic for `LLM` and `eval ppl`; the server's paged
-cache is where the bytes are saved.
+quantized, once, into codes beside them (`ColdCodes`), and replaced in the
+buffers by their dequantized values. The torch paths read the buffers, so
+they attend exactly as the server's cold pool would make them; the C decode
+step (py_engine.cpu) reads the codes, a quarter to an eighth of the bytes.
+It saves no memory (the buffers stay): that is the server's paged cache.
 """
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ from torch import Tensor
 
 from ..config import ModelConfig
 from .attention import AttentionSpec, attention, single_query_attention, two_tier_attention
-from .kv_quant import KVQuantConfig, fake_quantize_blocks
+from .kv_quant import KVQuantConfig, dequantize, fake_quantize_blocks, pack, quantize
 
 
 class KVCache(Protocol):
@@ -55,7 +55,8 @@ class DenseKVCache:
         keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in layers]
         values = [torch.zeros(shape, dtype=dtype, device=device) for _ in layers]
         if quant is not None and quant.enabled:
-            return TwoTierDenseKVCache(keys, values, quant)
+            codes = [ColdCodes.allocate(shape, quant, device) for _ in layers]
+            return TwoTierDenseKVCache(keys, values, quant, codes=codes)
         return cls(keys=keys, values=values)
 
     @property
@@ -100,24 +101,72 @@ class DenseKVCache:
 
 
 @dataclass
+class ColdCodes:
+    """One layer's cold tier beside the buffers [B, KV, max_len, D]: keys per channel, codes [B, KV, blocks,
+    block_size, D * bits / 8], scales and zeros [B, KV, blocks, D]; values per token, codes [B, KV, max_len,
+    D * bits / 8], scales and zeros [B, KV, max_len] (kernels/decode.c's cold_t reads row 0)."""
+
+    key_codes: Tensor
+    key_scales: Tensor
+    key_zeros: Tensor
+    value_codes: Tensor
+    value_scales: Tensor
+    value_zeros: Tensor
+
+    @classmethod
+    def allocate(cls, shape: tuple[int, ...], quant: KVQuantConfig, device) -> "ColdCodes":
+        B, KV, max_len, D = shape
+        blocks, packed = max_len // quant.block_size, D * quant.bits // 8
+
+        def zeros(*s: int, dtype: torch.dtype = torch.float32) -> Tensor:
+            return torch.zeros(s, dtype=dtype, device=device)
+        return cls(zeros(B, KV, blocks, quant.block_size, packed, dtype=torch.uint8), zeros(B, KV, blocks, D),
+                   zeros(B, KV, blocks, D), zeros(B, KV, max_len, packed, dtype=torch.uint8), zeros(B, KV, max_len),
+                   zeros(B, KV, max_len))
+
+    def tensors(self) -> tuple[Tensor, ...]:
+        return (self.key_codes, self.key_scales, self.key_zeros, self.value_codes, self.value_scales,
+                self.value_zeros)
+
+
+@dataclass
 class TwoTierDenseKVCache(DenseKVCache):
-    """DenseKVCache whose tokens before `settled` hold their cold blocks' dequantized values (kv_quant.py)."""
+    """DenseKVCache whose tokens before `settled` are cold: in `codes`, and dequantized in the buffers."""
 
     quant: KVQuantConfig = KVQuantConfig()
     settled: int = 0  # a block edge: tokens [0, settled) are cold in every row
+    codes: list[ColdCodes] | None = None
 
     def settle(self, position: int) -> None:
-        """Quantize, in place and in every layer, the blocks a query at `position` reads cold: no query
-        from there on reads them hot. The decode kernels call this before a step; attend() for layer 0."""
+        """Quantize, in every layer, the blocks a query at `position` reads cold: no query from there on
+        reads them hot. The decode kernels call this before a step; attend() for layer 0."""
         edge = self.quant.cold_edge(position)
         if edge <= self.settled:
             return
-        for keys, values in zip(self.keys, self.values):
-            k, v = self._blocks(keys, self.settled, edge), self._blocks(values, self.settled, edge)
-            cold_k, cold_v = fake_quantize_blocks(k, v, self.quant.bits)
-            k.copy_(cold_k)
-            v.copy_(cold_v)
+        bits, bs, start = self.quant.bits, self.quant.block_size, self.settled
+        for keys, values, codes in zip(self.keys, self.values, self.codes):
+            k, v = self._blocks(keys, start, edge), self._blocks(values, start, edge)  # [B, KV, n, bs, D]
+            B, KV, n, _, D = k.shape
+            kq, ks, kz = quantize(k, -2, bits)  # per channel: over the block's tokens
+            vq, vs, vz = quantize(v, -1, bits)  # per token: over the head's channels
+            blocks = slice(start // bs, edge // bs)
+            codes.key_codes[:, :, blocks] = pack(kq, bits)
+            codes.key_scales[:, :, blocks], codes.key_zeros[:, :, blocks] = ks[..., 0, :], kz[..., 0, :]
+            codes.value_codes[:, :, start:edge] = pack(vq, bits).view(B, KV, n * bs, -1)
+            codes.value_scales[:, :, start:edge] = vs.view(B, KV, n * bs)
+            codes.value_zeros[:, :, start:edge] = vz.view(B, KV, n * bs)
+            k.copy_(dequantize(kq, ks, kz, keys.dtype))  # fake_quantize_blocks' numbers, for the torch paths
+            v.copy_(dequantize(vq, vs, vz, values.dtype))
         self.settled = edge
+
+    def take_cold(self, old: "TwoTierDenseKVCache") -> None:
+        """Adopt old's cold tier (a smaller cache of the same sequence whose buffers were copied here)."""
+        blocks, tokens = old.settled // self.quant.block_size, old.settled
+        for mine, theirs in zip(self.codes, old.codes):
+            for i, (a, b) in enumerate(zip(mine.tensors(), theirs.tensors())):  # keys by block, values by token
+                n = blocks if i < 3 else tokens
+                a[:, :, :n].copy_(b[:, :, :n])
+        self.settled = old.settled
 
     def _blocks(self, buffer: Tensor, start: int, end: int) -> Tensor:
         """Tokens [start, end) of a buffer as blocks: [B, KV, blocks, block_size, D] (a view)."""
