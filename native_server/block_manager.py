@@ -139,6 +139,7 @@ class BlockManager:
         self.cold_blocks = [KVBlock(i, cold=True) for i in range(num_cold_blocks)]
         self.cold_free_queue = FreeBlockQueue(self.cold_blocks)
         self._demotions: list[tuple[int, int]] = []  # (hot id, cold id) to quantize before the next step
+        self.num_demoted = 0  # blocks quantized into the cold pool, since start
         self.cached: dict[BlockHash, KVBlock] = {}
         self._tables: dict[SeqId, list[KVBlock]] = {}
         self._num_hashed: dict[SeqId, int] = {}  # leading blocks of a table already in the cache
@@ -182,6 +183,7 @@ class BlockManager:
     def take_demotions(self) -> list[tuple[int, int]]:
         """The (hot id, cold id) pairs to quantize, in order, before the step's copies and writes."""
         moves, self._demotions = self._demotions, []
+        self.num_demoted += len(moves)
         return moves
 
     def record_prefix_lookup(self, num_query_tokens: int, num_hit_tokens: int) -> None:

@@ -331,7 +331,8 @@ class LLMEngine:
             ttft=self.ttft.snapshot(), inter_token_latency=self.inter_token_latency.snapshot(),
             kv_cold_blocks_total=bm.num_cold_blocks, kv_cold_blocks_used=bm.num_used_cold_blocks,
             kv_hot_bytes_per_token=self.kv.hot_bytes_per_token, kv_cold_bytes_per_token=self.kv.cold_bytes_per_token,
-            kv_capacity_tokens=(bm.num_blocks + bm.num_cold_blocks) * bm.block_size)
+            kv_capacity_tokens=(bm.num_blocks + bm.num_cold_blocks) * bm.block_size,
+            kv_demoted_blocks=bm.num_demoted)
 
 
 __all__ = ["CompletionOutput", "EngineError", "EngineStats", "LLMEngine", "PromptTooLongError", "QueueFullError",

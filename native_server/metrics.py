@@ -116,6 +116,8 @@ _ENGINE_FIELDS = (
                                                "scales and zero points included.", "kv_cold_bytes_per_token"),
     ("kv_cache_capacity_tokens", "gauge", "Token slots of the KV cache, hot and cold pools together.",
      "kv_capacity_tokens"),
+    ("kv_cache_demoted_blocks_total", "counter", "KV blocks quantized into the cold pool as they left the hot "
+                                                 "window.", "kv_demoted_blocks"),
     ("prefix_cache_queries_total", "counter", "Prompt tokens looked up in the prefix cache.",
      "prefix_cache_queries"),
     ("prefix_cache_hits_total", "counter", "Prompt tokens found in the prefix cache.", "prefix_cache_hits"),

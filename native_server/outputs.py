@@ -177,6 +177,7 @@ class EngineStats:
     kv_hot_bytes_per_token: float = 0.0  # every layer's keys and values of one token
     kv_cold_bytes_per_token: float = 0.0  # codes, scales and zero points
     kv_capacity_tokens: int = 0  # token slots of both pools
+    kv_demoted_blocks: int = 0  # blocks quantized into the cold pool, since start
 
     @property
     def prefix_cache_hit_rate(self) -> float:

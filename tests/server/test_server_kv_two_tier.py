@@ -140,7 +140,7 @@ def test_32_concurrent_int4_streams_equal_the_dense_engine(server: Server, model
         return [o.choices[0].text for o in outs]
     assert asyncio.run(run()) == expected
     metrics = server.metrics()
-    assert metric(metrics, "kv_cache_cold_blocks_total") > 0
+    assert metric(metrics, "kv_cache_cold_blocks_total") > 0 and metric(metrics, "kv_cache_demoted_blocks_total") > 0
     assert metric(metrics, "kv_cache_cold_bytes_per_token") < metric(metrics, "kv_cache_hot_bytes_per_token") / 3
     capacity = (metric(metrics, "kv_cache_blocks_total") + metric(metrics, "kv_cache_cold_blocks_total")) * 16
     assert metric(metrics, "kv_cache_capacity_tokens") == capacity
