@@ -18,7 +18,16 @@ to measure against the engine before a change. `llama.cpp` runs the same
 weights as GGUF (f32, or bf16 made from it; `llama.cpp:q8_0` and
 `llama.cpp:q4_0` quantize it with llama.cpp's own quantizer) through
 llama-cpp-python, in that package's own environment (decode_speed.py
---llama-cpp-python).
+--llama-cpp-python). `llama-bench:f32` / `:bf16` / `:q8_0` / `:q4_0` runs llama.cpp's
+own llama-bench binary (`$LLAMA_CPP_BIN`, decode_speed.py --llama-cpp-bin: a
+-DGGML_NATIVE=ON build) on the same GGUF, quantized by its llama-quantize:
+prefill is its pp test over the prompt length, decode its tg test over the new
+tokens, peak RSS its process's.
+
+Every result has `weight_bytes_per_token`: the bytes of weights a decode
+step reads (the linears and the LM head in their stored precision; for
+llama.cpp the GGUF file, whose tied embedding is its output matrix), which
+decode_speed.py divides by the measured memory bandwidth for a roofline.
 
 The model is Qwen2.5-0.5B's shape with seeded random weights, written once
 to benchmarks/.cache as float32 safetensors; both engines load the same file
@@ -49,6 +58,7 @@ QWEN25_05B = {
     "vocab_size": 151936,
 }
 ISQ: dict[str, float] = {}  # seconds the engine spent quantizing at load, when it did
+WEIGHT_BYTES: dict[str, int] = {}  # weight_bytes() of the ruvllm model measured
 # run(prompt_ids, new_tokens) -> (perf_counter() at the call and at each new token, the greedy tokens)
 Runner = Callable[[list[int], int], tuple[list[float], list[int]]]
 
@@ -136,6 +146,7 @@ def ruvllm_runner(folder: Path, dtype: str, options: set[str], revision: str = "
 
         set_int8_activations(model, False)
     backend = TorchBackend(model, config, config.max_position_embeddings)
+    WEIGHT_BYTES["bytes"] = weight_bytes(model)
 
     def run(ids: list[int], new_tokens: int) -> tuple[list[float], list[int]]:
         stamps = [time.perf_counter()]
@@ -233,10 +244,70 @@ def llama_cpp_runner(dtype: str, threads: int) -> Runner:
     return run
 
 
+def llama_bench(kind: str, threads: int, new_tokens: int, lengths: list[int]) -> dict:
+    """llama.cpp's llama-bench on the benchmark's GGUF: pp (prompt) and tg (generation) rates."""
+    import subprocess
+
+    binary = Path(os.environ.get("LLAMA_CPP_BIN", "")) / "llama-bench"
+    if not binary.is_file():
+        raise SystemExit(f"{binary} is missing: set LLAMA_CPP_BIN (decode_speed.py --llama-cpp-bin)")
+    model = gguf_file(kind, binary.parent)
+    result: dict = {"engine": f"llama-bench:{kind}", "threads": threads, "load_s": None, "isq_s": None,
+                    "weight_bytes_per_token": model.stat().st_size}
+    for length in lengths:
+        cmd = [str(binary), "-m", str(model), "-p", str(length), "-n", str(new_tokens), "-t", str(threads),
+               "-r", "1", "-o", "json"]
+        done = subprocess.run(cmd, capture_output=True, text=True, check=True)
+        tests = json.loads(done.stdout)
+        pp = next(t["avg_ts"] for t in tests if t["n_prompt"] == length and t["n_gen"] == 0)
+        tg = next(t["avg_ts"] for t in tests if t["n_gen"] == new_tokens and t["n_prompt"] == 0)
+        result[str(length)] = {"ttft_s": length / pp, "prefill_tok_s": pp, "decode_tok_s": tg, "tokens": []}
+    result["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+    result["llama_cpp_build"] = tests[0].get("build_commit")
+    return result
+
+
+def gguf_file(kind: str, bin_dir: Path) -> Path:
+    """The f32 GGUF (benchmarks/llama_cpp_bench.py converts it) or one made from it by llama-quantize."""
+    import subprocess
+
+    folder = CACHE / f"qwen2.5-0.5b-random-seed{SEED}-gguf"
+    f32 = folder / "qwen-f32.gguf"
+    if not f32.exists():
+        raise SystemExit(f"{f32} is missing: convert the checkpoint first (see benchmarks/llama_cpp_bench.py)")
+    if kind in ("f32", "float32"):
+        return f32
+    target = folder / f"qwen-{kind}.gguf"
+    if not target.exists():
+        tmp = folder / f"qwen-{kind}.gguf.tmp"
+        subprocess.run([str(bin_dir / "llama-quantize"), str(f32), str(tmp), kind.upper()], check=True,
+                       capture_output=True)
+        os.replace(tmp, target)
+    return target
+
+
+def weight_bytes(model) -> int:
+    """Bytes of weights one decode step reads: every linear (QuantLinear: codes, scales...) and the LM head."""
+    from torch import nn
+
+    from py_engine.quant.linear import QuantLinear
+
+    total = 0
+    for module in model.modules():
+        if isinstance(module, QuantLinear):
+            total += module.nbytes
+        elif isinstance(module, nn.Linear):
+            total += module.weight.numel() * module.weight.element_size()
+    return total
+
+
 def measure(engine: str, dtype: str, threads: int, new_tokens: int, lengths: list[int]) -> dict:
     name, _, opts = engine.partition(":")
     name, _, revision = name.partition("@")
     start = time.perf_counter()
+    if name == "llama-bench":
+        return {**llama_bench(opts or {"float32": "f32", "bfloat16": "bf16"}[dtype], threads, new_tokens, lengths),
+                "dtype": dtype}
     if name == "llama.cpp":  # runs in llama-cpp-python's own environment, without torch
         run = llama_cpp_runner(opts or dtype, threads)
     else:
@@ -257,6 +328,7 @@ def measure(engine: str, dtype: str, threads: int, new_tokens: int, lengths: lis
                                "decode_tok_s": (len(stamps) - 2) / (stamps[-1] - stamps[1]),
                                "tokens": tokens[:32]}
     result["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+    result["weight_bytes_per_token"] = WEIGHT_BYTES.get("bytes")
     result["thp"] = os.environ.get("THP_MEM_ALLOC_ENABLE", "0")
     return result
 

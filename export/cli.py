@@ -42,6 +42,8 @@ def add_export_parser(subparsers) -> argparse.ArgumentParser:
                         "plain: standard ONNX ops only; auto (default): native, plus web for int2/int4/int8, and "
                         "ruvllm_contract.json says which file each runtime loads")
     p.add_argument("--cache-dir", metavar="DIR", help="model cache (default: $RUVLLM_CACHE_DIR or ~/.cache/ruvllm)")
+    p.add_argument("--lora", metavar="PATH",
+                   help="a peft LoRA adapter folder, merged into the weights before they are quantized and written")
     add_quantization_options(p)
     p.set_defaults(func=run_export)
     return p
@@ -64,8 +66,8 @@ def run_export(args: argparse.Namespace) -> int:
     for options in all_options:
         check_supported(ModelConfig.from_file(path), options)
     model = None
-    if qconfig.enabled:  # quantize once for every target
-        model, _, _ = load_quantized(path, qconfig, dtype="float32", device="cpu", progress=True)
+    if qconfig.enabled or args.lora:  # merge the adapter and quantize once for every target
+        model, _, _ = load_quantized(path, qconfig, dtype="float32", device="cpu", progress=True, lora=args.lora)
     for options in all_options:
         bar = ProgressBar(f"export {options.precision} {options.target}")
         result = export_model(path, args.out, options, progress=bar, model=model)

@@ -192,8 +192,10 @@ def embed(emit: BlockEmitter, model: CausalLM) -> tuple[str, PackedInits | None]
         packed = w
     if config.embedding_multiplier != 1.0:  # Gemma: sqrt(hidden), rounded to the activation dtype
         x = g.node("Mul", [x, g.const(config.embedding_multiplier, emit.linear.float_dtype)], "embed/scale")
-    # A model whose quantizer replaced the tied head (a QuantLinear) has a head of its own.
-    tied = config.tie_word_embeddings and isinstance(model.lm_head, torch.nn.Linear)
+    # A model whose quantizer replaced the tied head (a QuantLinear), or a merged LoRA untied (py_engine.adapters.merge),
+    # has a head of its own.
+    tied = (config.tie_word_embeddings and isinstance(model.lm_head, torch.nn.Linear)
+            and model.lm_head.weight is model.model.embed_tokens.weight)
     return x, packed if tied else None
 
 

@@ -3,7 +3,9 @@
     POST /v1/chat/completions   chat, streaming (SSE) or not          serving_chat.py
     POST /v1/completions        legacy completions, prompts or ids    serving_completions.py
                                 (what the two share: serving.py)
-    GET  /v1/models             the one served model
+    GET  /v1/models             the served model and its LoRA adapters (`parent`)
+    POST /v1/load_lora_adapter  {lora_name, lora_path}: with --enable-runtime-lora only   lora.py
+    POST /v1/unload_lora_adapter {lora_name}
     GET  /health                200 while serving, 503 once shutting down or when the engine loop died
     GET  /metrics               Prometheus text                        metrics.py
     GET  /openapi.json, /docs   the schema of all of the above
@@ -19,6 +21,7 @@ files never include dotfiles (.git, .env).
 """
 from __future__ import annotations
 
+import asyncio
 import logging
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -29,15 +32,19 @@ from fastapi.routing import APIRoute
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.staticfiles import StaticFiles
 
-from native_server.context import SHUTTING_DOWN, ServerContext
-from native_server.errors import error_response, install_error_handlers
+from native_server.context import SHUTTING_DOWN, ServerContext, engine_error
+from native_server.errors import APIError, error_response, install_error_handlers
+from native_server.lora import confined_path
+from native_server.outputs import EngineError
 from native_server.middleware import AllowedHosts, APIKey, IsolationHeaders
 from native_server.request_body import DEFAULT_BODY_TIMEOUT, DEFAULT_MAX_BODY_BYTES, RequestBody
 from native_server.protocol import (ChatCompletionRequest, ChatCompletionResponse, CompletionRequest,
-                                    CompletionResponse, ErrorResponse, ModelCard, ModelList)
+                                    CompletionResponse, ErrorResponse, LoadLoraAdapterRequest, ModelCard, ModelList,
+                                    UnloadLoraAdapterRequest)
 from native_server.serving_chat import create_chat_completion
 from native_server.serving_completions import create_completion
 from native_server.streaming import ClientDisconnected
+from py_engine.adapters import AdapterError, load_lora
 
 logger = logging.getLogger("ruvllm.server")
 
@@ -85,7 +92,8 @@ class DemoFiles(StaticFiles):
 
 def create_app(ctx: ServerContext, *, api_key: str | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
                body_timeout: float = DEFAULT_BODY_TIMEOUT, allowed_hosts: tuple[str, ...] = ("*",),
-               static_dir: Path | None = None, shutdown_timeout: float = SHUTDOWN_TIMEOUT) -> FastAPI:
+               static_dir: Path | None = None, shutdown_timeout: float = SHUTDOWN_TIMEOUT,
+               runtime_lora: bool = False) -> FastAPI:
     """The app serving `ctx.engine`; the engine starts with the app and is shut down with it.
 
     `allowed_hosts` defaults to any here (in-process tests); `ruvllm serve` passes loopback names
@@ -105,6 +113,8 @@ def create_app(ctx: ServerContext, *, api_key: str | None = None, max_body_bytes
     install_error_handlers(app)
     app.add_exception_handler(ClientDisconnected, _on_client_gone)
     _add_routes(app, ctx)
+    if runtime_lora:  # as vLLM: the routes exist only when asked for (a 404 otherwise)
+        _add_lora_routes(app, ctx)
     if static_dir is not None and static_dir.is_dir():
         api_methods = {r.path: set(r.methods) for r in app.routes if isinstance(r, APIRoute) and r.methods}
         app.mount("/", DemoFiles(directory=static_dir, html=True, api_methods=api_methods), name="web")
@@ -114,6 +124,29 @@ def create_app(ctx: ServerContext, *, api_key: str | None = None, max_body_bytes
     app.add_middleware(AllowedHosts, hosts=allowed_hosts)
     app.add_middleware(IsolationHeaders)
     return app
+
+
+def _add_lora_routes(app: FastAPI, ctx: ServerContext) -> None:
+    @app.post("/v1/load_lora_adapter", response_class=PlainTextResponse, responses=_ERRORS, tags=["lora"])
+    async def load_lora_adapter(body: LoadLoraAdapterRequest) -> Response:
+        ctx.check_accepting()
+        if body.lora_name in ctx.accepted_names:
+            raise APIError(400, f"lora_name {body.lora_name!r} is the served model's name", "lora_name")
+        try:  # reading the files happens here, off the engine's thread; placing them, on it
+            path = confined_path(ctx.lora_dir, body.lora_path)
+            adapter = await asyncio.to_thread(load_lora, path, ctx.max_lora_rank)
+            await ctx.engine.load_lora(body.lora_name, adapter)
+        except AdapterError as exc:
+            raise APIError(400, str(exc).replace(str(ctx.lora_dir.resolve()), "<lora-dir>"), "lora_path") from None
+        return PlainTextResponse(f"Success: LoRA adapter '{body.lora_name}' added successfully.")
+
+    @app.post("/v1/unload_lora_adapter", response_class=PlainTextResponse, responses=_ERRORS, tags=["lora"])
+    async def unload_lora_adapter(body: UnloadLoraAdapterRequest) -> Response:
+        try:
+            await ctx.engine.unload_lora(body.lora_name)
+        except EngineError as exc:
+            raise engine_error(exc) or exc from None
+        return PlainTextResponse(f"Success: LoRA adapter '{body.lora_name}' removed successfully.")
 
 
 async def _on_client_gone(request: Request, exc: Exception) -> Response:
@@ -136,7 +169,10 @@ def _add_routes(app: FastAPI, ctx: ServerContext) -> None:
     async def models() -> ModelList:
         card = ModelCard(id=ctx.model_name, created=ctx.created, root=ctx.model_name,
                          max_model_len=ctx.max_model_len)
-        return ModelList(data=[card])
+        adapters = [ModelCard(id=name, created=ctx.created, root=name, parent=ctx.model_name,
+                              max_model_len=ctx.max_model_len)
+                    for name in getattr(ctx.engine, "lora_names", lambda: [])()]
+        return ModelList(data=[card, *adapters])
 
     @app.get("/health", responses={503: {"model": ErrorResponse}})
     async def health() -> Response:

@@ -25,7 +25,7 @@ import logging
 import queue
 import threading
 import time
-from typing import AsyncIterator, Callable
+from typing import Any, AsyncIterator, Callable
 
 from native_server.engine import LLMEngine
 from native_server.outputs import (EngineDeadError, EngineShutdownError, EngineStats, QueueFullError,
@@ -64,18 +64,18 @@ class AsyncEngine:
             self._thread.start()
 
     async def generate(self, request_id: str, prompt_token_ids: list[int],
-                       params: SamplingParams) -> AsyncIterator[RequestOutput]:
-        """Stream the request's outputs until the last one (finished=True)."""
+                       params: SamplingParams, lora: str | None = None) -> AsyncIterator[RequestOutput]:
+        """Stream the request's outputs until the last one (finished=True); lora: a loaded adapter's name."""
         self._check_open()
         self._loop = asyncio.get_running_loop()
         if request_id in self._streams:
             raise ValueError(f"request id {request_id!r} is already running")
-        self.engine.check_request(prompt_token_ids, params)
+        self.engine.check_request(prompt_token_ids, params, lora)
         if len(self.engine.scheduler.waiting) + self._pending_adds >= self.engine.max_queue:
             raise QueueFullError(f"the waiting queue is full ({self.engine.max_queue} requests)")
         stream: asyncio.Queue = asyncio.Queue()
         self._streams[request_id] = stream
-        self._send(("add", request_id, list(prompt_token_ids), params))
+        self._send(("add", request_id, list(prompt_token_ids), params, *(() if lora is None else (lora,))))
         finished = False
         try:
             while not finished:
@@ -88,6 +88,25 @@ class AsyncEngine:
             self._streams.pop(request_id, None)
             if not finished and not self._stop:  # the client left: free its blocks now
                 self._send(("abort", request_id))
+
+    async def load_lora(self, name: str, adapter: Any) -> None:
+        """Load a LoRA adapter (a LoraAdapter read off the loop) on the engine's thread, between steps."""
+        await self._call("load_lora", name, adapter)
+
+    async def unload_lora(self, name: str) -> None:
+        """Refuse new requests for the adapter; it leaves the model once its running requests finish."""
+        await self._call("unload_lora", name)
+
+    def lora_names(self) -> list[str]:
+        return self.engine.lora_names()  # a copy of a dict's keys: safe under the GIL
+
+    async def _call(self, method: str, *args: Any) -> Any:
+        """engine.method(*args) on the engine's thread; its result or exception here."""
+        self._check_open()
+        self._loop = asyncio.get_running_loop()
+        future = self._loop.create_future()
+        self._send(("call", method, args, future))
+        return await future
 
     async def abort(self, request_id: str) -> None:
         """End a request; its stream gets a last output with finish_reason "abort"."""
@@ -187,12 +206,19 @@ class AsyncEngine:
                 out = self.engine.abort(message[1])
                 if out is not None:
                     outputs.append(out)
+            elif kind == "call":
+                _, method, args, future = message
+                try:
+                    result, error = getattr(self.engine, method)(*args), None
+                except Exception as exc:  # e.g. an adapter that does not fit: the caller's 400
+                    result, error = None, exc
+                self._post(_settle, future, result, error)
             elif kind == "stop":
                 self._stop = True
         if outputs:
             self._post(self._deliver, outputs)
 
-    def _post(self, callback, *args) -> None:
+    def _post(self, callback: Callable[..., Any], *args: Any) -> None:
         """Run callback(*args) on the event loop (which is known once a request has come in)."""
         if self._loop is None:
             return
@@ -200,3 +226,8 @@ class AsyncEngine:
             self._loop.call_soon_threadsafe(callback, *args)
         except RuntimeError:  # the loop is closed: nobody is listening any more
             pass
+
+
+def _settle(future: asyncio.Future, result: Any, error: BaseException | None) -> None:
+    if not future.done():
+        future.set_exception(error) if error is not None else future.set_result(result)

@@ -43,17 +43,26 @@ class BlockHash(NamedTuple):
     token_ids: tuple[int, ...]
 
 
-def hash_block(parent: BlockHash | None, token_ids: Sequence[int]) -> BlockHash:
-    """hash(parent's value, tuple(ids)); Python hashes ints and tuples the same in every process."""
+def hash_block(parent: BlockHash | None, token_ids: Sequence[int], root: int = 0) -> BlockHash:
+    """hash(parent's value, tuple(ids)); Python hashes ints and tuples the same in every process.
+
+    root stands in for the first block's parent: the same tokens under another LoRA adapter (whose KV
+    differs) start another chain, so no block is ever shared across adapters (root 0: the base model)."""
     ids = tuple(token_ids)
-    return BlockHash(hash((0 if parent is None else parent.value, ids)), ids)
+    return BlockHash(hash((root if parent is None else parent.value, ids)), ids)
 
 
-def extend_block_hashes(hashes: list[BlockHash], new_token_ids: Sequence[int], block_size: int) -> list[BlockHash]:
+def extend_block_hashes(hashes: list[BlockHash], new_token_ids: Sequence[int], block_size: int,
+                        root: int = 0) -> list[BlockHash]:
     """Append the hashes of the full blocks of new_token_ids, the tokens that follow the hashed blocks."""
     for start in range(0, len(new_token_ids) - block_size + 1, block_size):
-        hashes.append(hash_block(hashes[-1] if hashes else None, new_token_ids[start:start + block_size]))
+        hashes.append(hash_block(hashes[-1] if hashes else None, new_token_ids[start:start + block_size], root))
     return hashes
+
+
+def adapter_root(load_id: int | None) -> int:
+    """The hash chain's root for sequences of one loaded adapter (load_id: unique per load; None: the base)."""
+    return 0 if load_id is None else hash(("lora", load_id)) or 1
 
 
 @dataclass(eq=False)

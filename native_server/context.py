@@ -16,7 +16,7 @@ from typing import Any
 from native_server.errors import APIError
 from native_server.logprobs import TokenTexts
 from native_server.metrics import ServerMetrics
-from native_server.outputs import (EngineError, EngineShutdownError, PromptTooLongError, QueueFullError,
+from native_server.outputs import (AdapterNotFoundError, EngineError, EngineShutdownError, PromptTooLongError, QueueFullError,
                                    RequestFailedError)
 from native_server.templates import DEFAULT_TIMEOUT as DEFAULT_TEMPLATE_TIMEOUT, TemplateRenderer
 from py_engine.chat import ChatConfig, ChatTemplateError, load_chat_config
@@ -36,6 +36,8 @@ class ServerContext:
     draining: bool = False  # set on SIGTERM: new requests get a 503 while running ones finish
     templates: TemplateRenderer = field(default_factory=TemplateRenderer)  # renders in killable workers
     allow_client_chat_template: bool = False  # run templates sent in requests (a documented risk)
+    lora_dir: Path | None = None  # with --enable-runtime-lora: the only folder adapters may be loaded from
+    max_lora_rank: int = 64
 
     def __post_init__(self) -> None:
         self.texts = TokenTexts(self.engine.tokenizer)
@@ -80,6 +82,17 @@ class ServerContext:
     def vocab_size(self) -> int:
         return int(self.engine.model_config.vocab_size)
 
+    def adapter_for(self, requested: str | None) -> str | None:
+        """The LoRA adapter `model` names, None for the served model (or omitted); 404 for anything else."""
+        if requested is None or requested in self.accepted_names:
+            return None
+        names = getattr(self.engine, "lora_names", lambda: [])()
+        if requested in names:
+            return requested
+        adapters = f" or one of its LoRA adapters ({', '.join(names)})" if names else ""
+        raise APIError(404, f"The model `{requested}` does not exist; this server serves `{self.model_name}`"
+                            f"{adapters} (see GET /v1/models)", "model", "model_not_found")
+
     def check_accepting(self) -> None:
         if self.draining:
             raise APIError(503, SHUTTING_DOWN)
@@ -97,6 +110,8 @@ def engine_error(exc: BaseException) -> APIError | None:
         return None
     if isinstance(exc, QueueFullError):
         return APIError(exc.status_code, f"the server is busy: {exc}; retry later", code="queue_full")
+    if isinstance(exc, AdapterNotFoundError):
+        return APIError(404, f"{exc} (see GET /v1/models)", "model", "model_not_found")
     if isinstance(exc, PromptTooLongError):
         return APIError(exc.status_code, str(exc), "prompt", "context_length_exceeded")
     if isinstance(exc, EngineShutdownError):

@@ -25,12 +25,14 @@ from native_server.block_manager import BlockManager
 from native_server.kv_cache import (PagedKVCache, activation_reserve, kv_bytes_per_block, memory_budget,
                                     num_kv_blocks, split_budget)
 from native_server.model_runner import ModelRunner
-from native_server.outputs import (CompletionOutput, EngineError, EngineStats, Histogram, PromptTooLongError,
-                                   QueueFullError, RequestOutput, SampleStream)
+from native_server.lora import DEFAULT_MAX_LORA_RANK, DEFAULT_MAX_LORAS, EngineAdapters
+from native_server.outputs import (AdapterNotFoundError, CompletionOutput, EngineError, EngineStats, Histogram,
+                                   PromptTooLongError, QueueFullError, RequestOutput, SampleStream)
 from native_server.paged_attention import PagedAttentionBackend, backend_for
 from native_server.sampler import MaskTensors, SamplingRow, sample
 from native_server.scheduler import Scheduler
 from native_server.sequence import Sequence, SequenceStatus
+from py_engine.adapters import AdapterError, LoraAdapter
 from py_engine.config import GenerationConfig
 from py_engine.backends.torch import pick_device
 from py_engine.generate import eos_token_ids
@@ -68,9 +70,23 @@ class LLMEngine:
                  max_num_batched_tokens: int = 2048, max_model_len: int | None = None, max_queue: int = 1024,
                  enable_prefix_caching: bool = True, model_name: str | None = None,
                  quantization: str | QuantConfig | None = None, optimize: bool = True,
-                 attention_backend: str = "auto", cuda_graphs: bool = True, kv_cache_dtype: str = "auto",
+                 attention_backend: str = "auto", cuda_graphs: bool = True,
+                 lora_modules: dict[str, str] | None = None, enable_lora: bool = False,
+                 max_loras: int = DEFAULT_MAX_LORAS, max_lora_rank: int = DEFAULT_MAX_LORA_RANK,
+                 xlora: str | None = None, kv_cache_dtype: str = "auto",
                  kv_hot_tokens: int = DEFAULT_HOT_TOKENS) -> None:
+        """lora_modules: adapter name -> peft folder, loaded now; enable_lora: adapters may be loaded later
+        (load_lora) even if none is given now. See native_server/lora.py. xlora: a peft X-LoRA folder
+        applied to every request (py_engine/adapters/xlora.py); it takes no other adapters.
+        kv_cache_dtype "int8" / "int4": the two-tier KV cache, kv_hot_tokens in the model's dtype
+        (py_engine/models/kv_quant.py, cold_attention.py)."""
+        if xlora is not None and (lora_modules or enable_lora):
+            raise ValueError("--xlora applies its own LoRA experts to every request: it cannot be combined with "
+                             "--lora-modules or --enable-runtime-lora")
         kv_quant = KVQuantConfig(kv_cache_dtype, kv_hot_tokens, block_size)  # bad values fail before loading
+        if xlora is not None and kv_quant.enabled:
+            raise ValueError("--kv-cache-dtype int8/int4 cannot be combined with --xlora (its scaling pass keeps "
+                             "a second cache)")
         path: Path = resolve_model(model_path)
         self.model_name = model_name or model_path
         self.device = torch.device(pick_device(device))
@@ -79,6 +95,15 @@ class LLMEngine:
                                                                           device=self.device)
         if optimize:  # on CPU: fused projections, the native GEMV/GEMM kernels and norms (no-op elsewhere)
             optimize_for_cpu(self.model)
+        self.adapters: EngineAdapters | None = None
+        if lora_modules or enable_lora:
+            self.adapters = EngineAdapters(self.model, max_loras, max_lora_rank)
+            for name, lora_path in (lora_modules or {}).items():
+                self.adapters.add(name, lora_path)
+        if xlora is not None:  # per-token scalings from each row's own hidden state: batches mix freely
+            from py_engine.adapters.xlora import load_xlora
+            self.model = load_xlora(self.model, xlora)
+        self.kv_layers = getattr(self.model, "kv_layers", None)  # X-LoRA: its scaling pass's layers too
         self.tokenizer = Tokenizer.from_pretrained(path)
         config = self.model_config
         self.eos_token_ids = eos_token_ids(GenerationConfig.from_model_dir(path), config, self.tokenizer)
@@ -91,7 +116,7 @@ class LLMEngine:
         self.block_manager = BlockManager(self.kv.num_blocks, block_size, enable_prefix_caching,
                                           self.kv.num_cold_blocks, kv_quant.hot_tokens if kv_quant.enabled else None)
         self.scheduler = Scheduler(self.block_manager, max_num_seqs, max_num_batched_tokens)
-        self.runner = ModelRunner(self.model, self.kv, self._decode_graphs(cuda_graphs, max_num_seqs))
+        self.runner = ModelRunner(self.model, self.kv, self._decode_graphs(cuda_graphs, max_num_seqs), self.adapters)
         self.mask_tensors = MaskTensors(config.vocab_size, self.device)  # structured outputs' token masks
         self._requests: dict[str, _Request] = {}
         self._seq_ids = itertools.count()
@@ -115,6 +140,9 @@ class LLMEngine:
     def _decode_graphs(self, enabled: bool, max_num_seqs: int) -> object | None:
         """CUDA graphs of decode steps (cuda_graphs.py) where they can be captured, else None."""
         if not enabled or self.device.type != "cuda":
+            return None
+        if self.kv_layers is not None:
+            logger.info("CUDA graphs off: X-LoRA runs two passes with data-dependent scalings")
             return None
         from native_server.cuda_graphs import DecodeGraphs, graph_problem
 
@@ -146,16 +174,19 @@ class LLMEngine:
                 raise ValueError(f"the KV cache budget holds {hot} hot and {cold} cold blocks of {block_size} "
                                  f"tokens, too few for one sequence of max_model_len {self.max_model_len}: give it "
                                  f"more memory or lower max_model_len")
-            return PagedKVCache(config, hot, block_size, dtype, self.device, backend, quant, cold)
-        num_blocks = num_kv_blocks(config, block_size, dtype, max(budget, 0), cap)
+            return PagedKVCache(config, hot, block_size, dtype, self.device, backend, quant=quant,
+                                num_cold_blocks=cold)
+        num_blocks = num_kv_blocks(config, block_size, dtype, max(budget, 0), cap, self.kv_layers)
         if num_blocks * block_size < self.max_model_len:
             raise ValueError(f"the KV cache budget holds {max(num_blocks, 0) * block_size} tokens, fewer than "
                              f"max_model_len {self.max_model_len}: give it more memory or lower max_model_len")
-        return PagedKVCache(config, num_blocks, block_size, dtype, self.device, backend)
+        return PagedKVCache(config, num_blocks, block_size, dtype, self.device, backend, self.kv_layers)
 
     # --- requests ---------------------------------------------------------------------------------
-    def check_request(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
-        """Raise PromptTooLongError or ValueError for a request that can never run."""
+    def check_request(self, prompt_token_ids: list[int], params: SamplingParams, lora: str | None = None) -> None:
+        """Raise PromptTooLongError, AdapterNotFoundError or ValueError for a request that can never run."""
+        if lora is not None and (self.adapters is None or lora not in self.adapters.by_name):
+            raise AdapterNotFoundError(f"no LoRA adapter named {lora!r} is loaded")
         if not prompt_token_ids:
             raise ValueError("the prompt is empty")
         if len(prompt_token_ids) > self.max_model_len - 1:
@@ -168,8 +199,10 @@ class LLMEngine:
         if params.n > self.max_num_seqs:
             raise ValueError(f"n is {params.n} but the engine runs at most {self.max_num_seqs} sequences")
 
-    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> None:
-        self.check_request(prompt_token_ids, params)
+    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
+                    lora: str | None = None) -> None:
+        """lora: the name of a loaded adapter to run the request with (None: the base model)."""
+        self.check_request(prompt_token_ids, params, lora)
         if request_id in self._requests:
             raise ValueError(f"request id {request_id!r} is already running")
         if len(self.scheduler.waiting) >= self.max_queue:
@@ -178,7 +211,11 @@ class LLMEngine:
         room = self.max_model_len - len(prompt)
         streams = [SampleStream(self.tokenizer, params, i, self.eos_token_ids, room) for i in range(params.n)]
         req = _Request(request_id, prompt, params, time.monotonic(), streams)
-        req.seqs.append(Sequence(next(self._seq_ids), request_id, 0, prompt, params))
+        seq = Sequence(next(self._seq_ids), request_id, 0, prompt, params)
+        if lora is not None:
+            loaded = self.adapters.get(lora)
+            seq.lora, seq.lora_load_id = loaded.key, loaded.load_id
+        req.seqs.append(seq)
         self.scheduler.add(req.seqs[0])
         self._requests[request_id] = req
         self.prompt_tokens += len(prompt)
@@ -194,6 +231,7 @@ class LLMEngine:
                 self.scheduler.finish(seq, SequenceStatus.FINISHED_ABORTED)
         for stream in req.streams:
             stream.abort()
+        self._release_adapters()
         return self._output(req)
 
     def has_unfinished_requests(self) -> bool:
@@ -208,6 +246,17 @@ class LLMEngine:
         raises is aborted, its blocks freed, and it ends with an output carrying `error`; the
         others go on.
         """
+        try:
+            return self._step()
+        finally:
+            self._release_adapters()
+
+    def _release_adapters(self) -> None:
+        """Unloaded adapters leave the model once no request uses them (lora.py)."""
+        if self.adapters is not None and self.adapters.retiring:
+            self.adapters.release(s.lora for req in self._requests.values() for s in req.seqs)
+
+    def _step(self) -> list[RequestOutput]:
         out = self.scheduler.schedule()
         if not out.seqs:
             return []
@@ -260,7 +309,8 @@ class LLMEngine:
             if parent.index == 0 and parent.params.n > 1 and not parent.output_token_ids:
                 for i in range(1, parent.params.n):
                     pairs.append((parent, Sequence(next(self._seq_ids), parent.request_id, i,
-                                                   parent.prompt_token_ids, parent.params)))
+                                                   parent.prompt_token_ids, parent.params, lora=parent.lora,
+                                                   lora_load_id=parent.lora_load_id)))
         return pairs
 
     def _row(self, seq: Sequence) -> SamplingRow:
@@ -318,6 +368,26 @@ class LLMEngine:
         deltas = [d for d in (s.take() for s in req.streams) if d is not None]
         return RequestOutput(req.request_id, req.prompt_token_ids, deltas, req.finished,
                              req.seqs[0].num_cached_tokens or 0)
+
+    # --- adapters (engine thread) ------------------------------------------------------------------
+    def load_lora(self, name: str, adapter: LoraAdapter | str | Path) -> None:
+        """Load an adapter under a name (AdapterError if it does not fit the model or the limits)."""
+        if self.adapters is None:
+            raise AdapterError("this engine was started without LoRA support (enable_lora / --enable-runtime-lora)")
+        self.adapters.add(name, adapter)
+
+    def unload_lora(self, name: str) -> None:
+        """New requests for `name` are refused from now; running ones finish with it (see lora.py)."""
+        if self.adapters is None:
+            raise AdapterNotFoundError(f"no LoRA adapter named {name!r} is loaded")
+        try:
+            self.adapters.retire(name)
+        except AdapterError as e:
+            raise AdapterNotFoundError(str(e)) from None
+        self._release_adapters()
+
+    def lora_names(self) -> list[str]:
+        return sorted(self.adapters.by_name) if self.adapters is not None else []
 
     def stats(self) -> EngineStats:
         bm = self.block_manager

@@ -33,6 +33,7 @@ class Job:
     prompt_ids: list[int]
     params: SamplingParams
     first_choice: int
+    lora: str | None = None  # the LoRA adapter the request's `model` named (None: the base model)
 
 
 @dataclass(frozen=True)
@@ -113,7 +114,8 @@ class Generation:
                 await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _run(self, job: Job) -> AsyncIterator[Delta]:
-        outputs = self.engine.generate(job.request_id, job.prompt_ids, job.params)
+        extra = {"lora": job.lora} if job.lora is not None else {}
+        outputs = self.engine.generate(job.request_id, job.prompt_ids, job.params, **extra)
         finished = False
         running = set(range(job.params.n))  # samples without a finish_reason yet
         try:

@@ -32,9 +32,9 @@ logger = logging.getLogger("ruvllm.server")
 DEFAULT_CPU_KV_BYTES = 1 << 30  # when kv_cache_memory is not given; capped at what max_num_seqs could fill
 
 
-def kv_bytes_per_block(config: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
-    """Keys and values of every layer for block_size tokens."""
-    per_token = 2 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim
+def kv_bytes_per_block(config: ModelConfig, block_size: int, dtype: torch.dtype, layers: int | None = None) -> int:
+    """Keys and values of every layer (`layers`, the model's by default) for block_size tokens."""
+    per_token = 2 * (layers or config.num_hidden_layers) * config.num_key_value_heads * config.head_dim
     return per_token * block_size * dtype.itemsize
 
 
@@ -92,9 +92,9 @@ def memory_budget(device: torch.device, kv_cache_memory: int | None, gpu_memory_
 
 
 def num_kv_blocks(config: ModelConfig, block_size: int, dtype: torch.dtype, budget: int,
-                  max_blocks: int | None = None) -> int:
+                  max_blocks: int | None = None, layers: int | None = None) -> int:
     """How many blocks fit the budget (at most max_blocks)."""
-    blocks = budget // kv_bytes_per_block(config, block_size, dtype)
+    blocks = budget // kv_bytes_per_block(config, block_size, dtype, layers)
     return blocks if max_blocks is None else min(blocks, max_blocks)
 
 
@@ -140,11 +140,13 @@ class PagedKVCache:
 
     def __init__(self, config: ModelConfig, num_blocks: int, block_size: int, dtype: torch.dtype,
                  device: torch.device | str, backend: PagedAttentionBackend | None = None,
-                 quant: KVQuantConfig | None = None, num_cold_blocks: int = 0) -> None:
+                 layers: int | None = None, quant: KVQuantConfig | None = None, num_cold_blocks: int = 0) -> None:
+        """layers: how many to hold, the model's by default (X-LoRA's scaling pass has its own: 2 x)."""
         shape = (num_blocks, block_size, config.num_key_value_heads, config.head_dim)
+        n = layers or config.num_hidden_layers
         # Zeros, not empty: padded attention reads unwritten slots, and 0 * NaN garbage would be NaN.
-        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.num_hidden_layers)]
-        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.num_hidden_layers)]
+        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n)]
+        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n)]
         self.num_blocks, self.block_size = num_blocks, block_size
         self.backend = backend or backend_for(device)
         self.quant = quant if quant is not None and quant.enabled else None

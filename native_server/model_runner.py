@@ -67,8 +67,9 @@ def prepare_inputs(out: SchedulerOutput, block_tables: list[list[int]], block_si
 class ModelRunner:
     """The model and its paged KV cache; `graphs` (cuda_graphs.DecodeGraphs) replays decode steps."""
 
-    def __init__(self, model: CausalLM, kv: PagedKVCache, graphs: Any = None) -> None:
-        self.model, self.kv, self.graphs = model, kv, graphs
+    def __init__(self, model: CausalLM, kv: PagedKVCache, graphs: Any = None, adapters: Any = None) -> None:
+        """adapters: native_server.lora.EngineAdapters when LoRA is on: each token gets its sequence's adapter."""
+        self.model, self.kv, self.graphs, self.adapters = model, kv, graphs, adapters
         self.device = kv.keys[0].device
         self.kernels = model_kernels(model)  # set when optimize_for_cpu put the CPU kernels under the model
 
@@ -80,7 +81,8 @@ class ModelRunner:
         if out.demotions:  # first: the hot blocks they free may be written or copied into below
             self.kv.demote(out.demotions)
         self.kv.copy_blocks(out.block_copies)
-        if self.graphs is not None and all(n == 1 and s.num_computed_tokens + 1 == s.num_tokens
+        adapted = self.adapters is not None and any(s.lora is not None for s in out.seqs)
+        if self.graphs is not None and not adapted and all(n == 1 and s.num_computed_tokens + 1 == s.num_tokens
                                            for s, n in zip(out.seqs, out.num_new_tokens)):
             positions = [s.num_computed_tokens for s in out.seqs]  # every sequence decodes its last token
             ids = [s.token_ids(p, p + 1)[0] for s, p in zip(out.seqs, positions)]
@@ -88,6 +90,8 @@ class ModelRunner:
             if logits is not None:
                 return logits, list(range(len(out.seqs)))
         inputs = prepare_inputs(out, block_tables, self.kv.block_size, self.device, cold_blocks)
+        if self.adapters is not None:
+            self.adapters.set_mix([s.lora for s in out.seqs], out.num_new_tokens, inputs.sampling)
         with kernel_step(self.kernels) if self.kernels is not None else nullcontext():
             if not inputs.sampling:  # only middle-of-prompt chunks: run for the KV, skip the LM head
                 self.model.model(inputs.input_ids, inputs.positions, self.kv.step(inputs.meta))

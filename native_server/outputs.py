@@ -49,6 +49,12 @@ class RequestFailedError(EngineError):
     engine itself goes on serving the others."""
 
 
+class AdapterNotFoundError(EngineError):
+    """A request names a LoRA adapter that is not loaded (or is being unloaded)."""
+
+    status_code = 404
+
+
 class PromptTooLongError(EngineError, _GeneratePromptTooLong):
     """The prompt leaves no room to generate within max_model_len."""
 

@@ -228,7 +228,21 @@ class ModelCard(BaseModel):
     created: int
     owned_by: str = "ruvllm"
     root: str  # the model's name (vLLM shows the path it was given; a folder on disk is not for clients)
+    parent: str | None = None  # a LoRA adapter's base model (vLLM's field); None for the base itself
     max_model_len: int
+
+
+class LoadLoraAdapterRequest(BaseModel):
+    """POST /v1/load_lora_adapter (vLLM's shape); lora_path is under the server's --lora-dir."""
+
+    model_config = ConfigDict(extra="forbid")
+    lora_name: str = Field(..., min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/-]*$")
+    lora_path: str = Field(..., min_length=1, max_length=4096)
+
+
+class UnloadLoraAdapterRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    lora_name: str = Field(..., min_length=1, max_length=128)
 
 
 class ModelList(BaseModel):

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import IntEnum
 
-from native_server.block_manager import BlockHash, extend_block_hashes
+from native_server.block_manager import BlockHash, adapter_root, extend_block_hashes
 from py_engine.sampling_params import SamplingParams
 
 
@@ -54,6 +54,8 @@ class Sequence:
     status: SequenceStatus = SequenceStatus.WAITING
     num_cached_tokens: int | None = None  # prompt tokens from the prefix cache, set when first admitted
     block_hashes: list[BlockHash] = field(default_factory=list)  # of the full blocks known so far
+    lora: str | None = None  # the LoRA adapter it runs with (its key in the model's LoraManager), None: base
+    lora_load_id: int | None = None  # unique per adapter load: roots its prefix-cache chain (adapter_root)
 
     @property
     def num_tokens(self) -> int:
@@ -77,5 +79,6 @@ class Sequence:
         hashed = len(self.block_hashes) * block_size
         num_full = self.num_tokens // block_size * block_size
         if hashed < num_full:
-            extend_block_hashes(self.block_hashes, self.token_ids(hashed, num_full), block_size)
+            extend_block_hashes(self.block_hashes, self.token_ids(hashed, num_full), block_size,
+                                adapter_root(self.lora_load_id))
         return self.block_hashes

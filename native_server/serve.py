@@ -31,6 +31,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from native_server.lora import DEFAULT_MAX_LORA_RANK, DEFAULT_MAX_LORAS, parse_lora_modules
 from py_engine.hub import BUILTIN_MODEL, load_aliases, resolve_model
 from py_engine.quant.config import add_quantization_options, quant_config_from_args
 from py_engine.models.kv_quant import add_kv_cache_options
@@ -98,6 +99,20 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--cache-dir", metavar="DIR", help="model cache (default: $RUVLLM_CACHE_DIR or ~/.cache/ruvllm)")
     add_quantization_options(p)
     add_kv_cache_options(p)
+    lora = p.add_argument_group("LoRA adapters (native_server/lora.py)")
+    lora.add_argument("--lora-modules", nargs="+", action="append", metavar="NAME=PATH",
+                      help="peft LoRA adapters to serve; a request's `model` picks one by NAME (repeatable)")
+    lora.add_argument("--max-loras", type=_positive, default=DEFAULT_MAX_LORAS, metavar="N",
+                      help=f"most adapters loaded at once (default {DEFAULT_MAX_LORAS})")
+    lora.add_argument("--max-lora-rank", type=_positive, default=DEFAULT_MAX_LORA_RANK, metavar="R",
+                      help=f"refuse adapters of rank above R (default {DEFAULT_MAX_LORA_RANK})")
+    lora.add_argument("--enable-runtime-lora", action="store_true",
+                      help="POST /v1/load_lora_adapter and /v1/unload_lora_adapter (needs --lora-dir)")
+    lora.add_argument("--xlora", metavar="DIR",
+                      help="apply a peft X-LoRA folder to every request (a learned per-token mix of its LoRA "
+                           "experts); not with the options above")
+    lora.add_argument("--lora-dir", type=Path, metavar="DIR",
+                      help="with --enable-runtime-lora: the only folder adapters may be loaded from")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     p.add_argument("--allowed-hosts", metavar="NAMES",
                    help="comma-separated Host names to answer besides loopback ones, e.g. api.example.com,"
@@ -166,6 +181,9 @@ def run_serve(args: argparse.Namespace) -> int:
     from native_server.engine import LLMEngine
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    lora_modules = parse_lora_modules(args.lora_modules)
+    if args.enable_runtime_lora and (args.lora_dir is None or not args.lora_dir.is_dir()):
+        raise ValueError("--enable-runtime-lora needs --lora-dir DIR, an existing folder adapters are loaded from")
     path = resolve_model(args.model, args.cache_dir)
     # A folder given by path is served under its name: a path on disk is nothing for clients to see.
     name = args.served_model_name or (path.name if Path(args.model).expanduser().exists() else args.model)
@@ -175,16 +193,20 @@ def run_serve(args: argparse.Namespace) -> int:
                        max_model_len=args.max_context, max_queue=args.max_queue,
                        enable_prefix_caching=not args.no_prefix_caching, quantization=quant_config_from_args(args),
                        attention_backend=args.attention_backend, cuda_graphs=not args.enforce_eager,
-                       kv_cache_dtype=args.kv_cache_dtype, kv_hot_tokens=args.kv_hot_tokens)
+                       lora_modules=lora_modules, enable_lora=args.enable_runtime_lora, max_loras=args.max_loras,
+                       max_lora_rank=args.max_lora_rank, xlora=args.xlora, kv_cache_dtype=args.kv_cache_dtype,
+                       kv_hot_tokens=args.kv_hot_tokens)
     async_engine = AsyncEngine(engine)
     ctx = ServerContext.for_engine(async_engine, path, name, _aliases(args.model, path),
                                    allow_client_chat_template=args.allow_client_chat_template,
                                    template_timeout=args.chat_template_timeout)
+    ctx.lora_dir, ctx.max_lora_rank = args.lora_dir, args.max_lora_rank
     _log_configuration(args, path, async_engine)
     if args.allow_client_chat_template:
         logger.warning("--allow-client-chat-template: clients may run their own Jinja chat templates here")
     app = create_app(ctx, api_key=args.api_key, static_dir=args.web_dir, shutdown_timeout=args.shutdown_timeout,
-                     body_timeout=args.request_body_timeout, allowed_hosts=allowed_hosts(args.host, args.allowed_hosts))
+                     body_timeout=args.request_body_timeout, allowed_hosts=allowed_hosts(args.host, args.allowed_hosts),
+                     runtime_lora=args.enable_runtime_lora)
     # uvicorn's own graceful timeout is the backstop should a connection outlive the engine's drain.
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
                             timeout_graceful_shutdown=int(args.shutdown_timeout) + 5, lifespan="on")

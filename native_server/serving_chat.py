@@ -21,7 +21,7 @@ from native_server.errors import APIError
 from native_server.generation import Delta, Generation, Job
 from native_server.guided import prepare, tool_plan, with_tools
 from native_server.logprobs import chat_logprobs
-from native_server.prompts import chat_render_args, check_choices, check_model, fit_to_context, sampling_params
+from native_server.prompts import chat_render_args, check_choices, fit_to_context, sampling_params
 from native_server.protocol import (ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionRequest,
                                     ChatCompletionResponse, ChatDelta, ChatResponseMessage, DeltaToolCall, Usage)
 from native_server.serving import event_stream, run_to_end, usage_of
@@ -33,7 +33,7 @@ from py_engine.guided.tools import ChoiceReader, ToolPlan, split_events
 
 async def create_chat_completion(ctx: ServerContext, request: ChatCompletionRequest, raw: Request) -> Response:
     ctx.check_accepting()
-    check_model(request.model, ctx.accepted_names)
+    adapter = ctx.adapter_for(request.model)
     chat_config = ctx.check_chat()
     params = sampling_params(request, ctx.vocab_size)
     check_choices(params.n, 1)
@@ -51,7 +51,7 @@ async def create_chat_completion(ctx: ServerContext, request: ChatCompletionRequ
     params = fit_to_context(params, len(prompt_ids), ctx.max_model_len, explicit_max_tokens=explicit,
                             prompt_param="messages")
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
-    generation = Generation(ctx.engine, [Job(request_id, prompt_ids, params, 0)], ctx.metrics)
+    generation = Generation(ctx.engine, [Job(request_id, prompt_ids, params, 0, adapter)], ctx.metrics)
     want_logprobs = params.logprobs is not None
     if request.stream:
         include_usage = bool(request.stream_options and request.stream_options.include_usage)
@@ -64,7 +64,8 @@ async def create_chat_completion(ctx: ServerContext, request: ChatCompletionRequ
         choices.append(ChatChoice(index=i, message=ChatResponseMessage(content=content, tool_calls=calls),
                                   finish_reason=reader.finish_reason(r.finish_reason),
                                   logprobs=chat_logprobs(r.logprobs, ctx.texts) if want_logprobs else None))
-    body = ChatCompletionResponse(id=request_id, created=int(time.time()), model=ctx.model_name, choices=choices,
+    body = ChatCompletionResponse(id=request_id, created=int(time.time()), model=adapter or ctx.model_name,
+                                  choices=choices,
                                   usage=usage_of(generation))
     return JSONResponse(body.model_dump(mode="json"))
 
@@ -72,10 +73,11 @@ async def create_chat_completion(ctx: ServerContext, request: ChatCompletionRequ
 async def _stream(ctx: ServerContext, generation: Generation, raw: Request, request_id: str,
                   want_logprobs: bool, include_usage: bool, plan: ToolPlan) -> Response:
     created = int(time.time())
+    model = generation.jobs[0].lora or ctx.model_name
     readers = [ChoiceReader(plan) for _ in range(generation.num_choices)] if plan.active else None
 
     def chunk(choices: list[ChatChunkChoice], usage: Usage | None = None) -> str:
-        return event(ChatCompletionChunk(id=request_id, created=created, model=ctx.model_name, choices=choices,
+        return event(ChatCompletionChunk(id=request_id, created=created, model=model, choices=choices,
                                          usage=usage))
 
     def delta_chunk(delta: Delta) -> str:

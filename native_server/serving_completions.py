@@ -21,7 +21,7 @@ from native_server.errors import APIError
 from native_server.generation import Delta, Generation, Job
 from native_server.guided import prepare
 from native_server.logprobs import completion_logprobs
-from native_server.prompts import (check_best_of, check_choices, check_model, completion_prompts, fit_to_context,
+from native_server.prompts import (check_best_of, check_choices, completion_prompts, fit_to_context,
                                    sampling_params)
 from native_server.protocol import CompletionChoice, CompletionRequest, CompletionResponse, Usage
 from native_server.serving import event_stream, run_to_end, usage_of
@@ -31,7 +31,8 @@ from native_server.streaming import event
 DEFAULT_MAX_TOKENS = 16  # OpenAI's (and vLLM's) default for legacy completions, `null` included
 
 
-def _jobs(ctx: ServerContext, request: CompletionRequest, prompts: list[list[int]], request_id: str) -> list[Job]:
+def _jobs(ctx: ServerContext, request: CompletionRequest, prompts: list[list[int]], request_id: str,
+          adapter: str | None = None) -> list[Job]:
     params = sampling_params(request, ctx.vocab_size)
     check_choices(params.n, len(prompts))
     check_best_of(request, params.n)
@@ -44,16 +45,16 @@ def _jobs(ctx: ServerContext, request: CompletionRequest, prompts: list[list[int
     for p, ids in enumerate(prompts):
         fitted = fit_to_context(params, len(ids), ctx.max_model_len, explicit_max_tokens=explicit,
                                 prompt_param="prompt")
-        jobs.append(Job(f"{request_id}-{p}", ids, fitted, p * params.n))
+        jobs.append(Job(f"{request_id}-{p}", ids, fitted, p * params.n, adapter))
     return jobs
 
 
 async def create_completion(ctx: ServerContext, request: CompletionRequest, raw: Request) -> Response:
     ctx.check_accepting()
-    check_model(request.model, ctx.accepted_names)
+    adapter = ctx.adapter_for(request.model)
     prompts = await asyncio.to_thread(completion_prompts, request, ctx.tokenizer, ctx.vocab_size)
     request_id = f"cmpl-{uuid.uuid4().hex}"
-    jobs = _jobs(ctx, request, prompts, request_id)
+    jobs = _jobs(ctx, request, prompts, request_id, adapter)
     await prepare(jobs[0].params, ctx.tokenizer, getattr(ctx.engine, "eos_token_ids", ()))  # a grammar: in a worker
     generation = Generation(ctx.engine, jobs, ctx.metrics)
     n = jobs[0].params.n
@@ -67,7 +68,8 @@ async def create_completion(ctx: ServerContext, request: CompletionRequest, raw:
     choices = [CompletionChoice(index=i, text=echo_of[i] + r.text, finish_reason=r.finish_reason,
                                 logprobs=completion_logprobs(r.logprobs, ctx.texts, 0) if want_logprobs else None)
                for i, r in enumerate(results)]
-    body = CompletionResponse(id=request_id, created=int(time.time()), model=ctx.model_name, choices=choices,
+    body = CompletionResponse(id=request_id, created=int(time.time()), model=adapter or ctx.model_name,
+                              choices=choices,
                               usage=usage_of(generation))
     return JSONResponse(body.model_dump(mode="json"))
 
@@ -83,10 +85,11 @@ def _prompt_text(ctx: ServerContext, request: CompletionRequest, index: int, ids
 async def _stream(ctx: ServerContext, generation: Generation, raw: Request, request_id: str, echo_of: list[str],
                   want_logprobs: bool, include_usage: bool) -> Response:
     created = int(time.time())
+    model = generation.jobs[0].lora or ctx.model_name
     offsets = [0] * generation.num_choices  # text offset of each choice's next token, for legacy logprobs
 
     def chunk(choices: list[CompletionChoice], usage: Usage | None = None) -> str:
-        return event(CompletionResponse(id=request_id, created=created, model=ctx.model_name, choices=choices,
+        return event(CompletionResponse(id=request_id, created=created, model=model, choices=choices,
                                         usage=usage))
 
     def delta_chunk(delta: Delta) -> str:

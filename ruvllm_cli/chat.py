@@ -11,6 +11,8 @@ from dataclasses import replace
 from typing import Any, TextIO
 
 from py_engine.sampling_params import SamplingParams, SamplingParamsError
+from py_engine.adapters.config import lora_from_args
+from py_engine.adapters.xlora_config import xlora_from_args
 from ruvllm_cli.generate import model_options, sampling_options, sampling_params
 
 HELP = """commands:
@@ -34,8 +36,10 @@ def add_parser(sub: Any) -> None:
 class ChatSession:
     """The conversation and its settings; `handle` answers one line of input."""
 
-    def __init__(self, llm: Any, params: SamplingParams, system: str | None, out: TextIO) -> None:
+    def __init__(self, llm: Any, params: SamplingParams, system: str | None, out: TextIO,
+                 adapter: str | None = None) -> None:
         self.llm, self.params, self.system, self.out = llm, params, system, out
+        self.adapter = adapter  # the --lora adapter the replies use (None: the base model)
         self.history: list[dict[str, str]] = []
 
     def messages(self) -> list[dict[str, str]]:
@@ -71,7 +75,7 @@ class ChatSession:
         self.history.append({"role": "user", "content": text})
         parts: list[str] = []
         try:
-            for chunk in self.llm.chat(self.messages(), self.params):
+            for chunk in self.llm.chat(self.messages(), self.params, lora=self.adapter):
                 parts.append(chunk.text)
                 self.out.write(chunk.text)
                 self.out.flush()
@@ -98,11 +102,14 @@ def cmd_chat(args: argparse.Namespace) -> int:
     from py_engine.backends.torch import LLM
     from py_engine.quant.config import quant_config_from_args
 
+    loras, adapter = lora_from_args(args)
+    xlora, non_granular = xlora_from_args(args)
     llm = LLM(args.model, dtype=args.dtype, device=args.device, cache_dir=args.cache_dir,
-              quantization=quant_config_from_args(args), kv_cache_dtype=args.kv_cache_dtype,
+              quantization=quant_config_from_args(args), lora=loras, max_lora_rank=args.max_lora_rank,
+              xlora=xlora, xlora_non_granular=non_granular, kv_cache_dtype=args.kv_cache_dtype,
               kv_hot_tokens=args.kv_hot_tokens)
     llm.chat_prompt([{"role": "user", "content": "hi"}])  # fail now, not after the first question
-    session = ChatSession(llm, sampling_params(args, llm.generation_config), args.system, sys.stdout)
+    session = ChatSession(llm, sampling_params(args, llm.generation_config), args.system, sys.stdout, adapter)
     interactive = sys.stdin.isatty()
     if interactive:
         session.say(f"ruvllm chat with {llm.path.name}. /help for commands, /quit to leave.")

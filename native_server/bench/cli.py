@@ -25,6 +25,7 @@ from typing import Any, Sequence
 from native_server.bench.report import FORMATS, flatten, render
 from native_server.bench.stats import RequestTiming, RunResult, summarize
 from native_server.bench.workload import Workload
+from py_engine.adapters.config import add_lora_options, lora_from_args
 from py_engine.quant.config import add_quantization_options, quant_config_from_args
 from py_engine.models.kv_quant import add_kv_cache_options
 
@@ -85,6 +86,7 @@ def add_benchmark_parser(subparsers: Any) -> argparse.ArgumentParser:
     engine.add_argument("--no-prefix-caching", action="store_true", help="turn the prefix cache off")
     engine.add_argument("--cache-dir", metavar="DIR", help="model cache (default: $RUVLLM_CACHE_DIR or ~/.cache/ruvllm)")
     add_quantization_options(engine)
+    add_lora_options(engine)  # --lora NAME=PATH loads adapters in process; --adapter NAME (with --url too) runs one
     add_kv_cache_options(engine)
     p.set_defaults(func=run_benchmark)
     return p
@@ -108,15 +110,17 @@ def run_offline(args: argparse.Namespace, workload: Workload, levels: Sequence[i
     from py_engine.hub import resolve_model
 
     path = resolve_model(args.model, args.cache_dir)
+    loras, adapter = lora_from_args(args)
     engine = LLMEngine(str(path), dtype=args.dtype, device=args.device, block_size=args.block_size,
                        kv_cache_memory=args.kv_cache_memory, max_num_seqs=max(levels),
                        max_num_batched_tokens=args.max_num_batched_tokens,
                        enable_prefix_caching=not args.no_prefix_caching, model_name=args.model,
-                       quantization=quant_config_from_args(args), kv_cache_dtype=args.kv_cache_dtype,
+                       quantization=quant_config_from_args(args), lora_modules=loras or None,
+                       max_lora_rank=args.max_lora_rank, kv_cache_dtype=args.kv_cache_dtype,
                        kv_hot_tokens=args.kv_hot_tokens)
     vocab = args.vocab_size or engine.model_config.vocab_size
     if args.warmup:
-        run_engine(engine, workload.prompts(args.warmup, vocab, "warmup"), workload.gen_len, 1)
+        run_engine(engine, workload.prompts(args.warmup, vocab, "warmup"), workload.gen_len, 1, lora=adapter)
     rows, single = [], None
     for level in levels:
         occupancy: list = []
@@ -124,7 +128,7 @@ def run_offline(args: argparse.Namespace, workload: Workload, levels: Sequence[i
         duration = 0.0
         for wave in range(args.iterations):  # a wave: `level` requests added at once, run to the end
             prompts = workload.prompts(level, vocab, f"offline/c{level}/i{wave}")
-            wave_timings = run_engine(engine, prompts, workload.gen_len, level, occupancy)
+            wave_timings = run_engine(engine, prompts, workload.gen_len, level, occupancy, lora=adapter)
             duration += summarize(wave_timings, level).duration_s
             timings += wave_timings
         result = summarize(timings, level, duration)
@@ -144,9 +148,9 @@ def run_offline(args: argparse.Namespace, workload: Workload, levels: Sequence[i
             "dtype": str(next(engine.model.parameters()).dtype).removeprefix("torch."),
             "kv_blocks": kv.num_blocks, "block_size": kv.block_size, "max_model_len": engine.max_model_len,
             "parameters": config.num_parameters(), "torch_threads": _torch_threads(),
-            "quantization": quant_config_from_args(args).describe(), "kv_cache_dtype": args.kv_cache_dtype,
-            "kv_hot_tokens": args.kv_hot_tokens, "kv_cold_blocks": kv.num_cold_blocks,
-            "kv_capacity_tokens": (kv.num_blocks + kv.num_cold_blocks) * kv.block_size}
+            "quantization": quant_config_from_args(args).describe(), "adapter": adapter,
+            "kv_cache_dtype": args.kv_cache_dtype, "kv_hot_tokens": args.kv_hot_tokens,
+            "kv_cold_blocks": kv.num_cold_blocks, "kv_capacity_tokens": (kv.num_blocks + kv.num_cold_blocks) * kv.block_size}
     return rows, meta
 
 
@@ -154,7 +158,7 @@ def run_server(args: argparse.Namespace, workload: Workload, levels: Sequence[in
     from native_server.bench.loadgen import run_level_sync, served_model
 
     url = args.url.rstrip("/")
-    model = served_model(url)
+    model = args.adapter or served_model(url)  # --adapter: a LoRA adapter the server serves
     vocab = args.vocab_size or _vocab_size(args)
     if args.warmup:
         run_level_sync(url, workload.prompts(args.warmup, vocab, "warmup"), workload.gen_len, 1, model)
@@ -183,6 +187,9 @@ def _torch_threads() -> int:
 
 def run_benchmark(args: argparse.Namespace) -> int:
     quant = quant_config_from_args(args)
+    if args.url and args.lora:
+        raise ValueError("--lora loads adapters into the in-process engine; with --url pick one the server "
+                         "serves with --adapter NAME")
     if args.url and quant.enabled:
         raise ValueError("--quantization applies to the in-process engine; with --url the server runs what "
                          "`ruvllm serve --quantization ...` loaded")

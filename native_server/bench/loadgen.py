@@ -67,23 +67,26 @@ async def stream_one(client: Any, url: str, body: dict[str, Any], timing: Reques
 
 
 async def run_level(url: str, prompts: Sequence[Sequence[int] | str], gen_len: int, concurrency: int,
-                    model: str | None = None, extra: dict[str, Any] | None = None,
+                    model: str | Sequence[str] | None = None, extra: dict[str, Any] | None = None,
                     timeout_s: float = DEFAULT_TIMEOUT_S) -> list[RequestTiming]:
-    """Send every prompt, at most `concurrency` in flight; one RequestTiming per prompt, in order."""
+    """Send every prompt, at most `concurrency` in flight; one RequestTiming per prompt, in order.
+    model: one name for every request, or a list that prompt i takes entry i % len of (LoRA adapters mixed)."""
     httpx = _import_httpx()
     semaphore = asyncio.Semaphore(concurrency)
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
     timings: list[RequestTiming] = []
 
-    async def one(client: Any, prompt: Sequence[int] | str) -> None:
+    models = [model] if model is None or isinstance(model, str) else list(model)
+
+    async def one(client: Any, i: int, prompt: Sequence[int] | str) -> None:
         async with semaphore:
             length = len(prompt) if not isinstance(prompt, str) else 0
             timing = RequestTiming(time.perf_counter(), length)
             timings.append(timing)
-            await stream_one(client, url, completion_body(prompt, gen_len, model, extra), timing)
+            await stream_one(client, url, completion_body(prompt, gen_len, models[i % len(models)], extra), timing)
 
     async with httpx.AsyncClient(timeout=timeout_s, limits=limits) as client:
-        await asyncio.gather(*(one(client, p) for p in prompts))
+        await asyncio.gather(*(one(client, i, p) for i, p in enumerate(prompts)))
     return timings
 
 
@@ -96,5 +99,6 @@ def served_model(url: str, timeout_s: float = 30.0) -> str:
 
 
 def run_level_sync(url: str, prompts: Sequence[Sequence[int] | str], gen_len: int, concurrency: int,
-                   model: str | None = None, extra: dict[str, Any] | None = None) -> list[RequestTiming]:
+                   model: str | Sequence[str] | None = None, extra: dict[str, Any] | None = None
+                   ) -> list[RequestTiming]:
     return asyncio.run(run_level(url, prompts, gen_len, concurrency, model, extra))

@@ -57,8 +57,9 @@ def peak_rss_mib() -> float:
 
 
 def run_engine(engine: Any, prompts: Sequence[list[int]], gen_len: int, concurrency: int,
-               occupancy: list[KVOccupancy] | None = None) -> list[RequestTiming]:
-    """Run every prompt (greedy, ignoring EOS, gen_len tokens each), at most `concurrency` at a time."""
+               occupancy: list[KVOccupancy] | None = None, lora: str | None = None) -> list[RequestTiming]:
+    """Run every prompt (greedy, ignoring EOS, gen_len tokens each), at most `concurrency` at a time;
+    lora: the engine's LoRA adapter every request runs with (None: the base model)."""
     params = SamplingParams(temperature=0.0, max_tokens=gen_len, ignore_eos=True)
     pending = deque(prompts)
     timings: dict[str, RequestTiming] = {}
@@ -69,7 +70,7 @@ def run_engine(engine: Any, prompts: Sequence[list[int]], gen_len: int, concurre
         ids = pending.popleft()
         request_id = f"bench-{next(_ids)}"
         timings[request_id] = RequestTiming(time.perf_counter(), len(ids))
-        engine.add_request(request_id, ids, params)
+        engine.add_request(request_id, ids, params, *(() if lora is None else (lora,)))
         active += 1
 
     while pending and active < concurrency:

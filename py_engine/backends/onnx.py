@@ -27,13 +27,37 @@ FILES = {"fp32": "model.onnx", "fp16": "model_fp16.onnx", "int8": "model_quantiz
 AUTO_ORDER = ("fp32", "int4", "int8", "fp16", "int2")
 
 
+CONTRACT_FILE = "ruvllm_contract.json"
+
+
+def contract_entry(export_dir: Path, precision: str) -> tuple[Path, dict[str, str]] | None:
+    """The graph the export's contract names for onnxruntime at `precision` ("auto": its default), with the
+    session options its entry asks for; None without a contract or such a graph. A web-only export (what
+    `ruvllm web build` serves: onnx/model_q4_web.onnx) is found this way."""
+    import json
+
+    try:
+        contract = json.loads((export_dir / CONTRACT_FILE).read_text(encoding="utf-8"))
+        name = contract["runtimes"]["onnxruntime"]["default" if precision == "auto" else precision]
+        options = contract["files"][name].get("session_options", {})
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+    path = export_dir / name
+    if not (path.parent == export_dir / "onnx" and path.is_file() and isinstance(options, dict)):
+        return None
+    return path, {str(k): str(v) for k, v in options.items()}
+
+
 def find_onnx_file(export_dir: Path, precision: str = "auto") -> Path:
-    """The graph for `precision` in export_dir/onnx ("auto": fp32, else the first present)."""
+    """The graph for `precision` in export_dir/onnx ("auto": fp32, else the first present), else the one
+    the export's contract names (a web-only export)."""
     onnx_dir = export_dir / "onnx"
     if precision != "auto":
         if precision not in FILES:
             raise ValueError(f"unknown ONNX precision {precision!r}; use auto, {', '.join(FILES)}")
         path = onnx_dir / FILES[precision]
+        if not path.exists() and (entry := contract_entry(export_dir, precision)) is not None:
+            return entry[0]
         if not path.exists():
             raise FileNotFoundError(f"{path} does not exist; export it with "
                                     f"`ruvllm export MODEL --out {export_dir} --precision {precision}`")
@@ -41,6 +65,8 @@ def find_onnx_file(export_dir: Path, precision: str = "auto") -> Path:
     for p in AUTO_ORDER:
         if (onnx_dir / FILES[p]).exists():
             return onnx_dir / FILES[p]
+    if (entry := contract_entry(export_dir, "auto")) is not None:
+        return entry[0]
     raise FileNotFoundError(f"{export_dir} holds no exported graph (expected onnx/{FILES['fp32']} or a "
                             "quantized one); create it with `ruvllm export`")
 
@@ -82,6 +108,10 @@ class OnnxModel:
         options = ort.SessionOptions()
         if threads:
             options.intra_op_num_threads = threads
+        entry = contract_entry(self.export_dir, precision)
+        if entry is not None and entry[0] == self.path:  # e.g. a web graph's session.disable_quant_qdq
+            for key, value in entry[1].items():
+                options.add_session_config_entry(key, value)
         self.session = ort.InferenceSession(str(self.path), options, providers=providers(device))
         self._check_format()
         self.device = "cuda" if self.session.get_providers()[0] == "CUDAExecutionProvider" else "cpu"

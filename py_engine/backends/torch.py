@@ -7,6 +7,8 @@
         print(chunk.text, end="", flush=True)
     LLM("tiny-shakespeare", quantization="int4")         # or a QuantConfig: quantized at load time
     LLM("tiny-shakespeare", kv_cache_dtype="int4", kv_hot_tokens=128)  # two-tier KV cache (kv_quant.py)
+    llm = LLM("tiny-shakespeare", lora={"sonnets": "path/to/peft-adapter"})
+    llm.generate("ROMEO:", lora="sonnets")               # that adapter; lora=None (default) is the base
 
 `TorchBackend` is the forward pass of one sequence over a dense KV cache; the
 loop itself (sampling, detokenizing, stops) is py_engine.generate's, shared
@@ -20,6 +22,7 @@ from typing import Any, Iterator, Mapping, Sequence
 
 import torch
 
+from py_engine.adapters.config import DEFAULT_MAX_RANK
 from py_engine.chat import ChatConfig, load_chat_config, render_chat
 from py_engine.config import GenerationConfig, ModelConfig
 from py_engine.generate import Completion, GenerationChunk, complete, eos_token_ids, start_ids, stream
@@ -51,10 +54,16 @@ def pick_device(device: str = "auto") -> str:
 class TorchBackend:
     """One sequence through the torch model, its KV cache grown as the sequence grows."""
 
-    def __init__(self, model: CausalLM, config: ModelConfig, max_context: int,
+    def __init__(self, model: CausalLM, config: ModelConfig, max_context: int, lora: str | None = None,
                  kv_quant: KVQuantConfig | None = None) -> None:
         self.model, self.config, self.max_context = model, config, max_context
         self.kv_quant = kv_quant
+        manager = getattr(model, "lora", None)  # py_engine.adapters.LoraManager, when adapters are loaded
+        if lora is not None and manager is None:
+            raise ValueError(f"adapter {lora!r} was asked for but this model has no LoRA adapters loaded")
+        self.lora, self._lora_manager = lora, manager
+        if manager is not None:
+            manager.slot(lora)  # an unknown name fails here, before any work
         weight = next(model.parameters())
         self.dtype, self.device = weight.dtype, weight.device
         self.kv: DenseKVCache | None = None
@@ -69,12 +78,19 @@ class TorchBackend:
         """With the CPU kernels, torch runs single-threaded beside their pool (see py_engine.cpu.transforms)."""
         return kernel_step(self.kernels) if self.kernels is not None else nullcontext()
 
+    def _adapter(self) -> Any:
+        """This sequence's adapter (or the base) for the forward: the mix is the model's, set per call."""
+        return self._lora_manager.using(self.lora) if self._lora_manager is not None else nullcontext()
+
     def _reserve(self, length: int) -> None:
         """Make room for `length` positions, copying the filled prefix into a larger cache."""
         if self.kv is not None and self.kv.max_len >= length:
             return
         capacity = min(self.max_context, -(-length // _CACHE_STEP) * _CACHE_STEP)
-        fresh = DenseKVCache.allocate(self.config, 1, capacity, self.dtype, self.device, self.kv_quant)
+        # X-LoRA (py_engine.adapters.xlora) keeps its scaling pass's cache beside the model's: kv_layers = 2 x layers
+        layers = getattr(self.model, "kv_layers", None)
+        fresh = DenseKVCache.allocate(self.config, 1, capacity, self.dtype, self.device, layers=layers,
+                                      quant=self.kv_quant)
         if self.kv is not None:
             for old, new in zip(self.kv.keys + self.kv.values, fresh.keys + fresh.values):
                 new[:, :, : self.length].copy_(old[:, :, : self.length])
@@ -88,7 +104,7 @@ class TorchBackend:
         self._reserve(self.length + n)
         ids = torch.tensor([list(token_ids)], dtype=torch.long, device=self.device)  # [1, n]
         positions = torch.arange(self.length, self.length + n, device=self.device)[None]  # [1, n]
-        with self._step():
+        with self._step(), self._adapter():
             logits = self.model(ids, positions, self.kv, last_only=True)  # [1, 1, V]
         self.length += n
         return logits[0, -1]  # [V], float32
@@ -128,8 +144,13 @@ class LLM:
     def __init__(self, model: str = "tiny-shakespeare", *, dtype: str = "auto", device: str = "auto",
                  cache_dir: str | None = None, max_context: int | None = None, backend: str = "torch",
                  optimize: bool = True, quantization: str | QuantConfig | None = None,
+                 lora: Mapping[str, str | Path] | None = None, max_lora_rank: int = DEFAULT_MAX_RANK,
+                 xlora: str | Path | None = None, xlora_non_granular: int | None = None,
                  kv_cache_dtype: str = "auto", kv_hot_tokens: int = DEFAULT_HOT_TOKENS) -> None:
-        """kv_cache_dtype "int8" or "int4": the two-tier KV cache (the most recent kv_hot_tokens tokens
+        """lora: adapter name -> peft adapter folder, loaded unmerged (pick one per call with lora=NAME).
+        xlora: a peft X-LoRA folder, applied to every call (py_engine.adapters.xlora); xlora_non_granular=k
+        computes its scalings for the first k forward calls of a generation only.
+        kv_cache_dtype "int8" or "int4": the two-tier KV cache (the most recent kv_hot_tokens tokens
         in the model's dtype, older blocks quantized; py_engine/models/kv_quant.py), as the server's."""
         kv_quant = KVQuantConfig(kv_cache_dtype, kv_hot_tokens)  # bad values fail before the model loads
         if backend == "onnx" and kv_quant.enabled:
@@ -138,6 +159,12 @@ class LLM:
         self.backend = backend
         self.quantization = as_quant_config(quantization)
         self.quant_report = None
+        if xlora is not None and (backend != "torch" or lora):
+            raise ValueError("X-LoRA runs on the torch backend and applies to every call: it cannot be combined "
+                             "with --lora adapters or the onnx backend")
+        if backend == "onnx" and lora:
+            raise ValueError("LoRA adapters apply to the torch backend; for ONNX merge the adapter when exporting "
+                             "(ruvllm export MODEL --lora PATH)")
         if backend == "onnx" and self.quantization.enabled:
             raise ValueError("quantization applies to the torch backend; an ONNX export is quantized when exported "
                              "(ruvllm export --quantization ...)")
@@ -152,6 +179,11 @@ class LLM:
                 self.path, self.quantization, dtype=dtype, device=self.device)
             if optimize:  # on CPU: fused projections and native GEMV kernels (no-op elsewhere)
                 optimize_for_cpu(self.model)
+            if lora:
+                self._load_loras(lora, max_lora_rank)
+            if xlora is not None:
+                from py_engine.adapters.xlora import load_xlora
+                self.model = load_xlora(self.model, xlora, xlora_non_granular, max_lora_rank)
         else:
             raise ValueError(f"unknown backend {backend!r}; use torch or onnx")
         self.tokenizer = Tokenizer.from_pretrained(self.path)
@@ -162,28 +194,49 @@ class LLM:
         self.kv_quant = kv_quant.check(self.max_context)
         self._chat_config: ChatConfig | None = None
 
+    def _load_loras(self, lora: Mapping[str, str | Path], max_rank: int) -> None:
+        from py_engine.adapters import LoraManager
+
+        manager = LoraManager(self.model, max_rank=max_rank)
+        for name, path in lora.items():
+            manager.add(name, path)
+
+    @property
+    def xlora(self) -> Any:
+        """The X-LoRA model (py_engine.adapters.xlora.XLoraModel) when loaded with xlora=, else None."""
+        from py_engine.adapters.xlora import XLoraModel
+        return self.model if isinstance(self.model, XLoraModel) else None
+
+    @property
+    def loras(self) -> list[str]:
+        """Names of the loaded LoRA adapters."""
+        manager = getattr(self.model, "lora", None)
+        return sorted(manager.slots) if manager is not None else []
+
     def encode(self, prompt: str | Sequence[int], add_special_tokens: bool = True) -> list[int]:
         if isinstance(prompt, str):
             return start_ids(self.tokenizer, prompt, add_special_tokens)
         return list(prompt)
 
     def stream(self, prompt: str | Sequence[int], params: SamplingParams | None = None,
-               *, add_special_tokens: bool = True) -> Iterator[GenerationChunk]:
+               *, add_special_tokens: bool = True, lora: str | None = None) -> Iterator[GenerationChunk]:
         """Yield text chunks as they are generated; the last one has a finish_reason."""
-        backend = self._new_backend()
+        backend = self._new_backend(lora)
         ids = self.encode(prompt, add_special_tokens)
         return stream(backend, self.tokenizer, ids, params or SamplingParams(), self.eos_token_ids)
 
     def generate(self, prompt: str | Sequence[int], params: SamplingParams | None = None,
-                 *, add_special_tokens: bool = True) -> Completion:
-        backend = self._new_backend()
+                 *, add_special_tokens: bool = True, lora: str | None = None) -> Completion:
+        backend = self._new_backend(lora)
         ids = self.encode(prompt, add_special_tokens)
         return complete(backend, self.tokenizer, ids, params or SamplingParams(), self.eos_token_ids)
 
-    def _new_backend(self):
+    def _new_backend(self, lora: str | None = None):
         if self.backend == "onnx":
+            if lora is not None:
+                raise ValueError("LoRA adapters apply to the torch backend")
             return self.model.backend(self.max_context)
-        return TorchBackend(self.model, self.config, self.max_context, self.kv_quant)
+        return TorchBackend(self.model, self.config, self.max_context, lora, self.kv_quant)
 
     def chat_prompt(self, messages: Sequence[Mapping[str, Any]], **template_kwargs: Any) -> str:
         """The model's chat template applied to messages, ending with the assistant's turn."""
@@ -192,6 +245,6 @@ class LLM:
         return render_chat(messages, self._chat_config, add_generation_prompt=True, **template_kwargs)
 
     def chat(self, messages: Sequence[Mapping[str, Any]], params: SamplingParams | None = None,
-             **template_kwargs: Any) -> Iterator[GenerationChunk]:
+             lora: str | None = None, **template_kwargs: Any) -> Iterator[GenerationChunk]:
         """Stream the assistant's reply; the template adds its own special tokens."""
-        return self.stream(self.chat_prompt(messages, **template_kwargs), params, add_special_tokens=False)
+        return self.stream(self.chat_prompt(messages, **template_kwargs), params, add_special_tokens=False, lora=lora)

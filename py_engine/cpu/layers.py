@@ -77,9 +77,10 @@ class KernelAttention(Attention):
 class KernelMLP(MLP):
     kernels: CpuKernels
 
-    def _gate_up(self) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None] | None:
-        """Gate and up weights and biases as separate [I, H] tensors, when the layout allows."""
-        proj = getattr(self, "gate_up_proj", None)
+    def _gate_up(self, proj: nn.Module | None = None) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None] | None:
+        """Gate and up weights and biases as separate [I, H] tensors, when the layout allows (proj: the
+        gate_up_proj to read, by default the module's own; a LoRA-wrapped one gives None: torch adds the delta)."""
+        proj = getattr(self, "gate_up_proj", None) if proj is None else proj
         parts = proj.parts if isinstance(proj, FusedLinear) else []
         if len(parts) == 2 and all(isinstance(p, nn.Linear) for p in parts):  # not quantized ones
             gate, up = parts

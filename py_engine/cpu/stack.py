@@ -18,6 +18,11 @@ layers' tokens, the cache tensors): a swapped module, a moved or re-quantized
 layer or a new cache makes it fall back and lay the plan out again. Forward
 hooks on the blocks are not called on this path; `stack_enabled = False`
 turns it off (the benchmarks' `ruvllm:nostack`).
+
+LoRA (py_engine.adapters): a LoraLinear's base is laid out as any projection,
+and before each step `select_adapter` points its Proj at the fp32 A and B of
+the adapter the model's AdapterMix names (one slot: the sequence's), which
+step.c adds as y += B (A x); per-row adapter weights (X-LoRA) take the module path.
 """
 from __future__ import annotations
 
@@ -29,6 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..adapters.layer import AdapterMix, LoraLinear
 from ..kernels import ColdTier, CpuKernels
 from ..models.kv_cache import DenseKVCache, TwoTierDenseKVCache
 from ..models.transformer import DecoderLayer, DecoderModel
@@ -42,7 +48,13 @@ class Proj(ctypes.Structure):
     """step.c's proj_t: one projection, quantized (QuantPlan's matrices) or float (weights)."""
 
     _fields_ = [("parts", P), ("biases", P), ("ns", P), ("quant", ctypes.c_int32), ("n_parts", ctypes.c_int32),
-                ("mode", ctypes.c_int32), ("gated", ctypes.c_int32), ("out", ctypes.c_int64)]
+                ("mode", ctypes.c_int32), ("gated", ctypes.c_int32), ("out", ctypes.c_int64), ("lora", P)]
+
+
+class Lora(ctypes.Structure):
+    """step.c's lora_t: one adapter's A [r, in] and scaled B [rows, r], fp32."""
+
+    _fields_ = [("A", P), ("B", P), ("r", ctypes.c_int64)]
 
 
 class Layer(ctypes.Structure):
@@ -60,7 +72,7 @@ class Step(ctypes.Structure):
                 ("H", ctypes.c_int64), ("KV", ctypes.c_int64), ("D", ctypes.c_int64), ("max_len", ctypes.c_int64),
                 ("inter", ctypes.c_int64), ("eps", ctypes.c_float), ("unit_offset", ctypes.c_int32),
                 ("bf16", ctypes.c_int32), ("h", P), ("qkv", P), ("attn", P), ("wide", P), ("act", P), ("tmp", P),
-                ("scratch", P), ("cold_tokens", ctypes.c_int64), ("cold_bits", ctypes.c_int64),
+                ("scratch", P), ("lora_h", P), ("cold_tokens", ctypes.c_int64), ("cold_bits", ctypes.c_int64),
                 ("cold_bs", ctypes.c_int64), ("cold_max_blocks", ctypes.c_int64)]
 
 
@@ -76,6 +88,8 @@ class StackPlan:
         self.lock = threading.Lock()  # steps from several threads (one model, several caches) take turns
         self.checks: list[tuple[dict, str, object]] = []  # (a __dict__/_modules/_parameters, key, the object)
         self.keep: list[object] = []  # what the C structures point into
+        self.loras: list[tuple[int, str, LoraLinear]] = []  # (layer, Proj field, wrapper): adapters set per step
+        self.mix: AdapterMix | None = None
         layers = list(model.layers)
         first = layers[0] if layers else None
         if not layers or not isinstance(first, DecoderLayer):
@@ -101,7 +115,10 @@ class StackPlan:
         self.step = Step(ctypes.addressof(self.layers), self.final_norm, len(layers), self.hidden, self.heads,
                          self.kv_heads, self.head_dim, 0, self.inter, self.eps, int(self.unit_offset),
                          int(dtype == torch.bfloat16), b["h"].data_ptr(), b["qkv"].data_ptr(), b["attn"].data_ptr(),
-                         b["wide"].data_ptr(), b["act"].data_ptr(), b["tmp"].data_ptr(), None)
+                         b["wide"].data_ptr(), b["act"].data_ptr(), b["tmp"].data_ptr(), None, None)
+        self._lora_state: tuple | None = None  # (slot, mix version) the Proj.lora pointers are set for
+        self._lora_structs: dict[tuple[int, int], tuple[Lora, Tensor, Tensor] | None] = {}
+        self.lora_h = torch.empty(0, dtype=torch.float32)  # step.c's A x, as long as the largest rank set
         self.kv: DenseKVCache | None = None
         self.bind(kv)
         self._fn = kernels.lib.rk_decode_step
@@ -140,14 +157,27 @@ class StackPlan:
             raise NotStackable("head_dim is not a multiple of 8")
         for name in ("self_attn", "mlp", "input_layernorm", "post_attention_layernorm"):
             self._watch(layer._modules, name, layer._modules.get(name))
-        for name in ("qkv_proj", "o_proj"):
-            self._watch(attn._modules, name, attn._modules.get(name))
-        for name in ("gate_up_proj", "down_proj"):
-            self._watch(mlp._modules, name, mlp._modules.get(name))
+        proj = {}
+        for module, name, field in ((attn, "qkv_proj", "qkv"), (attn, "o_proj", "o"), (mlp, "gate_up_proj", "gate_up"),
+                                    (mlp, "down_proj", "down")):
+            proj[field] = self._unwrap(i, field, module, name)
         spec = attn.spec
         return Layer(self._norm(layer.input_layernorm), self._norm(layer.post_attention_layernorm),
-                     self._proj(attn.qkv_proj), self._proj(attn.o_proj), self._gate_up(mlp), self._proj(mlp.down_proj),
-                     None, None, spec.sliding_window or 0, spec.scale, spec.softcap or 0.0)
+                     self._proj(proj["qkv"]), self._proj(proj["o"]), self._gate_up(mlp, proj["gate_up"]),
+                     self._proj(proj["down"]), None, None, spec.sliding_window or 0, spec.scale, spec.softcap or 0.0)
+
+    def _unwrap(self, i: int, field: str, parent: nn.Module, name: str) -> nn.Module:
+        """The projection the kernels run; a LoraLinear's base, its adapters noted for select_adapter."""
+        module = parent._modules.get(name)
+        self._watch(parent._modules, name, module)
+        if not isinstance(module, LoraLinear):
+            return module
+        if self.mix is not None and module.mix is not self.mix:
+            raise NotStackable("projections of one model follow different adapter mixes")
+        self.mix = module.mix
+        self._watch(module._modules, "base", module.base)
+        self.loras.append((i, field, module))
+        return module.base
 
     def _norm(self, norm: nn.Module) -> int:
         if type(norm) is not KernelRMSNorm or (norm.eps, norm.unit_offset) != (self.eps, self.unit_offset):
@@ -176,12 +206,11 @@ class StackPlan:
         out = parts[0].out_features if gated else plan.out
         return Proj(ctypes.addressof(plan._mats), None, None, 1, len(plan.weights), plan.mode, int(gated), out)
 
-    def _gate_up(self, mlp: KernelMLP) -> Proj:
-        """silu(gate(x)) * up(x) as KernelMLP.forward computes it."""
-        proj = mlp._modules.get("gate_up_proj")
+    def _gate_up(self, mlp: KernelMLP, proj: nn.Module) -> Proj:
+        """silu(gate(x)) * up(x) as KernelMLP.forward computes it (proj: gate_up_proj, unwrapped)."""
         if type(proj) is FusedLinear and _quant_plan(proj) is not None:
             return self._proj(proj, gated=True)
-        weights = mlp._gate_up()  # separate gate and up weights (Phi-3's stored [2 I, H] as two views)
+        weights = mlp._gate_up(proj)  # separate gate and up weights (Phi-3's stored [2 I, H] as two views)
         if weights is None:
             raise NotStackable("gate/up are not float weights on the kernels")
         self._float_linears(proj)
@@ -236,6 +265,43 @@ class StackPlan:
         self.scratch = torch.empty(self.kv_heads * ((groups + 1) * self.head_dim + kv.max_len), dtype=torch.float32)
         self.step.scratch, self.step.max_len = self.scratch.data_ptr(), kv.max_len
         self.kv, self.keys, self.values = kv, list(kv.keys), list(kv.values)
+
+    # adapters -------------------------------------------------------------------------------------------------
+    def select_adapter(self) -> bool:
+        """Point each adapted projection at the adapter the mix names for this step (one sequence: one slot);
+        False when the mix is not one slot (per-row weights: X-LoRA), which the module path runs."""
+        mix = self.mix
+        if mix is None:
+            return True
+        if mix.weights is not None or (mix.rows is not None and mix.rows.numel() != 1):
+            return False
+        slot = mix.slot if mix.slot is not None else (int(mix.rows[0]) if mix.rows is not None else -1)
+        state = (slot, mix.version)
+        if state == self._lora_state:
+            return True
+        if self._lora_state is None or self._lora_state[1] != mix.version:
+            self._lora_structs.clear()  # adapters were added or removed: their matrices may have changed
+        largest = 0
+        for i, field, wrapper in self.loras:
+            entry = self._lora_struct(wrapper, slot)
+            getattr(self.layers[i], field).lora = None if entry is None else ctypes.addressof(entry[0])
+            largest = max(largest, 0 if entry is None else entry[0].r)
+        if largest > self.lora_h.numel():
+            self.lora_h = torch.empty(largest, dtype=torch.float32)
+        self.step.lora_h = self.lora_h.data_ptr()
+        self._lora_state = state
+        return True
+
+    def _lora_struct(self, wrapper: LoraLinear, slot: int) -> tuple[Lora, Tensor, Tensor] | None:
+        key = (id(wrapper), slot)
+        if key not in self._lora_structs:
+            matrices = wrapper.slot_matrices(slot) if slot >= 0 else None
+            if matrices is None:
+                self._lora_structs[key] = None
+            else:
+                A, B = matrices  # [r, in], [out, r] fp32, contiguous
+                self._lora_structs[key] = (Lora(A.data_ptr(), B.data_ptr(), A.shape[0]), A, B)
+        return self._lora_structs[key]
 
     # running it ---------------------------------------------------------------------------------------------
     def __call__(self, x: Tensor, cos: Tensor, sin: Tensor, position: int) -> Tensor:
@@ -303,6 +369,8 @@ class KernelDecoderModel(DecoderModel):
         if isinstance(kv, TwoTierDenseKVCache):
             kv.settle(int(positions))  # the blocks leaving the hot window turn cold before the step reads them
         with stack.lock:  # one step at a time: the work rows and the bound cache are the plan's
+            if not stack.select_adapter():  # per-row adapter weights (X-LoRA): the module path
+                return super().forward(input_ids, positions, kv)
             if not stack.bound_to(kv):
                 try:
                     stack.bind(kv)

@@ -11,11 +11,23 @@ takes a second or two; the shared object is cached under
 `kernels/` of ruvllm's cache (`$RUVLLM_CACHE_DIR`, default `~/.cache/ruvllm`:
 py_engine.hub.cache_root), named by a hash
 of the source and flags, and written atomically so processes may race.
+
+Variants (VARIANTS): the same sources built once per instruction set, each
+with its own flags (`avx2`, `avx512`, `avx512-vnni`, `avx512-bf16`); the C
+code picks wider or fused instructions under the compiler's feature macros
+(`__AVX512VNNI__`: vpdpbusd for the int8 dot products). At load the best
+variant the CPU has is chosen: the flags Linux reports from cpuid
+(/proc/cpuinfo, which also drops AVX-512 where the OS does not save its
+registers), confirmed by the loaded library's own cpuid check
+(rk_variant_supported); `RUVLLM_KERNEL_VARIANT=avx2` forces one. The choice is
+logged (logger `ruvllm.kernels`) and reported by `ruvllm info --json` and the
+benchmarks (`kernels_report()`).
 """
 from __future__ import annotations
 
 import ctypes
 import hashlib
+import logging
 import os
 import platform
 import shutil
@@ -31,13 +43,26 @@ from torch import Tensor
 from ..hub.resolve import cache_root
 
 HERE = Path(__file__).parent
-SOURCES = [HERE / "linear.c", HERE / "blas.c", HERE / "decode.c", HERE / "pool.c", HERE / "quant.c", HERE / "step.c"]
-HEADERS = [HERE / "linear.h", HERE / "pool.h"]
-FLAGS = ["-O3", "-mavx2", "-mfma", "-ffp-contract=off", "-shared", "-fPIC", "-pthread"]  # no contraction: torch rounds each op
+SOURCES = [HERE / "linear.c", HERE / "blas.c", HERE / "decode.c", HERE / "pool.c", HERE / "quant.c", HERE / "qtile.c", HERE / "step.c"]
+HEADERS = [HERE / "linear.h", HERE / "pool.h", HERE / "quant.h"]
+FLAGS = ["-O3", "-ffp-contract=off", "-shared", "-fPIC", "-pthread"]  # no contraction: torch rounds each op
 # Macros for an A/B build of the kernels (benchmarks: `ruvllm:int8+DQ_ROWS8=4`), e.g. "Q_ROWS8=4 Q_PREFETCH=1024"
 FLAGS += [f"-D{d}" for d in os.environ.get("RUVLLM_KERNEL_DEFINES", "").split()]
-_lock = threading.Lock()
+AVX512 = ("avx512f", "avx512bw", "avx512vl", "avx512dq")
+# name -> (/proc/cpuinfo flags it needs, compiler flags), worst first: the last one the CPU has wins
+VARIANTS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "avx2": (("avx2", "fma"), ("-mavx2", "-mfma")),
+    "avx512": (("avx2", "fma", *AVX512), ("-mavx2", "-mfma", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq")),
+    "avx512-vnni": (("avx2", "fma", *AVX512, "avx512_vnni"),
+                    ("-mavx2", "-mfma", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512vnni")),
+    "avx512-bf16": (("avx2", "fma", *AVX512, "avx512_vnni", "avx512_bf16"),
+                    ("-mavx2", "-mfma", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512vnni",
+                     "-mavx512bf16")),
+}
+log = logging.getLogger("ruvllm.kernels")
+_lock = threading.RLock()  # cpu_kernels holds it while kernel_variant takes it
 _loaded: "CpuKernels | None | bool" = False  # False: not tried yet
+_variants: dict[str, "CpuKernels | None"] = {}
 
 
 class CpuKernels:
@@ -45,8 +70,8 @@ class CpuKernels:
 
     MAX_PARTS = 8  # MAX_PARTS in linear.c
 
-    def __init__(self, lib: ctypes.CDLL) -> None:
-        self.lib = lib
+    def __init__(self, lib: ctypes.CDLL, variant: str = "avx2") -> None:
+        self.lib, self.variant = lib, variant
         p, i, i64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64
         lib.rk_linear_parts.argtypes = [p, i, i, p, i, p, i, p, p, i, i64, i64]
         lib.rk_linear_parts.restype = i
@@ -68,6 +93,7 @@ class CpuKernels:
         # quant.c (driven by py_engine.quant.kernels): quantized linears and one-pass RTN
         lib.rk_qlinear_parts.argtypes = [p, i, i, p, p, i, i64, i64, i, p]
         lib.rk_qlinear_parts.restype = i
+        lib.rk_quant_tile_rows.restype = i64
         lib.rk_quantize_rtn.argtypes = [p, i, i64, i64, i, i64, i, p, p, p]
         lib.rk_quantize_rtn.restype = i
         # step.c (driven by py_engine.cpu.stack): a whole decode step of the decoder stack
@@ -76,12 +102,13 @@ class CpuKernels:
         self.blas = _torch_blas()
         if self.blas is not None:
             lib.rk_use_blas(*self.blas)
+        self.int8_rows = lib.rk_quant_tile_rows()  # rows of x below which int8-x layers round x (quant.c)
 
     def __deepcopy__(self, memo: dict) -> "CpuKernels":
         return self  # one library per process: a copied model shares it
 
     def __reduce__(self):
-        return cpu_kernels, ()
+        return kernel_variant, (self.variant,)
 
     def set_threads(self, n: int) -> None:
         """Run linear() on n threads in all (the caller's plus n - 1 pool workers)."""
@@ -245,42 +272,117 @@ def _ptr(t: Tensor | None) -> int | None:
 
 
 def cpu_kernels() -> CpuKernels | None:
-    """The kernels, built and loaded once per process; None where unsupported."""
+    """The kernels, built and loaded once per process; None where unsupported. The variant is the
+    best this CPU has (best_variant), or $RUVLLM_KERNEL_VARIANT."""
     global _loaded
     with _lock:
         if _loaded is False:
-            _loaded = _load()
+            _loaded = _load_best()
         return _loaded  # type: ignore[return-value]
+
+
+def kernel_variant(name: str) -> CpuKernels | None:
+    """One variant of the kernels (VARIANTS), loaded once per process; None where this CPU lacks its
+    instructions or it does not build. Tests run every variant the CPU has against the reference."""
+    if name not in VARIANTS:
+        raise ValueError(f"unknown kernel variant {name!r}: one of {', '.join(VARIANTS)}")
+    with _lock:
+        if name not in _variants:
+            _variants[name] = _load(name)
+        return _variants[name]
+
+
+def cpu_flags() -> set[str]:
+    """The CPU feature flags Linux reports (from cpuid, less what the OS cannot save), empty elsewhere."""
+    try:
+        line = next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags"))
+    except (OSError, StopIteration):
+        return set()
+    return set(line.split(":", 1)[1].split())
+
+
+def variant_fits(name: str, flags: set[str] | None = None) -> bool:
+    """Whether the CPU has every instruction set variant `name` is built for."""
+    return set(VARIANTS[name][0]) <= (cpu_flags() if flags is None else flags)
+
+
+def best_variant(flags: set[str] | None = None) -> str | None:
+    """The last variant of VARIANTS the CPU has; None where not even AVX2 + FMA."""
+    fitting = [name for name in VARIANTS if variant_fits(name, flags)]
+    return fitting[-1] if fitting else None
+
+
+def kernels_report() -> dict:
+    """What runs here, for `ruvllm info --json` and the benchmarks' JSON: the variant in use, those the
+    CPU has, and the CPU's SIMD flags."""
+    kernels = cpu_kernels()
+    flags = cpu_flags()
+    return {"variant": None if kernels is None else kernels.variant,
+            "available": [name for name in VARIANTS if variant_fits(name, flags)],
+            "forced": os.environ.get("RUVLLM_KERNEL_VARIANT") or None,
+            "cpu_flags": sorted(f for f in flags if f.startswith(("avx", "fma", "f16c", "amx", "sse4"))),
+            "blas": None if kernels is None else kernels.blas is not None}
 
 
 def _supported_cpu() -> bool:
     if platform.system() != "Linux" or platform.machine() not in ("x86_64", "AMD64"):
         return False
-    try:
-        flags = next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags"))
-    except (OSError, StopIteration):
-        return False
-    return {"avx2", "fma"} <= set(flags.split())
+    return variant_fits("avx2")
 
 
-def _load() -> CpuKernels | None:
+def _load_best() -> CpuKernels | None:
     if os.environ.get("RUVLLM_NO_KERNELS") or not _supported_cpu():
         return None
+    forced = os.environ.get("RUVLLM_KERNEL_VARIANT")
+    if forced and forced not in VARIANTS:
+        raise ValueError(f"RUVLLM_KERNEL_VARIANT={forced!r}: one of {', '.join(VARIANTS)}")
+    names = [forced] if forced else [n for n in reversed(VARIANTS) if variant_fits(n)]
+    for name in names:  # best first; one that fails to build or load gives way to the next
+        kernels = kernel_variant(name)
+        if kernels is not None:
+            log.info("CPU kernels: %s variant%s", name, " (RUVLLM_KERNEL_VARIANT)" if forced else "")
+            return kernels
+        log.warning("CPU kernels: the %s variant did not load%s", name, "" if forced else "; trying the next")
+    return None
+
+
+def build_variant(name: str) -> Path | None:
+    """The variant's shared object, compiled if not cached (any CPU can build every variant); None
+    where there is no C compiler or it fails."""
     compiler = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
     if compiler is None:
         return None
+    flags = [*FLAGS, *VARIANTS[name][1]]
     source = b"".join(p.read_bytes() for p in SOURCES + HEADERS)
-    digest = hashlib.sha256(source + " ".join(FLAGS).encode()).hexdigest()[:16]
+    digest = hashlib.sha256(source + " ".join(flags).encode()).hexdigest()[:16]
     cache = cache_root() / "kernels"
-    target = cache / f"ruvllm_cpu-{digest}.so"
+    target = cache / f"ruvllm_cpu-{name}-{digest}.so"
     try:
         if not target.exists():
             cache.mkdir(parents=True, exist_ok=True)
             with tempfile.TemporaryDirectory(dir=cache) as tmp:
                 built = Path(tmp) / target.name
-                subprocess.run([compiler, *FLAGS, *map(str, SOURCES), "-o", str(built)],
+                subprocess.run([compiler, *flags, *map(str, SOURCES), "-o", str(built)],
                                check=True, capture_output=True, timeout=120)
                 os.replace(built, target)  # atomic: a racing process sees all of it or none
-        return CpuKernels(ctypes.CDLL(str(target)))
-    except (OSError, subprocess.SubprocessError):
+    except (OSError, subprocess.SubprocessError) as error:
+        log.warning("CPU kernels: building the %s variant failed: %s", name, error)
         return None
+    return target
+
+
+def _load(name: str) -> CpuKernels | None:
+    if os.environ.get("RUVLLM_NO_KERNELS") or platform.system() != "Linux" or not variant_fits(name):
+        return None
+    target = build_variant(name)
+    if target is None:
+        return None
+    try:
+        lib = ctypes.CDLL(str(target))
+    except OSError:
+        return None
+    lib.rk_variant_supported.restype = ctypes.c_int
+    if not lib.rk_variant_supported():  # the library's own cpuid check: /proc/cpuinfo said yes, cpuid says no
+        log.warning("CPU kernels: cpuid lacks what the %s variant needs", name)
+        return None
+    return CpuKernels(lib, name)

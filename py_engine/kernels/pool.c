@@ -127,3 +127,21 @@ void pool_run(int64_t n_chunks, pool_chunk_fn fn, const void *context, int conte
   }
   pthread_mutex_unlock(&lock);
 }
+
+/* Whether this CPU (cpuid, and the OS's saved registers, as libgcc checks them) has every
+ * instruction set this build was compiled for: kernels/__init__.py refuses a variant that says no. */
+int rk_variant_supported(void) {
+  __builtin_cpu_init();
+  int ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+#ifdef __AVX512F__
+  ok = ok && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+       __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+#endif
+#ifdef __AVX512VNNI__
+  ok = ok && __builtin_cpu_supports("avx512vnni");
+#endif
+#ifdef __AVX512BF16__
+  ok = ok && __builtin_cpu_supports("avx512bf16");
+#endif
+  return ok;
+}

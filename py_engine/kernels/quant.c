@@ -11,17 +11,20 @@
  * with a float offset per group (w = s * c + m, GGUF's Q4_1) has no zeros and
  * mins = s * z' - m, which both decode paths already subtract.
  *
- * Decode (rows of x < QUANT_BLAS_ROWS): x is quantized per sub-block of 32
- * (d = max|x| / 127, q = round(x / d)), or per row for W8A8, and each
- * sub-block is one integer dot product (_mm256_maddubs_epi16, as llama.cpp's
- * Q8_0 x Q4_0), scaled by d * s:  y = sum_g s_g (sum_b d_b q_w.q_x - z'_g X_g)
- * with X_g = sum_b d_b sum(q_x). Dequantizing to fp32 and using FMA took
- * twice the instructions per weight (measured below the memory's rate on
- * these cores: see quant/kernels.py for the numbers).
- * Prefill (more rows): each chunk of weight rows is dequantized exactly as
- * QuantizedWeight.dequantize does ((q - z) * s in fp32) into a per-thread
- * buffer and multiplied by torch's MKL sgemm (blas.c); W8A8 first rounds x
- * to its int8 grid, so both paths compute the same product.
+ * Decode and batches (int8 x, fewer than Q_TILE_ROWS rows): x is quantized per
+ * sub-block of 32 (d = max|x| / 127, q = round(x / d)), or per row for W8A8,
+ * and each sub-block is one integer dot product (u8 x s8: vpdpbusd in the
+ * AVX-512 VNNI build, _mm256_maddubs_epi16 on AVX2, as llama.cpp's Q8_0 x
+ * Q4_0), scaled by d * s:  y = sum_g s_g (sum_b d_b q_w.q_x - z'_g X_g)
+ * with X_g = sum_b d_b sum(q_x). One row: rows_q below; several: qtile.c's
+ * tiles, the same arithmetic with each weight block read once for all rows.
+ * Dequantizing to fp32 and using FMA took twice the instructions per weight
+ * (measured below the memory's rate on these cores: see quant/kernels.py).
+ * Prefill (more rows, and the exact path from QUANT_BLAS_ROWS): each chunk of
+ * weight rows is dequantized exactly as QuantizedWeight.dequantize does
+ * ((q - z) * s in fp32) into a per-thread buffer and multiplied by torch's MKL
+ * sgemm (blas.c) on fp32 x; W8A8 first rounds x to its int8 grid, so both
+ * paths compute the same product.
  */
 #include <immintrin.h>
 #include <math.h>
@@ -32,73 +35,13 @@
 #include "linear.h"
 #include "pool.h"
 
-#define Q_MAX_PARTS 8
-#define QUANT_BLAS_ROWS 16
-#define Q_MIN_CHUNK_BYTES 32768
-#define Q_MAX_CHUNK_BYTES 524288
-#define Q_MAX_DEQUANT (1 << 21) /* fp32 values of dequantized rows per sgemm chunk (8 MB) */
-/* Weight rows per pass over x in decode (even: the exact path takes them in pairs); measured
- * in cache on one core: 4 rows 1.19x faster than 2 for 4-bit codes, 2 rows 1.01-1.06x faster for 8-bit. */
-#ifndef Q_ROWS4
-#define Q_ROWS4 4
-#endif
-#ifndef Q_ROWS8
-#define Q_ROWS8 2
-#endif
-#define Q_ROWS 4 /* chunks are whole multiples of this */
-#ifndef Q_HINT
-#define Q_HINT _MM_HINT_T0
-#endif
-#ifndef Q_PREFETCH
-#define Q_PREFETCH 2048 /* bytes ahead in each row's codes */
-#endif
-
-typedef struct { /* one quantized matrix, as kernels.py's QMat structure */
-  const uint8_t *codes; /* [N, nb * (bits4 ? 16 : 32)] */
-  const float *scales;  /* [N, ng] */
-  const float *mins;    /* [N, ng] s * z', or NULL when every z' is 0 */
-  const uint8_t *zeros; /* [N, ng] the zero points z */
-  const void *bias;     /* [N] or NULL */
-  int64_t N, ng, spg;   /* rows, groups per row, sub-blocks per group */
-  int32_t bits4, bias_bf16;
-} qmat_t;
-
-typedef struct {
-  qmat_t w;
-  const float *xg; /* [M, ng] X_g of this part's groups, or NULL */
-  void *y;         /* this part's first column */
-  int64_t rows_per_chunk;
-} qpart_t;
-
-typedef struct { /* what the parts share */
-  const int8_t *qx; /* [M, nb * 32] */
-  const float *dx;  /* [M, nb] sub-block scales of x */
-  const int8_t *qxp; /* [M, nb * 32] qx in pair order for 4-bit codes (see pair_x), or NULL */
-  const float *dxp;  /* [M, nb / 2, 8] d of each pair's two sub-blocks, four times each */
-  const float *xf;  /* [M, K] fp32 x for the sgemm path */
-  const float *xp;  /* [M, nb * 32] fp32 x zero-padded, for the float path */
-  int y_bf16, blas, n_parts, exact;
-  int64_t M, K, ldy;
-  int64_t first_chunk[Q_MAX_PARTS + 1];
-  qpart_t part[Q_MAX_PARTS];
-} qjob_t;
-_Static_assert(sizeof(qjob_t) <= POOL_MAX_CONTEXT, "the pool copies at most POOL_MAX_CONTEXT bytes");
-
-static inline int64_t nb_of(const qmat_t *w) { return w->ng * w->spg; }
-static inline int64_t row_bytes(const qmat_t *w) { return nb_of(w) * (w->bits4 ? 16 : 32); }
-
-static inline float hsum8(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
-}
+#include "quant.h"
 
 /* 32 codes of a sub-block as unsigned bytes (4-bit) against 32 int8 of x: 8 int32 sums. */
 static inline __m256i dot4(const uint8_t *c, const int8_t *x) {
   const __m128i raw = _mm_loadu_si128((const __m128i *)c);
   const __m256i w = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(raw, 4), raw), _mm256_set1_epi8(0x0f));
-  const __m256i p = _mm256_maddubs_epi16(w, _mm256_loadu_si256((const __m256i *)x));
-  return _mm256_madd_epi16(p, _mm256_set1_epi16(1));
+  return udot(w, _mm256_loadu_si256((const __m256i *)x));
 }
 
 /* 32 signed 8-bit codes against 32 int8 of x: |w| times x with w's sign (maddubs takes u8 x s8;
@@ -106,14 +49,7 @@ static inline __m256i dot4(const uint8_t *c, const int8_t *x) {
 static inline __m256i dot8(const uint8_t *c, const int8_t *x) {
   const __m256i w = _mm256_loadu_si256((const __m256i *)c);
   const __m256i xv = _mm256_loadu_si256((const __m256i *)x);
-  const __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(xv, w));
-  return _mm256_madd_epi16(p, _mm256_set1_epi16(1));
-}
-
-static inline void put_q(const qjob_t *j, const qpart_t *a, int64_t m, int64_t n, float v) {
-  if (a->w.bias) v += load1(a->w.bias, a->w.bias_bf16, n);
-  if (j->y_bf16) ((uint16_t *)a->y)[m * j->ldy + n] = to_bf16(v);
-  else ((float *)a->y)[m * j->ldy + n] = v;
+  return udot(_mm256_sign_epi8(w, w), _mm256_sign_epi8(xv, w));
 }
 
 /* Rows n..n + nr - 1 of W against row m of quantized x: nr independent chains sharing each
@@ -131,7 +67,7 @@ static inline __attribute__((always_inline)) void rows_q(const qjob_t *j, const 
   if (bits4 && j->qxp && !(w->spg & 1)) { /* two sub-blocks a step: one 32-byte load of codes */
     const int8_t *qp = j->qxp + m * nb * 32;
     const float *dp = j->dxp + m * nb * 4;
-    const __m256i low = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
+    const __m256i low = _mm256_set1_epi8(0x0f);
     for (int64_t g = 0, b = 0; g < w->ng; ++g) {
       __m256 ga[Q_ROWS];
       for (int r = 0; r < nr; ++r) ga[r] = _mm256_setzero_ps();
@@ -145,8 +81,7 @@ static inline __attribute__((always_inline)) void rows_q(const qjob_t *j, const 
           /* lane 0: sub-block b's 16 bytes, lane 1: b + 1's; low nibbles are columns 0-15, high 16-31 */
           const __m256i raw = _mm256_loadu_si256((const __m256i *)(c + r * rb + b * 16));
           const __m256i lo = _mm256_and_si256(raw, low), hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low);
-          const __m256i sum = _mm256_add_epi16(_mm256_maddubs_epi16(lo, x0), _mm256_maddubs_epi16(hi, x1));
-          ga[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(sum, ones)), d, ga[r]);
+          ga[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(udot2(lo, x0, hi, x1)), d, ga[r]);
         }
       }
       for (int r = 0; r < nr; ++r) acc[r] = _mm256_fmadd_ps(ga[r], _mm256_broadcast_ss(s + r * w->ng + g), acc[r]);
@@ -288,6 +223,10 @@ static void run_qpart_chunk(const qjob_t *j, const qpart_t *a, int64_t c) {
                     (char *)a->y + n0 * ybytes, 0, 0, a->w.bias_bf16, j->y_bf16, j->M, n1 - n0, j->K, j->ldy, 0};
       if (blas_rows(&l, 0, n1 - n0) == 0) return;
     }
+  }
+  if (j->M > 1 && !j->exact) { /* a batch or a prefill chunk: integer tiles (qtile.c) */
+    q_tiles(j, a, n0, n1);
+    return;
   }
   const int bits4 = a->w.bits4;
   for (int64_t n = n0; n < n1;) { /* these rows stay in L1 while every row of x passes */
@@ -516,7 +455,7 @@ int rk_qlinear_parts(const void *x, int x_bf16, int n_parts, const qmat_t *parts
     if (nb_of(&parts[p]) != nb || parts[p].N < 1) return -1;
   static __thread void *buffers[7];
   static __thread int64_t sizes[7];
-  const int blas = M >= QUANT_BLAS_ROWS && blas_available(), exact = mode == 2;
+  const int exact = mode == 2, blas = M >= QUANT_BLAS_ROWS && blas_available() && (exact || M >= Q_TILE_ROWS);
   int8_t *qx = grow(&buffers[0], &sizes[0], M * nb * 32);
   float *dx = grow(&buffers[1], &sizes[1], M * nb * 4 * 2);
   float *xf = grow(&buffers[2], &sizes[2], M * K * 4 + 64);
@@ -537,6 +476,10 @@ int rk_qlinear_parts(const void *x, int x_bf16, int n_parts, const qmat_t *parts
                 .exact = exact, .M = M, .K = K};
   int pairs = 0;
   for (int p = 0; p < n_parts; ++p) pairs |= parts[p].bits4 && !(parts[p].spg & 1);
+#ifdef __AVX512BW__
+  if (M > 1 && !(nb & 1))  /* qtile.c's 512-bit tiles read every 4-bit matrix in pair order */
+    for (int p = 0; p < n_parts; ++p) pairs |= parts[p].bits4;
+#endif
   if (pairs && !exact) {
     int8_t *qxp = grow(&buffers[5], &sizes[5], M * nb * 32);
     float *dxp = grow(&buffers[6], &sizes[6], M * nb * 4 * 4);
@@ -572,6 +515,9 @@ int rk_qlinear_parts(const void *x, int x_bf16, int n_parts, const qmat_t *parts
   if (gated) gate(y, gated, y_bf16, M, parts[0].N);
   return 0;
 }
+
+/* Rows of x from which the int8-x path multiplies in fp32 (sgemm on exact x) instead. */
+int64_t rk_quant_tile_rows(void) { return blas_available() ? Q_TILE_ROWS : INT64_MAX; }
 
 /* Round-to-nearest quantization of W [N, K] (fp32 or bf16) in blocks along K, with the
  * arithmetic of py_engine/quant/rtn.py's quantize_rtn step for step in fp32 (and so the same

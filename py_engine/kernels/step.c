@@ -12,7 +12,14 @@
  * attention rk_attend_one (decode.c), each exactly as the modules call them, so
  * the result is bit for bit the per-module path's (py_engine/cpu/stack.py; tests/test_cpu_stack.py checks it).
  * The residual adds round to the dtype as torch's `x + y` does.
+ *
+ * A projection may carry one LoRA adapter (lora_t, set per step by stack.py for
+ * the adapter the sequence uses): y += B (A x), computed in fp32 and rounded to
+ * the dtype as the torch path's `y + delta` does. A gated gate/up projection
+ * with LoRA computes gate and up unfused into `wide`, adds the delta to both, then
+ * the SiLU product, since the delta must land before the activation.
  */
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -36,12 +43,18 @@ int rk_attend_one(const void *qkv, const void *cos, const void *sin, void *keys,
                   int64_t KV, int64_t D, int64_t rot, int64_t pos, int64_t start, int64_t max_len, float scale,
                   float softcap, int bf16, float *scratch, const cold_t *cold);
 
+typedef struct { /* one adapter on one projection: A [r, in], B [rows, r] with the scaling folded in, fp32 */
+  const float *A, *B;
+  int64_t r;
+} lora_t;
+
 typedef struct { /* one projection, as py_engine/cpu/stack.py's Proj */
   const void *parts;         /* quantized: qmat_t[n_parts] (quant.c); float: const void *[n_parts], the weights */
   const void *const *biases; /* float: [n_parts], entries may be NULL */
   const int64_t *ns;         /* float: rows of each weight */
   int32_t quant, n_parts, mode, gated; /* gated: two parts, the result is silu(first) * second */
   int64_t out;               /* columns of the result (gated: one part's) */
+  const lora_t *lora;        /* NULL: no adapter on this projection for this step */
 } proj_t;
 
 typedef struct { /* one decoder layer */
@@ -61,12 +74,61 @@ typedef struct {
   int32_t unit_offset, bf16;
   void *h, *qkv, *attn, *wide, *act, *tmp; /* work rows of the dtype (wide: 2 inter) */
   float *scratch;                          /* rk_attend_one's */
+  float *lora_h;                           /* [the largest r of the adapters set]: A x */
   int64_t cold_tokens, cold_bits, cold_bs, cold_max_blocks; /* two-tier cache: tokens read from codes (0: none) */
 } step_t;
+
+static inline float rounded(float v, int bf16) { /* the value a tensor of the dtype would hold */
+  if (!bf16) return v;
+  uint16_t h = to_bf16(v);
+  return load1(&h, 1, 0);
+}
+
+static inline void put1(void *y, int bf16, int64_t i, float v) {
+  if (bf16) ((uint16_t *)y)[i] = to_bf16(v);
+  else ((float *)y)[i] = v;
+}
+
+/* y[n] += B (A x) for x of k values: the LoRA delta, rounded to the dtype, then the sum rounded. */
+static void lora_add(const lora_t *q, const void *x, int64_t k, void *y, int64_t n, int bf16, float *h) {
+  for (int64_t j = 0; j < q->r; ++j) {
+    const float *a = q->A + j * k;
+    float acc = 0.f;
+    for (int64_t i = 0; i < k; ++i) acc += a[i] * load1(x, bf16, i);
+    h[j] = rounded(acc, bf16);
+  }
+  for (int64_t o = 0; o < n; ++o) {
+    const float *b = q->B + o * q->r;
+    float acc = 0.f;
+    for (int64_t j = 0; j < q->r; ++j) acc += b[j] * h[j];
+    put1(y, bf16, o, load1(y, bf16, o) + rounded(acc, bf16));
+  }
+}
+
+/* gate/up with an adapter: wide [2 out] = gate | up (the delta added), y = silu(gate) * up with torch's roundings */
+static int project_gated_lora(const step_t *s, const proj_t *p, const void *x, int64_t k, void *y) {
+  const int b = s->bf16;
+  int status = p->quant ? rk_qlinear_parts(x, b, p->n_parts, p->parts, s->wide, b, 1, k, p->mode, NULL)
+                        : rk_linear_parts(x, b, 2, p->parts, b, p->biases, b, p->ns, s->wide, b, 1, k);
+  if (status != 0) return status;
+  lora_add(p->lora, x, k, s->wide, 2 * p->out, b, s->lora_h);
+  for (int64_t n = 0; n < p->out; ++n) {
+    const float g = load1(s->wide, b, n), u = load1(s->wide, b, p->out + n);
+    put1(y, b, n, rounded(g / (1.f + expf(-g)), b) * u);
+  }
+  return 0;
+}
 
 /* y = proj(x) for x of k values; for a gated one, y = silu(gate(x)) * up(x). */
 static int project(const step_t *s, const proj_t *p, const void *x, int64_t k, void *y) {
   const int b = s->bf16;
+  if (p->lora && p->lora->r > 0) {
+    if (p->gated) return project_gated_lora(s, p, x, k, y);
+    const proj_t plain = {p->parts, p->biases, p->ns, p->quant, p->n_parts, p->mode, 0, p->out, NULL};
+    const int status = project(s, &plain, x, k, y);
+    if (status == 0) lora_add(p->lora, x, k, y, p->out, b, s->lora_h);
+    return status;
+  }
   if (p->quant) return rk_qlinear_parts(x, b, p->n_parts, p->parts, p->gated ? s->wide : y, b, 1, k, p->mode,
                                         p->gated ? y : NULL);
   const void *const *ws = p->parts;

@@ -48,10 +48,11 @@ class DenseKVCache:
     @classmethod
     def allocate(cls, config: ModelConfig, batch: int, max_len: int,
                  dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
-                 quant: KVQuantConfig | None = None) -> "DenseKVCache":
-        """A cache of zeros; a TwoTierDenseKVCache when `quant` asks for int8 or int4 cold blocks."""
+                 layers: int | None = None, quant: KVQuantConfig | None = None) -> "DenseKVCache":
+        """A cache of zeros; a TwoTierDenseKVCache when `quant` asks for int8 or int4 cold blocks.
+        layers: how many layers to hold, the model's by default (X-LoRA keeps two caches in one: 2 x)."""
         shape = (batch, config.num_key_value_heads, max_len, config.head_dim)
-        layers = range(config.num_hidden_layers)
+        layers = range(config.num_hidden_layers if layers is None else layers)
         keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in layers]
         values = [torch.zeros(shape, dtype=dtype, device=device) for _ in layers]
         if quant is not None and quant.enabled:

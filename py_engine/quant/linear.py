@@ -65,8 +65,10 @@ class QuantLinear(nn.Module):
 
     @property
     def int8_activations(self) -> bool:
-        """Decode (fewer than 16 rows of x) on the CPU rounds x to int8 per 32 values and multiplies in
-        integers (quant.c); False multiplies the dequantized codes by x in fp32 (exact, ~2x slower)."""
+        """Decode and batches (fewer than `CpuKernels.int8_rows` rows of x, 32 where MKL is there) on the CPU
+        round x to int8 per 32 values and multiply in integers (quant.c, qtile.c); more rows (prefill) take
+        sgemm on the dequantized codes and exact x. False multiplies the dequantized codes by x in fp32
+        (exact, ~2x slower in decode)."""
         return self._int8_activations
 
     @int8_activations.setter

@@ -38,13 +38,21 @@ def quantized_layers(model: nn.Module) -> int:
 
 
 def load_quantized(path: str | Path, quantization: str | QuantConfig | None = None, *, dtype: str = "auto",
-                   device: Any = "cpu", progress: bool | None = None) -> tuple[Any, Any, Any]:
-    """(model, config, QuantReport or None): load_model, then quantize_model when a method is asked for."""
+                   device: Any = "cpu", progress: bool | None = None,
+                   lora: str | Path | None = None) -> tuple[Any, Any, Any]:
+    """(model, config, QuantReport or None): load_model, then quantize_model when a method is asked for.
+
+    lora: a peft LoRA adapter folder merged into the float weights first (py_engine.adapters.merge), so a
+    quantized result holds the adapted weights (`ruvllm export --lora`)."""
     from py_engine.models import load_model
 
     qconfig = as_quant_config(quantization)
-    # a GGUF's Q4_0/Q4_1/Q8_0 weights load as codes, or dequantized when they are to be quantized anew
-    model, config = load_model(path, dtype=dtype, device=device, dequantize=qconfig.enabled)
+    # a GGUF's Q4_0/Q4_1/Q8_0 weights load as codes, or dequantized when they are to be quantized anew (or merged)
+    model, config = load_model(path, dtype=dtype, device=device, dequantize=qconfig.enabled or lora is not None)
+    if lora is not None:
+        from py_engine.adapters import load_lora, merge_lora
+
+        merge_lora(model, load_lora(lora))
     if not qconfig.enabled:
         return model, config, None
     if quantized_layers(model):

@@ -102,3 +102,21 @@ def test_missing_graph_is_explained(exported, capsys):
     _, out = exported
     assert main(["generate", "x", "--model", str(out), "--backend", "onnx", "--precision", "int8"]) == 1
     assert "ruvllm export" in capsys.readouterr().err
+
+
+def test_onnx_backend_loads_a_web_only_export(exported, tmp_path):
+    """A folder with only web graphs (what `ruvllm web build` serves) runs in CPython too: the graph its
+    contract names for onnxruntime, with the session options the contract asks for."""
+    from py_engine.backends.onnx import OnnxModel
+
+    model, _ = exported
+    out = tmp_path / "web"
+    assert main(["export", str(model), "--out", str(out), "--precision", "int4", "--target", "web"]) == 0
+    assert not (out / "onnx" / "model_q4.onnx").exists()
+    for precision in ("auto", "int4"):
+        loaded = OnnxModel(out, precision=precision)
+        assert loaded.path == out / "onnx" / "model_q4_web.onnx"
+        assert loaded.session.get_session_options().get_session_config_entry("session.disable_quant_qdq") == "1"
+    assert len(loaded.backend(64).prefill([1, 2, 3])) == loaded.config.vocab_size
+    with pytest.raises(FileNotFoundError, match="--precision int8"):
+        OnnxModel(out, precision="int8")

@@ -54,7 +54,7 @@ def test_codes_dequantize_to_ggml_reference_exactly(qtype):
 
 @kernels_only
 @pytest.mark.parametrize("qtype", TYPES)
-@pytest.mark.parametrize("rows", [1, 3, 20])  # decode (< 16 rows of x) and prefill (sgemm)
+@pytest.mark.parametrize("rows", [1, 3, 20, 40])  # decode, batches (integer tiles) and prefill (sgemm)
 def test_cpu_kernels_match_the_reference(qtype, rows):
     t, ref = tensor(qtype)
     layer = QuantLinear(gguf_weight(t))
@@ -64,7 +64,7 @@ def test_cpu_kernels_match_the_reference(qtype, rows):
         exact = layer(x)
         assert (exact - x @ ref.T).abs().max().item() < 1e-5
         layer.int8_activations = True  # x rounded to int8 per 32 values in decode, as llama.cpp's q8 x
-        rounded = fake_quantize_blocks(x, 160) if rows < 16 else x  # prefill: sgemm on fp32 x
+        rounded = fake_quantize_blocks(x, 160) if rows < cpu_kernels().int8_rows else x  # prefill: fp32 x
         assert (layer(x) - rounded @ ref.T).abs().max().item() < 1e-4
 
 

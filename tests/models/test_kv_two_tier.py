@@ -69,7 +69,7 @@ def test_block_quantizer_is_kivis_rule(bits: int) -> None:
 
 def run(llm: LLM, ids: list[int], quant: KVQuantConfig | None, prompt: int) -> list[torch.Tensor]:
     """Logits after the prompt ids[:prompt], then after each further token, one decode step each."""
-    backend = TorchBackend(llm.model, llm.config, llm.max_context, quant)
+    backend = TorchBackend(llm.model, llm.config, llm.max_context, kv_quant=quant)
     out = [backend.prefill(ids[:prompt]).clone()]
     out += [backend.decode(t).clone() for t in ids[prompt:]]
     return out
@@ -89,7 +89,7 @@ def test_logits_within_the_hot_window_are_the_full_precision_caches(llm: LLM, pl
 
 def prompt_logits(llm: LLM, ids: list[int], quant: KVQuantConfig) -> torch.Tensor:
     """Logits [T, V] of every position of ids, the whole prompt in one call over a two-tier cache."""
-    kv = DenseKVCache.allocate(llm.config, 1, len(ids), torch.float32, "cpu", quant)
+    kv = DenseKVCache.allocate(llm.config, 1, len(ids), torch.float32, "cpu", quant=quant)
     with torch.inference_mode():
         return llm.model(torch.tensor([ids]), torch.arange(len(ids))[None], kv)[0]
 
@@ -104,7 +104,7 @@ def test_a_prompt_in_one_call_is_token_by_token_decoding(llm: LLM, plain: LLM, i
         steps = torch.stack(run(model, ids, quant, 1))  # position 0, then one token at a time
         assert (steps - whole).abs().max() < tolerance
         assert (whole - full).abs().max() > 1e-2  # int4 blocks are read past 32 + 16 tokens
-    chunked = TorchBackend(plain.model, plain.config, plain.max_context, quant)
+    chunked = TorchBackend(plain.model, plain.config, plain.max_context, kv_quant=quant)
     chunked.prefill(ids[:70])
     with torch.inference_mode():  # a second chunk over cold and settled blocks
         tail = chunked._forward(ids[70:])
@@ -142,7 +142,7 @@ def test_the_c_decode_step_reads_the_codes_not_the_buffers(llm: LLM, ids: list[i
     try:
         outs = []
         for poison in (False, True):
-            backend = TorchBackend(llm.model, llm.config, llm.max_context, quant)
+            backend = TorchBackend(llm.model, llm.config, llm.max_context, kv_quant=quant)
             backend.prefill(ids[:150])
             backend.decode(ids[150])
             if poison:

@@ -72,7 +72,7 @@ def assert_matches(got: torch.Tensor, expected: torch.Tensor) -> None:
 @needs_kernels
 @pytest.mark.parametrize("layout", LAYOUTS, ids=lambda c: f"{c[0]}bit-g{c[1]}-{'sym' if c[2] else 'asym'}-K{c[4]}")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("rows", [1, 37])
+@pytest.mark.parametrize("rows", [1, 5, 37])
 def test_kernel_matches_dequantize_then_matmul(layout, dtype, rows):
     bits, group, symmetric, n, k = layout
     q = make_weight(bits, group, symmetric, n, k)
@@ -83,11 +83,11 @@ def test_kernel_matches_dequantize_then_matmul(layout, dtype, rows):
     assert_matches(layer(x), expected)
     layer.int8_activations = True  # decode: x rounded to int8 per 32 values, else the same product
     got = layer(x)
-    if rows == 1 and layer.packed is not None:
+    if rows < KERNELS.int8_rows and layer.packed is not None:  # decode and batches: integer tiles
         xq = fake_quantize_blocks(x, layer.packed.sub_blocks * 32)
         assert_matches(got, F.linear(xq, q.dequantize(), layer.bias))
         assert (got.float() - expected).abs().max() < 0.02 * expected.abs().max()  # int8 rounding of x
-    elif rows == 37 and KERNELS.blas is not None or layer.packed is None:  # prefill: sgemm on the dequantized rows
+    else:  # prefill (or a layout no kernel takes): sgemm on the dequantized rows
         assert_matches(got, expected)
 
 

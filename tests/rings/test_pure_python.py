@@ -12,7 +12,7 @@ RING0 = ["py_engine", "py_engine.config", "py_engine.chat", "py_engine.chat_sand
          "py_engine.sampling_params", "py_engine.stopping", "py_engine.generate",
          *sorted(f"py_engine.tokenizer.{p.stem}".removesuffix(".__init__")
                  for p in (REPO / "py_engine" / "tokenizer").glob("*.py")),
-         "py_engine.hub", "py_engine.hub.resolve", "py_engine.importers", "py_engine.importers.llama2c_tokenizer",
+         "py_engine.hub", "py_engine.hub.resolve", "py_engine.adapters", "py_engine.adapters.config", "py_engine.adapters.xlora_config", "py_engine.importers", "py_engine.importers.llama2c_tokenizer",
          "py_engine.importers.llama2c_sampler",
          *sorted(".".join(p.relative_to(REPO).with_suffix("").parts).removesuffix(".__init__")
                  for p in (REPO / "py_engine" / "guided").rglob("*.py"))]  # structured outputs, every module

@@ -71,7 +71,7 @@ def scratch(tmp_path_factory) -> Path:
         pytest.skip("npm's cache lacks pyodide/onnxruntime-web and the npm registry is unreachable: "
                     "run `make test-setup` once online (npm ci --prefix npm, then it fills npm's cache)")
     assert install.returncode == 0, install.stderr
-    for name in ("run_engine.mjs", "guided_requests.mjs", "tsconfig.json"):
+    for name in ("run_engine.mjs", "chat_greedy.mjs", "guided_requests.mjs", "tsconfig.json"):
         shutil.copy(DRIVER / name, project / name)
     shutil.copy(NPM_DIR / "examples" / "chat.ts", project / "chat.ts")
     return project
@@ -143,6 +143,26 @@ def test_greedy_tokens_equal_torch_and_cpython(models, node_run):
         assert len(expected) == GREEDY
         assert node_run["greedy"][name]["token_ids"] == expected, name
         assert node_run["stats"][name]["load"]["runtime"] == "onnxruntime-web"
+
+
+def test_smollm2_int4_greedy_chat_equals_cpython(scratch, smollm2_web):
+    """Golden matrix, SmolLM2 (a real 135M chat model, its Q4_1 GGUF exported int4 for the web): the
+    package in Node gives onnxruntime-in-CPython's greedy chat replies, token for token (one model load)."""
+    from tests.web.smollm2_golden import CHATS, MAX_TOKENS, PRECISION
+
+    spec = {"path": str(smollm2_web.export), "precision": PRECISION, "chats": CHATS, "max_tokens": MAX_TOKENS,
+            "runtime": "web"}
+    path = scratch / "spec-smollm2.json"
+    path.write_text(json.dumps(spec))
+    run = _run(["node", "chat_greedy.mjs", str(path)], scratch)
+    assert run.returncode == 0, run.stderr[-4000:]
+    got = json.loads(run.stdout)
+    assert got["load"]["runtime"] == "onnxruntime-web"
+    assert got["token_ids"] == smollm2_web.expected
+    from py_engine.tokenizer import Tokenizer
+
+    reply = Tokenizer.from_pretrained(smollm2_web.export).decode(got["token_ids"][0], skip_special_tokens=True)
+    assert reply.startswith("The capital of France is Paris."), reply  # transformers' greedy answer too
 
 
 def test_seeded_sampling_equals_cpython(models, node_run):

