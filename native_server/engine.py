@@ -22,8 +22,8 @@ from pathlib import Path
 import torch
 
 from native_server.block_manager import BlockManager
-from native_server.kv_cache import (PagedKVCache, activation_reserve, kv_bytes_per_block, memory_budget,
-                                    num_kv_blocks, split_budget)
+from native_server.kv_cache import (PagedKVCache, _two_tier_blocks, activation_reserve, memory_budget,
+                                    num_kv_blocks, split_budget, two_tier_bytes)
 from native_server.model_runner import ModelRunner
 from native_server.lora import DEFAULT_MAX_LORA_RANK, DEFAULT_MAX_LORAS, EngineAdapters
 from native_server.outputs import (AdapterNotFoundError, CompletionOutput, EngineError, EngineStats, Histogram,
@@ -163,14 +163,14 @@ class LLMEngine:
             kv_cache_memory is None and self.device.type == "cpu") else None
         quant = self.kv_quant
         if quant.enabled:
-            if cap is not None:  # the same cap, in bytes of the full-precision cache
-                budget = min(budget, cap * kv_bytes_per_block(config, block_size, dtype))
+            if cap is not None:  # the same cap: what max_num_seqs full-length sequences could fill
+                budget = min(budget, two_tier_bytes(config, quant, dtype, max_num_seqs, max_num_batched_tokens,
+                                                    self.max_model_len))
             hot, cold = split_budget(config, quant, dtype, max(budget, 0), max_num_seqs, max_num_batched_tokens,
                                      self.max_model_len)
-            # One max_model_len sequence must fit: its cold blocks, and hot its window and one step's tokens.
-            need_hot = -(-quant.hot_tokens // block_size) + 2 + -(-min(max_num_batched_tokens, self.max_model_len)
-                                                                     // block_size)
-            if hot < need_hot or (hot + cold) * block_size < self.max_model_len:
+            # One max_model_len sequence must fit: hot its window and one step's tokens, cold the rest.
+            need_hot, need_cold, step = _two_tier_blocks(quant, max_num_batched_tokens, self.max_model_len)
+            if hot < need_hot + step or cold < need_cold:
                 raise ValueError(f"the KV cache budget holds {hot} hot and {cold} cold blocks of {block_size} "
                                  f"tokens, too few for one sequence of max_model_len {self.max_model_len}: give it "
                                  f"more memory or lower max_model_len")

@@ -58,13 +58,27 @@ def split_budget(config: ModelConfig, quant: KVQuantConfig, dtype: torch.dtype, 
     """
     bs = quant.block_size
     hot_block, cold_block = kv_bytes_per_block(config, bs, dtype), cold_bytes_per_block(config, quant)
-    per_seq_hot = -(-quant.hot_tokens // bs) + 2
-    per_seq_cold = -(-max(max_model_len - quant.hot_tokens, 0) // bs)
-    step_blocks = -(-max_num_batched_tokens // bs)
+    per_seq_hot, per_seq_cold, step_blocks = _two_tier_blocks(quant, max_num_batched_tokens, max_model_len)
     share = per_seq_hot * hot_block / (per_seq_hot * hot_block + per_seq_cold * cold_block)
     fair = int(share * max(budget - step_blocks * hot_block, 0)) // hot_block + step_blocks
     hot = min(max_num_seqs * per_seq_hot + step_blocks, max(fair, per_seq_hot + step_blocks), budget // hot_block)
     return hot, (budget - hot * hot_block) // cold_block
+
+
+def _two_tier_blocks(quant: KVQuantConfig, max_num_batched_tokens: int, max_model_len: int) -> tuple[int, int, int]:
+    """(hot blocks a running sequence holds at most, cold blocks of a max_model_len sequence, hot blocks of
+    one step's new tokens)."""
+    bs = quant.block_size
+    return (-(-quant.hot_tokens // bs) + 2, -(-max(max_model_len - quant.hot_tokens, 0) // bs),
+            -(-min(max_num_batched_tokens, max_model_len) // bs))
+
+
+def two_tier_bytes(config: ModelConfig, quant: KVQuantConfig, dtype: torch.dtype, num_seqs: int,
+                   max_num_batched_tokens: int, max_model_len: int) -> int:
+    """Bytes num_seqs sequences of max_model_len tokens take in a two-tier cache, one step's tokens included."""
+    hot, cold, step = _two_tier_blocks(quant, max_num_batched_tokens, max_model_len)
+    return (num_seqs * hot + step) * kv_bytes_per_block(config, quant.block_size, dtype) + (
+        num_seqs * cold * cold_bytes_per_block(config, quant))
 
 
 def activation_reserve(config: ModelConfig, max_num_batched_tokens: int, max_num_seqs: int) -> int:

@@ -200,3 +200,13 @@ def test_the_cold_pool_takes_the_bytes_it_is_accounted_in(model_dir, dtype):
     hot_bytes = hot * kv_bytes_per_block(config, 16, torch.float32)
     assert hot_bytes + cold * cold_bytes_per_block(config, quant) <= 1 << 20
     assert (1 << 20) - hot_bytes - cold * cold_bytes_per_block(config, quant) < cold_bytes_per_block(config, quant)
+
+
+def test_default_cpu_sizing_has_room_for_every_sequence_and_a_small_budget_is_refused(model_dir):
+    from native_server.engine import LLMEngine
+
+    eng = LLMEngine(str(model_dir), device="cpu", kv_cache_dtype="int4", kv_hot_tokens=32, max_num_seqs=4)
+    # max_model_len 128: each sequence 2 + 2 hot blocks and 6 cold ones; one step of 128 tokens hot
+    assert (eng.kv.num_blocks, eng.kv.num_cold_blocks) == (4 * 4 + 8, 4 * 6)
+    with pytest.raises(ValueError, match="too few for one sequence of max_model_len 128"):
+        LLMEngine(str(model_dir), device="cpu", kv_cache_dtype="int4", kv_hot_tokens=32, kv_cache_memory=100_000)
