@@ -12,6 +12,15 @@ the same block, counted by its `ref_cnt`:
     about to write into a shared, partly filled block gets a private copy
     first (copy-on-write: the caller copies the device memory).
 
+Two tiers (the int8/int4 KV cache, py_engine/models/kv_quant.py): with
+`num_cold_blocks` and `hot_tokens`, a second pool holds quantized blocks
+with ids of their own. New tokens always go to hot blocks; when a sequence
+is scheduled from position p, every leading block that a query at p reads
+cold is demoted: it gets a cold block (the caller quantizes the hot one into
+it before the step, `take_demotions`), its hot block is let go, and its
+prefix-cache entry moves with it, so a cached block is hot or cold, never
+both. A table is thus cold blocks, then hot ones.
+
 Pure Python (no torch): the scheduler and these tests run anywhere.
 """
 from __future__ import annotations
@@ -61,6 +70,9 @@ class KVBlock:
     block_id: int
     ref_cnt: int = 0
     block_hash: BlockHash | None = None  # set once the block is full, computed and cached
+    cold: bool = False  # a block of the quantized pool
+    demoted_to: KVBlock | None = None  # hot: its cold copy, while others still hold it hot
+    source: KVBlock | None = None  # cold: the hot block it was made from (demoted_to's back link)
     prev: KVBlock | None = None  # links of the free queue; None while the block is in use
     next: KVBlock | None = None
 
@@ -122,13 +134,21 @@ class FreeBlockQueue:
 class BlockManager:
     """Owns every KV block: block tables per sequence, refcounts, the prefix cache and the free queue."""
 
-    def __init__(self, num_blocks: int, block_size: int = 16, enable_prefix_caching: bool = True) -> None:
+    def __init__(self, num_blocks: int, block_size: int = 16, enable_prefix_caching: bool = True,
+                 num_cold_blocks: int = 0, hot_tokens: int | None = None) -> None:
         if num_blocks < 1 or block_size < 1:
             raise ValueError(f"need num_blocks >= 1 and block_size >= 1, got {num_blocks} and {block_size}")
+        if num_cold_blocks and (hot_tokens is None or hot_tokens < 0):
+            raise ValueError("a cold pool needs hot_tokens >= 0")
         self.num_blocks, self.block_size = num_blocks, block_size
         self.enable_prefix_caching = enable_prefix_caching
         self.blocks = [KVBlock(i) for i in range(num_blocks)]
         self.free_queue = FreeBlockQueue(self.blocks)
+        self.num_cold_blocks, self.hot_tokens = num_cold_blocks, hot_tokens
+        self.cold_blocks = [KVBlock(i, cold=True) for i in range(num_cold_blocks)]
+        self.cold_free_queue = FreeBlockQueue(self.cold_blocks)
+        self._demotions: list[tuple[int, int]] = []  # (hot id, cold id) to quantize before the next step
+        self.num_demoted = 0  # blocks quantized into the cold pool, since start
         self.cached: dict[BlockHash, KVBlock] = {}
         self._tables: dict[SeqId, list[KVBlock]] = {}
         self._num_hashed: dict[SeqId, int] = {}  # leading blocks of a table already in the cache
@@ -152,8 +172,28 @@ class BlockManager:
         """Blocks held by at least one sequence."""
         return self.num_blocks - len(self.free_queue)
 
+    @property
+    def num_used_cold_blocks(self) -> int:
+        return self.num_cold_blocks - len(self.cold_free_queue)
+
     def block_table(self, seq_id: SeqId) -> list[int]:
+        """Block ids in position order: the leading num_cold(seq_id) are ids of the cold pool."""
         return [b.block_id for b in self._tables.get(seq_id, ())]
+
+    def num_cold(self, seq_id: SeqId) -> int:
+        return sum(1 for b in self._tables.get(seq_id, ()) if b.cold)
+
+    def cold_prefix(self, position: int) -> int:
+        """Leading blocks a query at `position` reads cold (kv_quant.KVQuantConfig.cold_edge, in blocks)."""
+        if not self.num_cold_blocks:
+            return 0
+        return max(0, position + 1 - self.hot_tokens) // self.block_size
+
+    def take_demotions(self) -> list[tuple[int, int]]:
+        """The (hot id, cold id) pairs to quantize, in order, before the step's copies and writes."""
+        moves, self._demotions = self._demotions, []
+        self.num_demoted += len(moves)
+        return moves
 
     def record_prefix_lookup(self, num_query_tokens: int, num_hit_tokens: int) -> None:
         self.prefix_queries += num_query_tokens
@@ -174,6 +214,10 @@ class BlockManager:
             if block is None:
                 break
             hit.append(block)
+        # A cold block is only of use where the sequence's first query reads it cold: its hot form is
+        # gone. Cut the hit to the longest run whose cold blocks all lie before that query's cold edge.
+        while hit and any(b.cold for b in hit[self.cold_prefix(len(hit) * self.block_size):]):
+            hit.pop()
         return hit
 
     def cache_blocks(self, seq_id: SeqId, block_hashes: Sequence[BlockHash], num_computed_tokens: int) -> None:
@@ -206,14 +250,22 @@ class BlockManager:
         num_needed = -(-(num_computed_tokens + num_new_tokens) // self.block_size) - len(table) - len(cached)
         first_write = num_computed_tokens // self.block_size
         shared = [i for i in range(first_write, len(table)) if table[i].ref_cnt > 1]
-        revived = sum(1 for b in cached if b.ref_cnt == 0)  # they leave the free queue
-        if max(num_needed, 0) + len(shared) > len(self.free_queue) - revived:
+        revived = sum(1 for b in cached if b.ref_cnt == 0 and not b.cold)  # they leave the free queue
+        demote = [b for b in [*table, *cached][:self.cold_prefix(num_computed_tokens)] if not b.cold]
+        cold_needed = sum(1 for b in cached if b.ref_cnt == 0 and b.cold) + sum(
+            1 for b in demote if b.demoted_to is None or b.demoted_to.ref_cnt == 0)
+        freed = sum(1 for b in demote if b.ref_cnt <= 1)  # demoted before the new blocks are taken
+        if (max(num_needed, 0) + len(shared) > len(self.free_queue) - revived + freed
+                or cold_needed > len(self.cold_free_queue)):
             return None
         for block in cached:
             self._hold(block)
         table = self._tables.setdefault(seq_id, table)
         table.extend(cached)
         self._num_hashed.setdefault(seq_id, len(cached))
+        for i in range(min(self.cold_prefix(num_computed_tokens), len(table))):
+            if not table[i].cold:
+                table[i] = self._demote(table[i])
         copies = []
         for i in shared:  # the other holders keep the original
             table[i].ref_cnt -= 1
@@ -245,22 +297,53 @@ class BlockManager:
             block.ref_cnt -= 1
             if block.ref_cnt == 0:
                 if block.block_hash is None:
-                    self.free_queue.appendleft(block)
+                    self._queue(block).appendleft(block)
                 else:
-                    self.free_queue.append(block)
+                    self._queue(block).append(block)
                     self._num_cached_free += 1
+                if block.demoted_to is not None:  # nobody reads it hot any more
+                    block.demoted_to = None
+
+    def _demote(self, hot: KVBlock) -> KVBlock:
+        """The cold block that replaces `hot` in one table (allocate checked there is one to take)."""
+        cold = hot.demoted_to
+        if cold is not None:  # another holder demoted it already: share that copy
+            self._hold(cold)
+        else:
+            cold = self._take_free(cold=True)
+            self._demotions.append((hot.block_id, cold.block_id))
+            cold.source = hot
+        if hot.block_hash is not None:  # the prefix cache entry moves: hot or cold, never both
+            cold.block_hash, hot.block_hash = hot.block_hash, None
+            self.cached[cold.block_hash] = cold
+        hot.ref_cnt -= 1
+        if hot.ref_cnt == 0:
+            hot.demoted_to = None
+            self.free_queue.appendleft(hot)
+        else:
+            hot.demoted_to = cold
+        return cold
+
+    def _queue(self, block: KVBlock) -> FreeBlockQueue:
+        return self.cold_free_queue if block.cold else self.free_queue
 
     def _hold(self, block: KVBlock) -> None:
-        if block.ref_cnt == 0:  # a cached block coming back from the free queue
-            self.free_queue.remove(block)
-            self._num_cached_free -= 1
+        if block.ref_cnt == 0:  # a block coming back from the free queue (a cached one, or a demoted copy)
+            self._queue(block).remove(block)
+            if block.block_hash is not None:
+                self._num_cached_free -= 1
         block.ref_cnt += 1
 
-    def _take_free(self) -> KVBlock:
-        block = self.free_queue.popleft()
+    def _take_free(self, cold: bool = False) -> KVBlock:
+        block = (self.cold_free_queue if cold else self.free_queue).popleft()
         if block.block_hash is not None:  # evict: its prefix is no longer reusable
             del self.cached[block.block_hash]
             block.block_hash = None
             self._num_cached_free -= 1
+        if block.source is not None:  # its contents change: the hot block it was made from forgets it
+            if block.source.demoted_to is block:
+                block.source.demoted_to = None
+            block.source = None
+        block.demoted_to = None
         block.ref_cnt = 1
         return block

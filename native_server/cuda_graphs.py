@@ -39,6 +39,8 @@ def graph_problem(model: CausalLM, kv: PagedKVCache) -> str | None:
     """Why decode steps of this model cannot be captured, or None."""
     if kv.keys[0].device.type != "cuda":
         return "not on CUDA"
+    if kv.quant is not None:
+        return "int8/int4 KV (cold blocks are read by the torch path)"
     if not isinstance(kv.backend, TritonPagedAttention):
         return f"the {kv.backend.name} attention backend (graphs need the Triton kernels)"
     if model.config.num_local_experts:

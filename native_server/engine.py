@@ -22,7 +22,8 @@ from pathlib import Path
 import torch
 
 from native_server.block_manager import BlockManager
-from native_server.kv_cache import PagedKVCache, activation_reserve, memory_budget, num_kv_blocks
+from native_server.kv_cache import (PagedKVCache, _two_tier_blocks, activation_reserve, memory_budget,
+                                    num_kv_blocks, split_budget, two_tier_bytes)
 from native_server.model_runner import ModelRunner
 from native_server.lora import DEFAULT_MAX_LORA_RANK, DEFAULT_MAX_LORAS, EngineAdapters
 from native_server.outputs import (AdapterNotFoundError, CompletionOutput, EngineError, EngineStats, Histogram,
@@ -37,6 +38,7 @@ from py_engine.backends.torch import pick_device
 from py_engine.generate import eos_token_ids
 from py_engine.hub import resolve_model
 from py_engine.models import longrope_switch_length
+from py_engine.models.kv_quant import DEFAULT_HOT_TOKENS, KVQuantConfig
 from py_engine.cpu.transforms import optimize_for_cpu
 from py_engine.quant.config import QuantConfig
 from py_engine.quant.load import load_quantized
@@ -71,13 +73,20 @@ class LLMEngine:
                  attention_backend: str = "auto", cuda_graphs: bool = True,
                  lora_modules: dict[str, str] | None = None, enable_lora: bool = False,
                  max_loras: int = DEFAULT_MAX_LORAS, max_lora_rank: int = DEFAULT_MAX_LORA_RANK,
-                 xlora: str | None = None) -> None:
+                 xlora: str | None = None, kv_cache_dtype: str = "auto",
+                 kv_hot_tokens: int = DEFAULT_HOT_TOKENS) -> None:
         """lora_modules: adapter name -> peft folder, loaded now; enable_lora: adapters may be loaded later
         (load_lora) even if none is given now. See native_server/lora.py. xlora: a peft X-LoRA folder
-        applied to every request (py_engine/adapters/xlora.py); it takes no other adapters."""
+        applied to every request (py_engine/adapters/xlora.py); it takes no other adapters.
+        kv_cache_dtype "int8" / "int4": the two-tier KV cache, kv_hot_tokens in the model's dtype
+        (py_engine/models/kv_quant.py, cold_attention.py)."""
         if xlora is not None and (lora_modules or enable_lora):
             raise ValueError("--xlora applies its own LoRA experts to every request: it cannot be combined with "
                              "--lora-modules or --enable-runtime-lora")
+        kv_quant = KVQuantConfig(kv_cache_dtype, kv_hot_tokens, block_size)  # bad values fail before loading
+        if xlora is not None and kv_quant.enabled:
+            raise ValueError("--kv-cache-dtype int8/int4 cannot be combined with --xlora (its scaling pass keeps "
+                             "a second cache)")
         path: Path = resolve_model(model_path)
         self.model_name = model_name or model_path
         self.device = torch.device(pick_device(device))
@@ -99,11 +108,13 @@ class LLMEngine:
         config = self.model_config
         self.eos_token_ids = eos_token_ids(GenerationConfig.from_model_dir(path), config, self.tokenizer)
         self.max_model_len = self._context_limit(max_model_len)
+        self.kv_quant = kv_quant.check(self.max_model_len)
         self.max_queue, self.max_num_seqs = max_queue, max_num_seqs
         backend = backend_for(self.device, attention_backend)  # before the memory is sized: it may refuse
         self.kv = self._allocate_kv(block_size, kv_cache_memory, gpu_memory_fraction, max_num_seqs,
                                     max_num_batched_tokens, backend)
-        self.block_manager = BlockManager(self.kv.num_blocks, block_size, enable_prefix_caching)
+        self.block_manager = BlockManager(self.kv.num_blocks, block_size, enable_prefix_caching,
+                                          self.kv.num_cold_blocks, kv_quant.hot_tokens if kv_quant.enabled else None)
         self.scheduler = Scheduler(self.block_manager, max_num_seqs, max_num_batched_tokens)
         self.runner = ModelRunner(self.model, self.kv, self._decode_graphs(cuda_graphs, max_num_seqs), self.adapters)
         self.mask_tensors = MaskTensors(config.vocab_size, self.device)  # structured outputs' token masks
@@ -150,6 +161,21 @@ class LLMEngine:
         # On CPU without a budget, stop at what max_num_seqs full-length sequences could fill.
         cap = -(-max_num_seqs * self.max_model_len // block_size) if (
             kv_cache_memory is None and self.device.type == "cpu") else None
+        quant = self.kv_quant
+        if quant.enabled:
+            if cap is not None:  # the same cap: what max_num_seqs full-length sequences could fill
+                budget = min(budget, two_tier_bytes(config, quant, dtype, max_num_seqs, max_num_batched_tokens,
+                                                    self.max_model_len))
+            hot, cold = split_budget(config, quant, dtype, max(budget, 0), max_num_seqs, max_num_batched_tokens,
+                                     self.max_model_len)
+            # One max_model_len sequence must fit: hot its window and one step's tokens, cold the rest.
+            need_hot, need_cold, step = _two_tier_blocks(quant, max_num_batched_tokens, self.max_model_len)
+            if hot < need_hot + step or cold < need_cold:
+                raise ValueError(f"the KV cache budget holds {hot} hot and {cold} cold blocks of {block_size} "
+                                 f"tokens, too few for one sequence of max_model_len {self.max_model_len}: give it "
+                                 f"more memory or lower max_model_len")
+            return PagedKVCache(config, hot, block_size, dtype, self.device, backend, quant=quant,
+                                num_cold_blocks=cold)
         num_blocks = num_kv_blocks(config, block_size, dtype, max(budget, 0), cap, self.kv_layers)
         if num_blocks * block_size < self.max_model_len:
             raise ValueError(f"the KV cache budget holds {max(num_blocks, 0) * block_size} tokens, fewer than "
@@ -234,7 +260,9 @@ class LLMEngine:
         out = self.scheduler.schedule()
         if not out.seqs:
             return []
-        logits, sampling = self.runner.execute(out, [self.block_manager.block_table(s.seq_id) for s in out.seqs])
+        bm = self.block_manager
+        cold = [bm.num_cold(s.seq_id) for s in out.seqs] if self.kv.quant is not None else None
+        logits, sampling = self.runner.execute(out, [bm.block_table(s.seq_id) for s in out.seqs], cold)
         seqs = [out.seqs[i] for i in sampling]
         if not seqs:  # only prompt chunks ran
             self.scheduler.update(out, {})
@@ -382,7 +410,11 @@ class LLMEngine:
             prefix_cache_hits=bm.prefix_hits, prefix_cache_queries=bm.prefix_queries,
             prompt_tokens=self.prompt_tokens, generation_tokens=self.generation_tokens,
             num_preemptions=self.scheduler.num_preemptions,
-            ttft=self.ttft.snapshot(), inter_token_latency=self.inter_token_latency.snapshot())
+            ttft=self.ttft.snapshot(), inter_token_latency=self.inter_token_latency.snapshot(),
+            kv_cold_blocks_total=bm.num_cold_blocks, kv_cold_blocks_used=bm.num_used_cold_blocks,
+            kv_hot_bytes_per_token=self.kv.hot_bytes_per_token, kv_cold_bytes_per_token=self.kv.cold_bytes_per_token,
+            kv_capacity_tokens=(bm.num_blocks + bm.num_cold_blocks) * bm.block_size,
+            kv_demoted_blocks=bm.num_demoted)
 
 
 __all__ = ["CompletionOutput", "EngineError", "EngineStats", "LLMEngine", "PromptTooLongError", "QueueFullError",

@@ -6,6 +6,13 @@ this step, across all sequences. `PagedKVCache.step(meta)` returns the object
 the model gets: it carries the step's metadata (which slot each token writes,
 each sequence's block table and context length), so the cache stays an
 argument, never a global.
+
+With int8/int4 KV (py_engine/models/kv_quant.py) a `ColdPool` sits beside
+the hot blocks: per layer, codes [blocks, block_size, kv_heads, head_dim *
+bits / 8] and float32 scales and zero points beside them (keys: one per
+channel of a block; values: one per token). `demote` quantizes hot blocks
+into it, once, when the scheduler says they left the hot window;
+cold_attention.py reads them back.
 """
 from __future__ import annotations
 
@@ -14,9 +21,11 @@ import logging
 import torch
 from torch import Tensor
 
+from native_server import cold_attention
 from native_server.paged_attention import PagedAttentionBackend, PagedMetadata, backend_for
 from py_engine.config import ModelConfig
 from py_engine.models.attention import AttentionSpec
+from py_engine.models.kv_quant import KVQuantConfig, dequantize, pack, quantize, unpack
 
 logger = logging.getLogger("ruvllm.server")
 
@@ -27,6 +36,49 @@ def kv_bytes_per_block(config: ModelConfig, block_size: int, dtype: torch.dtype,
     """Keys and values of every layer (`layers`, the model's by default) for block_size tokens."""
     per_token = 2 * (layers or config.num_hidden_layers) * config.num_key_value_heads * config.head_dim
     return per_token * block_size * dtype.itemsize
+
+
+def cold_bytes_per_block(config: ModelConfig, quant: KVQuantConfig) -> int:
+    """Codes, scales and zero points of every layer for one cold block."""
+    per_token = quant.cold_bytes_per_token(config.num_key_value_heads, config.head_dim)
+    return int(config.num_hidden_layers * per_token * quant.block_size)
+
+
+def split_budget(config: ModelConfig, quant: KVQuantConfig, dtype: torch.dtype, budget: int, max_num_seqs: int,
+                 max_num_batched_tokens: int, max_model_len: int) -> tuple[int, int]:
+    """(hot blocks, cold blocks) of a two-tier cache in `budget` bytes.
+
+    A running sequence holds at most hot_tokens / block_size + 2 hot blocks
+    (its window, the block being filled, the one about to turn cold), and
+    one step's new tokens are written hot before they are demoted at the
+    sequence's next step. The hot pool gets that for max_num_seqs sequences
+    plus one step, but no more than the hot share of sequences of
+    max_model_len tokens (hot blocks in the proportion such a sequence holds
+    them): more would only sit idle. The rest buys cold blocks.
+    """
+    bs = quant.block_size
+    hot_block, cold_block = kv_bytes_per_block(config, bs, dtype), cold_bytes_per_block(config, quant)
+    per_seq_hot, per_seq_cold, step_blocks = _two_tier_blocks(quant, max_num_batched_tokens, max_model_len)
+    share = per_seq_hot * hot_block / (per_seq_hot * hot_block + per_seq_cold * cold_block)
+    fair = int(share * max(budget - step_blocks * hot_block, 0)) // hot_block + step_blocks
+    hot = min(max_num_seqs * per_seq_hot + step_blocks, max(fair, per_seq_hot + step_blocks), budget // hot_block)
+    return hot, (budget - hot * hot_block) // cold_block
+
+
+def _two_tier_blocks(quant: KVQuantConfig, max_num_batched_tokens: int, max_model_len: int) -> tuple[int, int, int]:
+    """(hot blocks a running sequence holds at most, cold blocks of a max_model_len sequence, hot blocks of
+    one step's new tokens)."""
+    bs = quant.block_size
+    return (-(-quant.hot_tokens // bs) + 2, -(-max(max_model_len - quant.hot_tokens, 0) // bs),
+            -(-min(max_num_batched_tokens, max_model_len) // bs))
+
+
+def two_tier_bytes(config: ModelConfig, quant: KVQuantConfig, dtype: torch.dtype, num_seqs: int,
+                   max_num_batched_tokens: int, max_model_len: int) -> int:
+    """Bytes num_seqs sequences of max_model_len tokens take in a two-tier cache, one step's tokens included."""
+    hot, cold, step = _two_tier_blocks(quant, max_num_batched_tokens, max_model_len)
+    return (num_seqs * hot + step) * kv_bytes_per_block(config, quant.block_size, dtype) + (
+        num_seqs * cold * cold_bytes_per_block(config, quant))
 
 
 def activation_reserve(config: ModelConfig, max_num_batched_tokens: int, max_num_seqs: int) -> int:
@@ -60,12 +112,49 @@ def num_kv_blocks(config: ModelConfig, block_size: int, dtype: torch.dtype, budg
     return blocks if max_blocks is None else min(blocks, max_blocks)
 
 
+class ColdPool:
+    """Quantized blocks of every layer: keys per channel, values per token (kv_quant.py)."""
+
+    def __init__(self, config: ModelConfig, num_blocks: int, quant: KVQuantConfig, device: torch.device | str) -> None:
+        shape = (num_blocks, quant.block_size, config.num_key_value_heads)
+        D, layers = config.head_dim, range(config.num_hidden_layers)
+        codes = (*shape, D * quant.bits // 8)
+        zeros = lambda *s, dtype=torch.float32: [torch.zeros(s, dtype=dtype, device=device) for _ in layers]  # noqa: E731
+        self.key_codes, self.value_codes = zeros(*codes, dtype=torch.uint8), zeros(*codes, dtype=torch.uint8)
+        self.key_scales, self.key_zeros = zeros(num_blocks, 1, shape[2], D), zeros(num_blocks, 1, shape[2], D)
+        self.value_scales, self.value_zeros = zeros(*shape, 1), zeros(*shape, 1)
+        self.num_blocks, self.bits = num_blocks, quant.bits
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (*self.key_codes, *self.value_codes, *self.key_scales,
+                                                          *self.key_zeros, *self.value_scales, *self.value_zeros))
+
+    def store(self, layer: int, ids: Tensor, keys: Tensor, values: Tensor) -> None:
+        """Quantize keys, values [n, block_size, KV, D] into cold blocks ids [n]."""
+        codes, scale, zero = quantize(keys, 1, self.bits)  # per channel: over the block's tokens
+        self.key_codes[layer][ids], self.key_scales[layer][ids], self.key_zeros[layer][ids] = (
+            pack(codes, self.bits), scale, zero)
+        codes, scale, zero = quantize(values, -1, self.bits)  # per token: over the head's channels
+        self.value_codes[layer][ids], self.value_scales[layer][ids], self.value_zeros[layer][ids] = (
+            pack(codes, self.bits), scale, zero)
+
+    def blocks(self, layer: int, ids: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+        """Dequantized keys and values [n, block_size, KV, D] of cold blocks ids [n]."""
+        keys = dequantize(unpack(self.key_codes[layer][ids], self.bits), self.key_scales[layer][ids],
+                          self.key_zeros[layer][ids], dtype)
+        values = dequantize(unpack(self.value_codes[layer][ids], self.bits), self.value_scales[layer][ids],
+                            self.value_zeros[layer][ids], dtype)
+        return keys, values
+
+
 class PagedKVCache:
-    """Per layer, keys and values [num_blocks, block_size, kv_heads, head_dim] (layout: paged_attention.py)."""
+    """Per layer, keys and values [num_blocks, block_size, kv_heads, head_dim] (layout: paged_attention.py),
+    and with int8/int4 KV a ColdPool of num_cold_blocks."""
 
     def __init__(self, config: ModelConfig, num_blocks: int, block_size: int, dtype: torch.dtype,
                  device: torch.device | str, backend: PagedAttentionBackend | None = None,
-                 layers: int | None = None) -> None:
+                 layers: int | None = None, quant: KVQuantConfig | None = None, num_cold_blocks: int = 0) -> None:
         """layers: how many to hold, the model's by default (X-LoRA's scaling pass has its own: 2 x)."""
         shape = (num_blocks, block_size, config.num_key_value_heads, config.head_dim)
         n = layers or config.num_hidden_layers
@@ -74,9 +163,36 @@ class PagedKVCache:
         self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n)]
         self.num_blocks, self.block_size = num_blocks, block_size
         self.backend = backend or backend_for(device)
+        self.quant = quant if quant is not None and quant.enabled else None
+        self.cold = ColdPool(config, num_cold_blocks, self.quant, device) if self.quant else None
+        self.hot_bytes_per_token = kv_bytes_per_block(config, block_size, dtype) / block_size
+        self.cold_bytes_per_token = cold_bytes_per_block(config, self.quant) / block_size if self.quant else 0.0
         mib = 2 * len(self.keys) * self.keys[0].numel() * dtype.itemsize / 2**20
-        logger.info("KV cache: %d blocks of %d tokens (%d tokens, %.1f MiB) on %s, %s attention",
-                    num_blocks, block_size, num_blocks * block_size, mib, device, self.backend.name)
+        if self.cold is None:
+            logger.info("KV cache: %d blocks of %d tokens (%d tokens, %.1f MiB) on %s, %s attention",
+                        num_blocks, block_size, num_blocks * block_size, mib, device, self.backend.name)
+            return
+        logger.info("KV cache: %s, %d hot tokens: %d hot blocks of %d tokens (%.0f bytes/token, %.1f MiB) + %d "
+                    "cold blocks (%.0f bytes/token, %.1f MiB) = %d tokens on %s, %s attention (torch while any "
+                    "block is cold)", self.quant.dtype, self.quant.hot_tokens, num_blocks, block_size,
+                    self.hot_bytes_per_token, mib, num_cold_blocks, self.cold_bytes_per_token,
+                    self.cold.nbytes / 2**20, (num_blocks + num_cold_blocks) * block_size, device, self.backend.name)
+
+    @property
+    def num_cold_blocks(self) -> int:
+        return self.cold.num_blocks if self.cold is not None else 0
+
+    def demote(self, moves: list[tuple[int, int]]) -> None:
+        """Quantize hot blocks into cold ones, (hot id, cold id) in order (a later move to the same cold
+        block wins), in every layer."""
+        if not moves:
+            return
+        last = dict((cold, hot) for hot, cold in moves)
+        device = self.keys[0].device
+        hot = torch.tensor(list(last.values()), device=device)
+        cold = torch.tensor(list(last.keys()), device=device)
+        for layer, (keys, values) in enumerate(zip(self.keys, self.values)):
+            self.cold.store(layer, cold, keys[hot], values[hot])
 
     def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
         """Copy-on-write: block src's contents into block dst, in every layer."""
@@ -89,14 +205,23 @@ class PagedKVCache:
             cache[dst] = cache[src]
 
     def step(self, meta: PagedMetadata) -> PagedKVStep:
-        return PagedKVStep(self, self.backend.prepare(meta))
+        return PagedKVStep(self, self.backend.prepare(meta), self._two_tier(meta))
+
+    def _two_tier(self, meta: PagedMetadata) -> bool:
+        """Whether some query of the step reads a block cold (else the backend's own path, bit for bit)."""
+        if self.quant is None or meta.cold_blocks is None:
+            return False
+        if any(meta.cold_blocks):
+            return True
+        top = [meta.context_lens[i] - 1 for i in meta.prefill_seqs]  # the last query of each chunk
+        return any(self.quant.cold_edge(p) > 0 for p in top)
 
 
 class PagedKVStep:
     """The cache as the model sees it for one step of a flattened batch (py_engine's KVCache protocol)."""
 
-    def __init__(self, cache: PagedKVCache, meta: PagedMetadata) -> None:
-        self.cache, self.meta = cache, meta
+    def __init__(self, cache: PagedKVCache, meta: PagedMetadata, two_tier: bool = False) -> None:
+        self.cache, self.meta, self.two_tier = cache, meta, two_tier
 
     def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor, positions: Tensor,
                spec: AttentionSpec) -> Tensor:
@@ -105,5 +230,9 @@ class PagedKVStep:
         key_cache, value_cache = cache.keys[layer], cache.values[layer]
         cache.backend.write(key_cache, value_cache, k[0].transpose(0, 1), v[0].transpose(0, 1),
                             self.meta.slot_mapping)  # [N, KV, D] each
-        out = cache.backend.attend(q[0].transpose(0, 1), key_cache, value_cache, self.meta, spec)  # [N, H, D]
+        q = q[0].transpose(0, 1)  # [N, H, D]
+        if self.two_tier:
+            out = cold_attention.attend(q, key_cache, value_cache, cache.cold, layer, self.meta, spec, cache.quant)
+        else:
+            out = cache.backend.attend(q, key_cache, value_cache, self.meta, spec)  # [N, H, D]
         return out.transpose(0, 1)[None]

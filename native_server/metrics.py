@@ -107,6 +107,17 @@ _ENGINE_FIELDS = (
     ("kv_cache_blocks_cached", "gauge", "Free KV blocks still holding a reusable prefix.", "kv_blocks_cached"),
     ("kv_cache_blocks_free", "gauge", "KV cache blocks that can be handed out (cached ones included).",
      "kv_blocks_free"),
+    ("kv_cache_cold_blocks_total", "gauge", "Quantized (int8/int4) KV blocks in the cold pool; 0 without one.",
+     "kv_cold_blocks_total"),
+    ("kv_cache_cold_blocks_used", "gauge", "Cold KV blocks held by live sequences.", "kv_cold_blocks_used"),
+    ("kv_cache_hot_bytes_per_token", "gauge", "Bytes of one token's keys and values (all layers) in a hot block.",
+     "kv_hot_bytes_per_token"),
+    ("kv_cache_cold_bytes_per_token", "gauge", "Bytes of one token's keys and values (all layers) in a cold block, "
+                                               "scales and zero points included.", "kv_cold_bytes_per_token"),
+    ("kv_cache_capacity_tokens", "gauge", "Token slots of the KV cache, hot and cold pools together.",
+     "kv_capacity_tokens"),
+    ("kv_cache_demoted_blocks_total", "counter", "KV blocks quantized into the cold pool as they left the hot "
+                                                 "window.", "kv_demoted_blocks"),
     ("prefix_cache_queries_total", "counter", "Prompt tokens looked up in the prefix cache.",
      "prefix_cache_queries"),
     ("prefix_cache_hits_total", "counter", "Prompt tokens found in the prefix cache.", "prefix_cache_hits"),

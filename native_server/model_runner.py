@@ -33,7 +33,7 @@ class StepInputs:
 
 
 def prepare_inputs(out: SchedulerOutput, block_tables: list[list[int]], block_size: int,
-                   device: torch.device) -> StepInputs:
+                   device: torch.device, cold_blocks: list[int] | None = None) -> StepInputs:
     """Token ids, positions, slots and per-sequence metadata of one step, built with tensor ops, not per token."""
     ids: list[int] = []
     starts = [seq.num_computed_tokens for seq in out.seqs]
@@ -58,7 +58,7 @@ def prepare_inputs(out: SchedulerOutput, block_tables: list[list[int]], block_si
         decode_seqs=torch.tensor(decode, dtype=torch.long, device=device),
         decode_tokens=torch.tensor([query_start[i] for i in decode], dtype=torch.long, device=device),
         decode_kv_positions=decode_kv_positions(lens[decode], block_size).to(device),
-        prefill_seqs=[i for i, n in enumerate(out.num_new_tokens) if n > 1])
+        prefill_seqs=[i for i, n in enumerate(out.num_new_tokens) if n > 1], cold_blocks=cold_blocks)
     logit_indices = torch.tensor([query_start[i + 1] - 1 for i in sampling], dtype=torch.long, device=device)
     return StepInputs(torch.tensor([ids], device=device), positions[None].to(device), meta, logit_indices,
                       sampling)
@@ -74,8 +74,12 @@ class ModelRunner:
         self.kernels = model_kernels(model)  # set when optimize_for_cpu put the CPU kernels under the model
 
     @torch.inference_mode()
-    def execute(self, out: SchedulerOutput, block_tables: list[list[int]]) -> tuple[Tensor, list[int]]:
-        """Logits [R, V] (float32) for the R sequences that sample, and their indices in out.seqs."""
+    def execute(self, out: SchedulerOutput, block_tables: list[list[int]],
+                cold_blocks: list[int] | None = None) -> tuple[Tensor, list[int]]:
+        """Logits [R, V] (float32) for the R sequences that sample, and their indices in out.seqs;
+        cold_blocks: how many leading ids of each table are in the cold pool (int8/int4 KV)."""
+        if out.demotions:  # first: the hot blocks they free may be written or copied into below
+            self.kv.demote(out.demotions)
         self.kv.copy_blocks(out.block_copies)
         adapted = self.adapters is not None and any(s.lora is not None for s in out.seqs)
         if self.graphs is not None and not adapted and all(n == 1 and s.num_computed_tokens + 1 == s.num_tokens
@@ -85,7 +89,7 @@ class ModelRunner:
             logits = self.graphs.run(ids, positions, block_tables)
             if logits is not None:
                 return logits, list(range(len(out.seqs)))
-        inputs = prepare_inputs(out, block_tables, self.kv.block_size, self.device)
+        inputs = prepare_inputs(out, block_tables, self.kv.block_size, self.device, cold_blocks)
         if self.adapters is not None:
             self.adapters.set_mix([s.lora for s in out.seqs], out.num_new_tokens, inputs.sampling)
         with kernel_step(self.kernels) if self.kernels is not None else nullcontext():

@@ -177,6 +177,13 @@ class EngineStats:
     num_preemptions: int
     ttft: Histogram  # seconds from add_request to the request's first token
     inter_token_latency: Histogram  # seconds between consecutive tokens of one sample
+    # The two-tier (int8/int4) KV cache: kv_blocks_* above are the hot pool's
+    kv_cold_blocks_total: int = 0
+    kv_cold_blocks_used: int = 0
+    kv_hot_bytes_per_token: float = 0.0  # every layer's keys and values of one token
+    kv_cold_bytes_per_token: float = 0.0  # codes, scales and zero points
+    kv_capacity_tokens: int = 0  # token slots of both pools
+    kv_demoted_blocks: int = 0  # blocks quantized into the cold pool, since start
 
     @property
     def prefix_cache_hit_rate(self) -> float:

@@ -55,6 +55,7 @@ class PagedMetadata:
     decode_kv_positions: Tensor  # [Sd, L] long: slot positions of their padded contexts, padding past the end
     prefill_seqs: list[int]  # sequences with several new tokens
     kernel_inputs: Any = None  # what the backend's prepare() derived from the above, once per step
+    cold_blocks: list[int] | None = None  # [S]: leading ids of each table in the cold pool (int8/int4 KV)
 
 
 def decode_kv_positions(context_lens: Tensor, block_size: int) -> Tensor:

@@ -31,6 +31,7 @@ class SchedulerOutput:
     seqs: list[Sequence] = field(default_factory=list)
     num_new_tokens: list[int] = field(default_factory=list)  # aligned with seqs
     block_copies: list[tuple[int, int]] = field(default_factory=list)  # (src, dst), before the forward
+    demotions: list[tuple[int, int]] = field(default_factory=list)  # (hot, cold) to quantize, before the copies
     preempted: list[Sequence] = field(default_factory=list)
 
     @property
@@ -76,6 +77,7 @@ class Scheduler:
             i += 1
         if not out.preempted:  # admitting while evicting would only thrash
             self._admit(budget, out)
+        out.demotions = self.block_manager.take_demotions()
         return out
 
     def _allocate_or_preempt(self, seq: Sequence, num_new: int,

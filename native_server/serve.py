@@ -34,6 +34,7 @@ from typing import Any
 from native_server.lora import DEFAULT_MAX_LORA_RANK, DEFAULT_MAX_LORAS, parse_lora_modules
 from py_engine.hub import BUILTIN_MODEL, load_aliases, resolve_model
 from py_engine.quant.config import add_quantization_options, quant_config_from_args
+from py_engine.models.kv_quant import add_kv_cache_options
 
 logger = logging.getLogger("ruvllm.server")
 
@@ -97,6 +98,7 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="weights' dtype (auto: the checkpoint's)")
     p.add_argument("--cache-dir", metavar="DIR", help="model cache (default: $RUVLLM_CACHE_DIR or ~/.cache/ruvllm)")
     add_quantization_options(p)
+    add_kv_cache_options(p)
     lora = p.add_argument_group("LoRA adapters (native_server/lora.py)")
     lora.add_argument("--lora-modules", nargs="+", action="append", metavar="NAME=PATH",
                       help="peft LoRA adapters to serve; a request's `model` picks one by NAME (repeatable)")
@@ -172,6 +174,11 @@ def _log_configuration(args: argparse.Namespace, path: Path, engine: Any) -> Non
     logger.info("KV cache: %d blocks of %d tokens = %d tokens; batch: %d sequences, %d tokens per step; "
                 "queue: %d", stats.kv_blocks_total, block_size, stats.kv_blocks_total * block_size,
                 args.max_concurrent, args.max_num_batched_tokens, args.max_queue)
+    if stats.kv_cold_blocks_total:
+        logger.info("KV cache %s with %d hot tokens: %d hot blocks (%.0f bytes/token) + %d cold blocks (%.0f "
+                    "bytes/token) = capacity %d tokens", args.kv_cache_dtype, args.kv_hot_tokens,
+                    stats.kv_blocks_total, stats.kv_hot_bytes_per_token, stats.kv_cold_blocks_total,
+                    stats.kv_cold_bytes_per_token, stats.kv_capacity_tokens)
     logger.info("listening on http://%s:%d (API key %s)", args.host, args.port,
                 "required" if args.api_key else "not required")
 
@@ -248,7 +255,8 @@ def run_serve(args: argparse.Namespace) -> int:
                        lora_modules=lora_modules, enable_lora=args.enable_runtime_lora or args.learning,
                        max_loras=args.max_loras + (2 * sona_config.max_sessions + 2 if sona_config else 0),
                        max_lora_rank=max(args.max_lora_rank, sona_config.rank + sona_config.micro_rank
-                                         if sona_config else 0), xlora=args.xlora)
+                                         if sona_config else 0), xlora=args.xlora,
+                       kv_cache_dtype=args.kv_cache_dtype, kv_hot_tokens=args.kv_hot_tokens)
     async_engine = AsyncEngine(engine)
     ctx = ServerContext.for_engine(async_engine, path, name, _aliases(args.model, path),
                                    allow_client_chat_template=args.allow_client_chat_template,

@@ -106,7 +106,8 @@ def cmd_chat(args: argparse.Namespace) -> int:
     xlora, non_granular = xlora_from_args(args)
     llm = LLM(args.model, dtype=args.dtype, device=args.device, cache_dir=args.cache_dir,
               quantization=quant_config_from_args(args), lora=loras, max_lora_rank=args.max_lora_rank,
-              xlora=xlora, xlora_non_granular=non_granular)
+              xlora=xlora, xlora_non_granular=non_granular, kv_cache_dtype=args.kv_cache_dtype,
+              kv_hot_tokens=args.kv_hot_tokens)
     llm.chat_prompt([{"role": "user", "content": "hi"}])  # fail now, not after the first question
     session = ChatSession(llm, sampling_params(args, llm.generation_config), args.system, sys.stdout, adapter)
     interactive = sys.stdin.isatty()

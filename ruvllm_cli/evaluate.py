@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 from py_engine.adapters.config import add_lora_options, lora_from_args
+from py_engine.models.kv_quant import KVQuantConfig, add_kv_cache_options
 from py_engine.quant.config import add_quantization_options, quant_config_from_args
 
 MAX_DEFAULT_WINDOW = 4096  # long-context models: a window past this costs far more than it tells
@@ -40,6 +41,7 @@ def add_parser(sub) -> None:
     q.add_argument("--cache-dir", metavar="DIR", help="model cache (default: $RUVLLM_CACHE_DIR or ~/.cache/ruvllm)")
     add_quantization_options(q)
     add_lora_options(q)
+    add_kv_cache_options(q)
     q.set_defaults(func=run_eval_ppl)
 
 
@@ -79,6 +81,7 @@ def run_eval_ppl(args: argparse.Namespace) -> int:
 
     qconfig = quant_config_from_args(args)  # bad combinations fail before anything loads
     loras, adapter = lora_from_args(args)
+    kv_quant = KVQuantConfig(args.kv_cache_dtype, args.kv_hot_tokens)
     path = resolve_model(args.model, args.cache_dir)
     text_path = eval_text_path(path, args.text_file)
     start = time.perf_counter()
@@ -91,6 +94,7 @@ def run_eval_ppl(args: argparse.Namespace) -> int:
         manager.set_adapter_mix(adapter)
     load_seconds = time.perf_counter() - start
     ids = encode_text(Tokenizer.from_pretrained(path), text_path.read_text(encoding="utf-8"), args.max_tokens)
+    kv_quant.check(config.max_position_embeddings)
     window = args.window or min(config.max_position_embeddings, MAX_DEFAULT_WINDOW)
     if window > config.max_position_embeddings:
         raise ValueError(f"--window {window} is longer than the model's context {config.max_position_embeddings}")
@@ -99,17 +103,19 @@ def run_eval_ppl(args: argparse.Namespace) -> int:
         raise ValueError(f"--stride {stride} is longer than the window {window}")
     if len(ids) < 2:
         raise ValueError(f"{text_path} holds {len(ids)} token(s); perplexity needs at least 2")
-    result = perplexity(model, ids, window, stride, progress=_progress() if not args.json else None)
+    result = perplexity(model, ids, window, stride, progress=_progress() if not args.json else None,
+                        kv_quant=kv_quant)
     checkpoint = read_quantization(path)  # a pre-quantized checkpoint is described by its own config
     quantization = checkpoint.describe() if checkpoint is not None else qconfig.describe()
-    out = result.to_dict() | {"quantization": quantization, "model": str(path), "adapter": adapter,
+    kv = "auto" if not kv_quant.enabled else f"{kv_quant.dtype}, {kv_quant.hot_tokens} hot tokens"
+    out = result.to_dict() | {"quantization": quantization, "kv_cache": kv, "model": str(path), "adapter": adapter,
                               "text_file": str(text_path),
                               "load_seconds": round(load_seconds, 3)}
     if args.json:
         print(json.dumps(out))
     else:
         print(f"perplexity {result.perplexity:.4f} (loss {result.loss:.4f} nats/token) over {result.tokens} tokens "
-              f"of {text_path.name}; window {window}, stride {stride}, quantization {quantization}, "
+              f"of {text_path.name}; window {window}, stride {stride}, quantization {quantization}, KV cache {kv}, "
               f"{result.seconds:.1f} s")
     return 0
 

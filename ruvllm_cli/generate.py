@@ -24,6 +24,8 @@ def model_options(parser: argparse.ArgumentParser) -> None:
     add_quantization_options(parser)
     add_lora_options(parser)
     add_xlora_options(parser)
+    from py_engine.models.kv_quant import add_kv_cache_options
+    add_kv_cache_options(parser)
 
 
 def sampling_options(parser: argparse.ArgumentParser, max_tokens: int) -> None:
@@ -54,7 +56,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
     xlora, non_granular = xlora_from_args(args)
     llm = LLM(args.model, dtype=dtype, device=args.device, cache_dir=args.cache_dir, backend=args.backend,
               quantization=quant_config_from_args(args), lora=loras, max_lora_rank=args.max_lora_rank,
-              xlora=xlora, xlora_non_granular=non_granular)
+              xlora=xlora, xlora_non_granular=non_granular, kv_cache_dtype=args.kv_cache_dtype,
+              kv_hot_tokens=args.kv_hot_tokens)
     params = sampling_params(args, llm.generation_config)
     if args.json:
         if llm.xlora is not None:  # log the scalings behind each token

@@ -27,6 +27,7 @@ from native_server.bench.stats import RequestTiming, RunResult, summarize
 from native_server.bench.workload import Workload
 from py_engine.adapters.config import add_lora_options, lora_from_args
 from py_engine.quant.config import add_quantization_options, quant_config_from_args
+from py_engine.models.kv_quant import add_kv_cache_options
 
 SERVER_LEVELS = (1, 4, 16, 64)
 
@@ -86,6 +87,7 @@ def add_benchmark_parser(subparsers: Any) -> argparse.ArgumentParser:
     engine.add_argument("--cache-dir", metavar="DIR", help="model cache (default: $RUVLLM_CACHE_DIR or ~/.cache/ruvllm)")
     add_quantization_options(engine)
     add_lora_options(engine)  # --lora NAME=PATH loads adapters in process; --adapter NAME (with --url too) runs one
+    add_kv_cache_options(engine)
     p.set_defaults(func=run_benchmark)
     return p
 
@@ -114,7 +116,8 @@ def run_offline(args: argparse.Namespace, workload: Workload, levels: Sequence[i
                        max_num_batched_tokens=args.max_num_batched_tokens,
                        enable_prefix_caching=not args.no_prefix_caching, model_name=args.model,
                        quantization=quant_config_from_args(args), lora_modules=loras or None,
-                       max_lora_rank=args.max_lora_rank)
+                       max_lora_rank=args.max_lora_rank, kv_cache_dtype=args.kv_cache_dtype,
+                       kv_hot_tokens=args.kv_hot_tokens)
     vocab = args.vocab_size or engine.model_config.vocab_size
     if args.warmup:
         run_engine(engine, workload.prompts(args.warmup, vocab, "warmup"), workload.gen_len, 1, lora=adapter)
@@ -145,7 +148,9 @@ def run_offline(args: argparse.Namespace, workload: Workload, levels: Sequence[i
             "dtype": str(next(engine.model.parameters()).dtype).removeprefix("torch."),
             "kv_blocks": kv.num_blocks, "block_size": kv.block_size, "max_model_len": engine.max_model_len,
             "parameters": config.num_parameters(), "torch_threads": _torch_threads(),
-            "quantization": quant_config_from_args(args).describe(), "adapter": adapter}
+            "quantization": quant_config_from_args(args).describe(), "adapter": adapter,
+            "kv_cache_dtype": args.kv_cache_dtype, "kv_hot_tokens": args.kv_hot_tokens,
+            "kv_cold_blocks": kv.num_cold_blocks, "kv_capacity_tokens": (kv.num_blocks + kv.num_cold_blocks) * kv.block_size}
     return rows, meta
 
 

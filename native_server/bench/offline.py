@@ -41,13 +41,14 @@ def kv_occupancy(engine: Any) -> KVOccupancy:
     """Read the block manager between steps: each running sequence's table and computed tokens."""
     bm = engine.block_manager
     size = bm.block_size
-    filled: dict[int, int] = {}  # block id -> slots with a computed token
+    filled: dict[tuple[bool, int], int] = {}  # (cold pool?, block id) -> slots with a computed token
     for seq in engine.scheduler.running:
+        cold = bm.num_cold(seq.seq_id)  # a two-tier cache's tables start with ids of its cold pool
         for i, block in enumerate(bm.block_table(seq.seq_id)):
             slots = min(size, max(seq.num_computed_tokens - i * size, 0))
-            filled[block] = max(filled.get(block, 0), slots)
-    return KVOccupancy(len(engine.scheduler.running), sum(filled.values()), bm.num_used_blocks * size,
-                       bm.num_blocks * size)
+            filled[i < cold, block] = max(filled.get((i < cold, block), 0), slots)
+    return KVOccupancy(len(engine.scheduler.running), sum(filled.values()),
+                       (bm.num_used_blocks + bm.num_used_cold_blocks) * size, (bm.num_blocks + bm.num_cold_blocks) * size)
 
 
 def peak_rss_mib() -> float:

@@ -6,6 +6,7 @@
     for chunk in llm.stream("JULIET:", SamplingParams(max_tokens=40)):
         print(chunk.text, end="", flush=True)
     LLM("tiny-shakespeare", quantization="int4")         # or a QuantConfig: quantized at load time
+    LLM("tiny-shakespeare", kv_cache_dtype="int4", kv_hot_tokens=128)  # two-tier KV cache (kv_quant.py)
     llm = LLM("tiny-shakespeare", lora={"sonnets": "path/to/peft-adapter"})
     llm.generate("ROMEO:", lora="sonnets")               # that adapter; lora=None (default) is the base
 
@@ -27,6 +28,7 @@ from py_engine.config import GenerationConfig, ModelConfig
 from py_engine.generate import Completion, GenerationChunk, complete, eos_token_ids, start_ids, stream
 from py_engine.hub import resolve_model
 from py_engine.models import CausalLM, DenseKVCache, longrope_switch_length
+from py_engine.models.kv_quant import DEFAULT_HOT_TOKENS, KVQuantConfig
 from py_engine.cpu.transforms import kernel_step, model_kernels, optimize_for_cpu
 from py_engine.quant.config import QuantConfig
 from py_engine.quant.load import as_quant_config, load_quantized
@@ -52,8 +54,10 @@ def pick_device(device: str = "auto") -> str:
 class TorchBackend:
     """One sequence through the torch model, its KV cache grown as the sequence grows."""
 
-    def __init__(self, model: CausalLM, config: ModelConfig, max_context: int, lora: str | None = None) -> None:
+    def __init__(self, model: CausalLM, config: ModelConfig, max_context: int, lora: str | None = None,
+                 kv_quant: KVQuantConfig | None = None) -> None:
         self.model, self.config, self.max_context = model, config, max_context
+        self.kv_quant = kv_quant
         manager = getattr(model, "lora", None)  # py_engine.adapters.LoraManager, when adapters are loaded
         if lora is not None and manager is None:
             raise ValueError(f"adapter {lora!r} was asked for but this model has no LoRA adapters loaded")
@@ -85,10 +89,13 @@ class TorchBackend:
         capacity = min(self.max_context, -(-length // _CACHE_STEP) * _CACHE_STEP)
         # X-LoRA (py_engine.adapters.xlora) keeps its scaling pass's cache beside the model's: kv_layers = 2 x layers
         layers = getattr(self.model, "kv_layers", None)
-        fresh = DenseKVCache.allocate(self.config, 1, capacity, self.dtype, self.device, layers=layers)
+        fresh = DenseKVCache.allocate(self.config, 1, capacity, self.dtype, self.device, layers=layers,
+                                      quant=self.kv_quant)
         if self.kv is not None:
             for old, new in zip(self.kv.keys + self.kv.values, fresh.keys + fresh.values):
                 new[:, :, : self.length].copy_(old[:, :, : self.length])
+            if hasattr(fresh, "settled"):  # the copied prefix keeps its cold blocks
+                fresh.take_cold(self.kv)
         self.kv = fresh
 
     @torch.inference_mode()
@@ -104,6 +111,8 @@ class TorchBackend:
 
     def prefill(self, token_ids: Sequence[int]) -> torch.Tensor:
         self.length = 0
+        if hasattr(self.kv, "settled"):  # a fresh sequence in the same buffers: nothing is cold yet
+            self.kv.settled = 0
         self.tokens = list(token_ids)
         return self._forward(token_ids)
 
@@ -136,10 +145,16 @@ class LLM:
                  cache_dir: str | None = None, max_context: int | None = None, backend: str = "torch",
                  optimize: bool = True, quantization: str | QuantConfig | None = None,
                  lora: Mapping[str, str | Path] | None = None, max_lora_rank: int = DEFAULT_MAX_RANK,
-                 xlora: str | Path | None = None, xlora_non_granular: int | None = None) -> None:
+                 xlora: str | Path | None = None, xlora_non_granular: int | None = None,
+                 kv_cache_dtype: str = "auto", kv_hot_tokens: int = DEFAULT_HOT_TOKENS) -> None:
         """lora: adapter name -> peft adapter folder, loaded unmerged (pick one per call with lora=NAME).
         xlora: a peft X-LoRA folder, applied to every call (py_engine.adapters.xlora); xlora_non_granular=k
-        computes its scalings for the first k forward calls of a generation only."""
+        computes its scalings for the first k forward calls of a generation only.
+        kv_cache_dtype "int8" or "int4": the two-tier KV cache (the most recent kv_hot_tokens tokens
+        in the model's dtype, older blocks quantized; py_engine/models/kv_quant.py), as the server's."""
+        kv_quant = KVQuantConfig(kv_cache_dtype, kv_hot_tokens)  # bad values fail before the model loads
+        if backend == "onnx" and kv_quant.enabled:
+            raise ValueError("kv_cache_dtype applies to the torch backend")
         self.path: Path = resolve_model(model, cache_dir)
         self.backend = backend
         self.quantization = as_quant_config(quantization)
@@ -176,6 +191,7 @@ class LLM:
         self.max_context = min(max_context or self.config.max_position_embeddings,
                                self.config.max_position_embeddings)
         self.eos_token_ids = eos_token_ids(self.generation_config, self.config, self.tokenizer)
+        self.kv_quant = kv_quant.check(self.max_context)
         self._chat_config: ChatConfig | None = None
 
     def _load_loras(self, lora: Mapping[str, str | Path], max_rank: int) -> None:
@@ -220,7 +236,7 @@ class LLM:
             if lora is not None:
                 raise ValueError("LoRA adapters apply to the torch backend")
             return self.model.backend(self.max_context)
-        return TorchBackend(self.model, self.config, self.max_context, lora)
+        return TorchBackend(self.model, self.config, self.max_context, lora, self.kv_quant)
 
     def chat_prompt(self, messages: Sequence[Mapping[str, Any]], **template_kwargs: Any) -> str:
         """The model's chat template applied to messages, ending with the assistant's turn."""

@@ -21,8 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..kernels import CpuKernels
-from ..models.kv_cache import DenseKVCache, KVCache
+from ..kernels import ColdTier, CpuKernels
+from ..models.kv_cache import DenseKVCache, KVCache, TwoTierDenseKVCache
 from ..models.layers import MLP, Attention, RMSNorm
 from .linears import FusedLinear, KernelLinear
 
@@ -58,6 +58,11 @@ class KernelAttention(Attention):
             return super().forward(x, cos, sin, positions, kv)
         assert isinstance(kv, DenseKVCache)
         position = int(positions)  # [1, 1]
+        cold = None
+        if isinstance(kv, TwoTierDenseKVCache):
+            if self.layer == 0:
+                kv.settle(position)  # attend() would have: blocks leaving the hot window turn cold first
+            cold = ColdTier.of(kv.codes[self.layer], kv.settled, kv.quant.bits) if kv.settled else None
         keys, values = kv.keys[self.layer], kv.values[self.layer]  # [1, KV, max_len, D]
         if position >= keys.shape[2]:
             raise ValueError(f"position {position} does not fit a cache of max_len {keys.shape[2]}")
@@ -65,7 +70,7 @@ class KernelAttention(Attention):
         start = 0 if window is None else max(0, position + 1 - window)
         qkv = self.qkv_proj(x)  # [1, 1, (H + 2 KV) * D]
         out = self.kernels.attend_one(qkv, cos.contiguous(), sin.contiguous(), keys, values, self.n_heads,
-                                      position, start, self.spec.scale, self.spec.softcap)  # [H * D]
+                                      position, start, self.spec.scale, self.spec.softcap, cold)  # [H * D]
         return self.o_proj(out.view(1, 1, -1))  # [1, 1, hidden]
 
 

@@ -35,8 +35,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..adapters.layer import AdapterMix, LoraLinear
-from ..kernels import CpuKernels
-from ..models.kv_cache import DenseKVCache
+from ..kernels import ColdTier, CpuKernels
+from ..models.kv_cache import DenseKVCache, TwoTierDenseKVCache
 from ..models.transformer import DecoderLayer, DecoderModel
 from .layers import DTYPES, KernelAttention, KernelMLP, KernelRMSNorm
 from .linears import FusedLinear, KernelLinear
@@ -62,7 +62,7 @@ class Layer(ctypes.Structure):
 
     _fields_ = [("norm_attn", P), ("norm_mlp", P), ("qkv", Proj), ("o", Proj), ("gate_up", Proj), ("down", Proj),
                 ("keys", P), ("values", P), ("window", ctypes.c_int64), ("scale", ctypes.c_float),
-                ("softcap", ctypes.c_float)]
+                ("softcap", ctypes.c_float), ("cold", ColdTier)]
 
 
 class Step(ctypes.Structure):
@@ -72,7 +72,8 @@ class Step(ctypes.Structure):
                 ("H", ctypes.c_int64), ("KV", ctypes.c_int64), ("D", ctypes.c_int64), ("max_len", ctypes.c_int64),
                 ("inter", ctypes.c_int64), ("eps", ctypes.c_float), ("unit_offset", ctypes.c_int32),
                 ("bf16", ctypes.c_int32), ("h", P), ("qkv", P), ("attn", P), ("wide", P), ("act", P), ("tmp", P),
-                ("scratch", P), ("lora_h", P)]
+                ("scratch", P), ("lora_h", P), ("cold_tokens", ctypes.c_int64), ("cold_bits", ctypes.c_int64),
+                ("cold_bs", ctypes.c_int64), ("cold_max_blocks", ctypes.c_int64)]
 
 
 class NotStackable(Exception):
@@ -254,6 +255,12 @@ class StackPlan:
                 raise NotStackable("the cache is not one contiguous sequence of the step's dtype")
         for i, (k, v) in enumerate(zip(kv.keys, kv.values)):
             self.layers[i].keys, self.layers[i].values = k.data_ptr(), v.data_ptr()
+        two_tier = isinstance(kv, TwoTierDenseKVCache)
+        for i in range(len(self.layers)):  # a two-tier cache's codes; the counts are the step's
+            self.layers[i].cold = ColdTier.of(kv.codes[i], 0, 0) if two_tier else ColdTier()
+        tier = self.layers[0].cold
+        self.step.cold_bits = kv.quant.bits if two_tier else 0
+        self.step.cold_bs, self.step.cold_max_blocks = tier.bs, tier.max_blocks
         groups = self.heads // self.kv_heads
         self.scratch = torch.empty(self.kv_heads * ((groups + 1) * self.head_dim + kv.max_len), dtype=torch.float32)
         self.step.scratch, self.step.max_len = self.scratch.data_ptr(), kv.max_len
@@ -302,6 +309,7 @@ class StackPlan:
         if position >= self.kv.max_len:
             raise ValueError(f"position {position} does not fit a cache of max_len {self.kv.max_len}")
         out = torch.empty_like(x)
+        self.step.cold_tokens = getattr(self.kv, "settled", 0)  # tokens read from codes (two-tier caches)
         status = self._fn(ctypes.byref(self.step), x.data_ptr(), cos.data_ptr(), sin.data_ptr(), cos.shape[-1],
                           position, out.data_ptr())
         if status != 0:
@@ -358,6 +366,8 @@ class KernelDecoderModel(DecoderModel):
         if self.embedding_multiplier != 1.0:
             x = x * torch.tensor(self.embedding_multiplier, dtype=x.dtype)
         cos, sin = self.rotary_emb(positions, x.dtype)  # [1, 1, rot]
+        if isinstance(kv, TwoTierDenseKVCache):
+            kv.settle(int(positions))  # the blocks leaving the hot window turn cold before the step reads them
         with stack.lock:  # one step at a time: the work rows and the bound cache are the plan's
             if not stack.select_adapter():  # per-row adapter weights (X-LoRA): the module path
                 return super().forward(input_ids, positions, kv)

@@ -82,7 +82,7 @@ class CpuKernels:
         lib.rk_rms_norm.argtypes = [p, p, p, i64, i64, ctypes.c_float, i, i]
         lib.rk_rms_norm.restype = None
         f = ctypes.c_float
-        lib.rk_attend_one.argtypes = [p, p, p, p, p, p, i64, i64, i64, i64, i64, i64, i64, f, f, i, p]
+        lib.rk_attend_one.argtypes = [p, p, p, p, p, p, i64, i64, i64, i64, i64, i64, i64, f, f, i, p, p]
         lib.rk_attend_one.restype = i
         lib.rk_argmax.argtypes = [p, i64]
         lib.rk_argmax.restype = i64
@@ -160,11 +160,13 @@ class CpuKernels:
         return y
 
     def attend_one(self, qkv: Tensor, cos: Tensor, sin: Tensor, keys: Tensor, values: Tensor,
-                   heads: int, position: int, start: int, scale: float, softcap: float | None) -> Tensor:
+                   heads: int, position: int, start: int, scale: float, softcap: float | None,
+                   cold: "ColdTier | None" = None) -> Tensor:
         """Rope, cache write and attention of one token: qkv [(H + 2 KV) * D] -> [H * D].
 
         keys and values are one layer's contiguous [1, KV, max_len, D] cache; the
-        new key and value go to `position`, and the query sees start..position.
+        new key and value go to `position`, and the query sees start..position;
+        with `cold` (a two-tier cache), tokens before cold.tokens are read from its codes.
         """
         _, kv_heads, max_len, head_dim = keys.shape
         groups = heads // kv_heads
@@ -176,7 +178,8 @@ class CpuKernels:
         status = self.lib.rk_attend_one(qkv.data_ptr(), cos.data_ptr(), sin.data_ptr(), keys.data_ptr(),
                                         values.data_ptr(), out.data_ptr(), heads, kv_heads, head_dim,
                                         cos.shape[-1], position, start, max_len, scale, softcap or 0.0,
-                                        qkv.dtype == torch.bfloat16, scratch.data_ptr())
+                                        qkv.dtype == torch.bfloat16, scratch.data_ptr(),
+                                        None if cold is None else ctypes.addressof(cold))
         if status != 0:
             raise RuntimeError(f"rk_attend_one failed ({status}): heads {heads}, cache {tuple(keys.shape)}, "
                                f"position {position}, start {start}")
@@ -188,6 +191,23 @@ class CpuKernels:
         if x.dtype != torch.float32 or not x.is_cpu or not x.is_contiguous() or x.numel() == 0:
             raise ValueError(f"argmax takes a non-empty contiguous float32 CPU tensor, not {x.dtype} {tuple(x.shape)}")
         return self.lib.rk_argmax(x.data_ptr(), x.numel())
+
+
+class ColdTier(ctypes.Structure):
+    """decode.c's cold_t: one layer's cold tier of a two-tier cache (models/kv_cache.py's ColdCodes, row 0)."""
+
+    _fields_ = [(name, ctypes.c_void_p) for name in ("kc", "vc", "ks", "kz", "vs", "vz")] + [
+        (name, ctypes.c_int64) for name in ("tokens", "bits", "bs", "max_blocks")]
+
+    @classmethod
+    def of(cls, codes, tokens: int, bits: int) -> "ColdTier":
+        """codes: a ColdCodes of contiguous CPU tensors with batch 1."""
+        kc = codes.key_codes
+        tier = cls(kc.data_ptr(), codes.value_codes.data_ptr(), codes.key_scales.data_ptr(),
+                   codes.key_zeros.data_ptr(), codes.value_scales.data_ptr(), codes.value_zeros.data_ptr(),
+                   tokens, bits, kc.shape[3], kc.shape[2])
+        tier.keep = codes  # the tensors outlive the structure
+        return tier
 
 
 class LinearPlan:

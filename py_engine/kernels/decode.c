@@ -59,6 +59,16 @@ void rk_rms_norm(const void *x, const void *w, void *y, int64_t rows, int64_t di
   }
 }
 
+/* The cold tier of a two-tier cache (py_engine/models/kv_quant.py), one layer of one sequence: tokens
+ * before `tokens` are read from codes instead of the buffers. Keys per channel: codes [KV, blocks, bs,
+ * D * bits / 8], scales and zeros [KV, blocks, D]; values per token: codes [KV, max_len, D * bits / 8],
+ * scales and zeros [KV, max_len]. int4 packs two codes a byte, the even channel in the low nibble. */
+typedef struct {
+  const uint8_t *kc, *vc;
+  const float *ks, *kz, *vs, *vz;
+  int64_t tokens, bits, bs, max_blocks;
+} cold_t;
+
 typedef struct {
   const void *qkv, *cos, *sin;     /* [(H + 2 KV) * D]; [rot] each */
   void *keys, *values, *out;       /* [KV, max_len, D] each; [H * D] */
@@ -66,6 +76,7 @@ typedef struct {
   float scale, softcap;            /* softcap 0: none */
   int bf16;
   float *scratch;                  /* [KV, (G + 1) * D + max_len] floats: q, one key, scores */
+  const cold_t *cold;              /* NULL: every token from the buffers */
 } attend_t;
 
 /* Rotate the first rot channels of one head as rope.apply_rotary does:
@@ -98,6 +109,61 @@ static inline float dot(const float *q, const void *k, int bf16, int64_t n) {
   return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
 }
 
+static inline __m256 codes8(const uint8_t *c, int bits, int64_t i) { /* codes i..i+7 as floats */
+  if (bits == 8) return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(c + i))));
+  uint32_t x;
+  memcpy(&x, c + i / 2, 4); /* 8 nibbles: code j is (x >> 4 j) & 15 */
+  const __m256i sh = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28);
+  return _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32((int)x), sh), _mm256_set1_epi32(15)));
+}
+
+static inline float hsum(__m256 acc) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+
+/* Scores of query qh against the cold tokens start..cold->tokens - 1 of KV head g: q . (code * scale + zero)
+ * summed as (q * scale) . code + q . zero, the products by block (qs: D floats of scratch). */
+static void cold_scores(const attend_t *a, const float *qh, int64_t g, int64_t start, float *qs, float *scores) {
+  const cold_t *c = a->cold;
+  const int64_t D = a->D, packed = D * c->bits / 8;
+  float qz = 0.f;
+  int64_t block = -1;
+  for (int64_t s = start; s < c->tokens; ++s) {
+    if (s / c->bs != block) {
+      block = s / c->bs;
+      const float *ks = c->ks + (g * c->max_blocks + block) * D, *kz = c->kz + (g * c->max_blocks + block) * D;
+      __m256 z = _mm256_setzero_ps();
+      for (int64_t i = 0; i < D; i += 8) {
+        const __m256 q = _mm256_loadu_ps(qh + i);
+        _mm256_storeu_ps(qs + i, _mm256_mul_ps(q, _mm256_loadu_ps(ks + i)));
+        z = _mm256_fmadd_ps(q, _mm256_loadu_ps(kz + i), z);
+      }
+      qz = hsum(z);
+    }
+    const uint8_t *code = c->kc + ((g * c->max_blocks + block) * c->bs + s % c->bs) * packed;
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t i = 0; i < D; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(qs + i), codes8(code, (int)c->bits, i), acc);
+    scores[s - start] = hsum(acc) + qz;
+  }
+}
+
+/* acc += sum over the cold tokens of p[s] * (code * scale_s + zero_s), p = weights from `start`. */
+static void cold_values(const attend_t *a, int64_t g, int64_t start, const float *p, float *acc) {
+  const cold_t *c = a->cold;
+  const int64_t D = a->D, packed = D * c->bits / 8;
+  float zsum = 0.f;
+  for (int64_t s = start; s < c->tokens; ++s) {
+    const int64_t row = g * a->max_len + s;
+    const __m256 w = _mm256_set1_ps(p[s - start] * c->vs[row]);
+    zsum += p[s - start] * c->vz[row];
+    for (int64_t i = 0; i < D; i += 8)
+      _mm256_store_ps(acc + i, _mm256_fmadd_ps(w, codes8(c->vc + row * packed, (int)c->bits, i), _mm256_load_ps(acc + i)));
+  }
+  for (int64_t i = 0; i < D; ++i) acc[i] += zsum;
+}
+
 /* KV head g: rotate and store its new key and value at pos, then attend its G
  * query heads over keys start..pos (softmax in fp32, as attention.py). */
 static void attend_head(const void *context, int64_t g) {
@@ -113,12 +179,16 @@ static void attend_head(const void *context, int64_t g) {
   const int esz = a->bf16 ? 2 : 4;
   const char *keys = (const char *)a->keys + (g * a->max_len + a->start) * D * esz;
   const char *values = (const char *)a->values + (g * a->max_len + a->start) * D * esz;
+  /* tokens start..start + n_cold - 1 are cold (read from codes), the rest from the buffers */
+  const int64_t n_cold = a->cold && a->cold->tokens > a->start ? a->cold->tokens - a->start : 0;
   for (int64_t h = 0; h < G; ++h) {
     float *qh = q + h * D;
     rope(a, a->qkv, (g * G + h) * D, qh);
     float top = -INFINITY, sum = 0.f;
+    if (n_cold) cold_scores(a, qh, g, a->start, k, scores); /* k: the key row is free as scratch here */
     for (int64_t s = 0; s < n; ++s) {
-      float v = dot(qh, keys + s * D * esz, a->bf16, D) * a->scale;
+      float v = s < n_cold ? scores[s] : dot(qh, keys + s * D * esz, a->bf16, D);
+      v *= a->scale;
       if (a->softcap > 0.f) v = tanhf(v / a->softcap) * a->softcap;
       scores[s] = v;
       top = v > top ? v : top;
@@ -126,7 +196,11 @@ static void attend_head(const void *context, int64_t g) {
     for (int64_t s = 0; s < n; ++s) sum += scores[s] = expf(scores[s] - top);
     float acc[D] __attribute__((aligned(32))); /* the weighted sum of values */
     for (int64_t i = 0; i < D; ++i) acc[i] = 0.f;
-    for (int64_t s = 0; s < n; ++s) {
+    if (n_cold) {
+      for (int64_t s = 0; s < n_cold; ++s) scores[s] /= sum;
+      cold_values(a, g, a->start, scores, acc);
+    }
+    for (int64_t s = n_cold; s < n; ++s) {
       __m256 p = _mm256_set1_ps(scores[s] / sum);
       for (int64_t i = 0; i < D; i += 8)
         _mm256_store_ps(acc + i, _mm256_fmadd_ps(p, load8(values, a->bf16, s * D + i), _mm256_load_ps(acc + i)));
@@ -138,9 +212,14 @@ static void attend_head(const void *context, int64_t g) {
 /* One token of one sequence: rope, cache write and attention for every head. */
 int rk_attend_one(const void *qkv, const void *cos, const void *sin, void *keys, void *values, void *out,
                   int64_t H, int64_t KV, int64_t D, int64_t rot, int64_t pos, int64_t start, int64_t max_len,
-                  float scale, float softcap, int bf16, float *scratch) {
+                  float scale, float softcap, int bf16, float *scratch, const cold_t *cold) {
   if (D % 8 || H % KV || rot > D || rot % 2 || pos >= max_len || start > pos || start < 0) return -1;
-  attend_t a = {qkv, cos, sin, keys, values, out, H, KV, D, rot, pos, start, max_len, scale, softcap, bf16, scratch};
+  if (cold && (cold->tokens > pos || cold->tokens % cold->bs || (cold->bits != 8 && cold->bits != 4)
+               || cold->tokens > cold->max_blocks * cold->bs))
+    return -1;
+  if (cold && cold->tokens == 0) cold = NULL;
+  attend_t a = {qkv, cos, sin, keys, values, out, H, KV, D, rot, pos, start, max_len, scale, softcap, bf16, scratch,
+                cold};
   pool_run(KV, attend_head, &a, sizeof a);
   return 0;
 }

@@ -34,9 +34,14 @@ int rk_linear_gated(const void *x, int x_bf16, const void *w_gate, const void *w
                     const void *b_up, int bias_bf16, void *y, int y_bf16, int64_t N, int64_t K);
 void rk_rms_norm(const void *x, const void *w, void *y, int64_t rows, int64_t dim, float eps, int unit_offset,
                  int bf16);
+typedef struct { /* decode.c's: the cold tier of one layer (two-tier KV cache) */
+  const uint8_t *kc, *vc;
+  const float *ks, *kz, *vs, *vz;
+  int64_t tokens, bits, bs, max_blocks;
+} cold_t;
 int rk_attend_one(const void *qkv, const void *cos, const void *sin, void *keys, void *values, void *out, int64_t H,
                   int64_t KV, int64_t D, int64_t rot, int64_t pos, int64_t start, int64_t max_len, float scale,
-                  float softcap, int bf16, float *scratch);
+                  float softcap, int bf16, float *scratch, const cold_t *cold);
 
 typedef struct { /* one adapter on one projection: A [r, in], B [rows, r] with the scaling folded in, fp32 */
   const float *A, *B;
@@ -58,6 +63,7 @@ typedef struct { /* one decoder layer */
   void *keys, *values; /* this layer's cache [KV, max_len, D] */
   int64_t window;      /* sliding window, 0 for none */
   float scale, softcap;
+  cold_t cold;         /* its cold tier; tokens, bits, bs and max_blocks come from step_t */
 } step_layer_t;
 
 typedef struct {
@@ -69,6 +75,7 @@ typedef struct {
   void *h, *qkv, *attn, *wide, *act, *tmp; /* work rows of the dtype (wide: 2 inter) */
   float *scratch;                          /* rk_attend_one's */
   float *lora_h;                           /* [the largest r of the adapters set]: A x */
+  int64_t cold_tokens, cold_bits, cold_bs, cold_max_blocks; /* two-tier cache: tokens read from codes (0: none) */
 } step_t;
 
 static inline float rounded(float v, int bf16) { /* the value a tensor of the dtype would hold */
@@ -145,10 +152,12 @@ int rk_decode_step(const step_t *s, void *x, const void *cos, const void *sin, i
   for (int64_t l = 0; l < s->n_layers; ++l) {
     const step_layer_t *L = &s->layers[l];
     const int64_t start = L->window > 0 && pos + 1 > L->window ? pos + 1 - L->window : 0;
+    cold_t cold = L->cold;
+    cold.tokens = s->cold_tokens, cold.bits = s->cold_bits, cold.bs = s->cold_bs, cold.max_blocks = s->cold_max_blocks;
     rk_rms_norm(x, L->norm_attn, s->h, 1, s->hidden, s->eps, s->unit_offset, b);
     if (project(s, &L->qkv, s->h, s->hidden, s->qkv) != 0
         || rk_attend_one(s->qkv, cos, sin, L->keys, L->values, s->attn, s->H, s->KV, s->D, rot, pos, start,
-                         s->max_len, L->scale, L->softcap, b, s->scratch) != 0
+                         s->max_len, L->scale, L->softcap, b, s->scratch, s->cold_tokens ? &cold : NULL) != 0
         || project(s, &L->o, s->attn, s->H * s->D, s->tmp) != 0)
       return (int)-(1 + l);
     add_into(x, s->tmp, s->hidden, b);

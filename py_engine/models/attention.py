@@ -85,3 +85,32 @@ class NoCache:
     def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor, positions: Tensor,
                spec: AttentionSpec) -> Tensor:
         return attention(q, k, v, positions, positions, spec)
+
+
+def two_tier_attention(q: Tensor, k: Tensor, v: Tensor, k_cold: Tensor, v_cold: Tensor, q_positions: Tensor,
+                       kv_positions: Tensor, cold_edges: Tensor, spec: AttentionSpec,
+                       chunk: int = 512) -> Tensor:
+    """attention() where a query reads the keys and values before its cold edge from k_cold, v_cold.
+
+    q [B, H, T, D]; k, v, k_cold, v_cold [B, KV, S, D] at kv_positions
+    arange(S); q_positions and cold_edges [B, T]. Explicit scores (two
+    sources per key), in chunks of queries, each over the keys up to its
+    last query, so an 8k prompt's scores stay ~[H, 512, 8k]. (kv_quant.py
+    says which tokens are cold.)
+    """
+    groups = q.shape[1] // k.shape[1]
+    k, v, k_cold, v_cold = (t.repeat_interleave(groups, dim=1) for t in (k, v, k_cold, v_cold))  # [B, H, S, D]
+    out = []
+    for start in range(0, q.shape[2], chunk):
+        qc, q_pos = q[:, :, start:start + chunk], q_positions[:, start:start + chunk]  # [B, H, t, D], [B, t]
+        end = min(int(q_pos.max()) + 1, k.shape[2])  # the causal mask hides every later key
+        kc, vc, kc_cold, vc_cold = (t[:, :, :end] for t in (k, v, k_cold, v_cold))
+        kv_pos = kv_positions[..., :end]
+        cold = (kv_pos.view(-1, 1, end) < cold_edges[:, start:start + chunk, None])[:, None]  # [B, 1, t, end]
+        scores = torch.where(cold, qc @ kc_cold.transpose(2, 3), qc @ kc.transpose(2, 3)) * spec.scale
+        if spec.softcap is not None:
+            scores = torch.tanh(scores / spec.softcap) * spec.softcap
+        mask = attention_mask(q_pos, kv_pos, spec.sliding_window)
+        weights = torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1, dtype=torch.float32).to(q.dtype)
+        out.append(weights.masked_fill(~cold, 0) @ vc_cold + weights.masked_fill(cold, 0) @ vc)  # [B, H, t, D]
+    return torch.cat(out, dim=2)

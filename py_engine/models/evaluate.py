@@ -10,6 +10,9 @@ least `window - stride` tokens of context. The first token has no context and is
 stride == window the windows do not overlap and each window's first token goes unscored (as in
 Hugging Face's loop). Perplexity is exp(total NLL / scored tokens).
 
+With a two-tier KV cache (`kv_quant`, kv_quant.py) each window runs over a fresh one, and every query
+reads the blocks past its hot window dequantized, as token-by-token decoding would.
+
 Windows of the same shape and scored span run as one batch, and the LM head computes logits only
 for the scored positions (CausalLM's `logit_indices`). Ring 1 (torch).
 """
@@ -66,7 +69,7 @@ def sliding_windows(n: int, window: int, stride: int) -> list[tuple[int, int, in
 
 @torch.inference_mode()
 def perplexity(model: Any, ids: Sequence[int], window: int, stride: int | None = None,
-               progress: Callable[[int, int], None] | None = None) -> PerplexityResult:
+               progress: Callable[[int, int], None] | None = None, kv_quant: Any = None) -> PerplexityResult:
     """Sliding-window perplexity of `ids` under a py_engine CausalLM (forward(ids, positions, logit_indices=))."""
     start = time.perf_counter()
     stride = stride or max(window // 2, 1)
@@ -84,7 +87,12 @@ def perplexity(model: Any, ids: Sequence[int], window: int, stride: int | None =
         for i in range(0, len(begins), batch):
             rows = torch.stack([tokens[b: b + length] for b in begins[i: i + batch]]).to(device)  # [B, length]
             positions = torch.arange(length, device=device).expand(rows.shape[0], -1)  # [B, length]
-            logits = model(rows, positions, logit_indices=scored)  # [B, length - offset, V]
+            kv = None
+            if kv_quant is not None and kv_quant.enabled:
+                from .kv_cache import DenseKVCache
+                kv = DenseKVCache.allocate(model.config, rows.shape[0], length, model.model.embed_tokens.weight.dtype,
+                                           device, layers=getattr(model, "kv_layers", None), quant=kv_quant)
+            logits = model(rows, positions, kv, logit_indices=scored)  # [B, length - offset, V]
             targets = rows[:, offset:]  # [B, length - offset]
             nll += F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), reduction="sum").item()
             count += targets.numel()

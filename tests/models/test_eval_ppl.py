@@ -88,7 +88,18 @@ def test_cli_quantized_and_plain_text(capsys):
     assert line.startswith("perplexity ") and "quantization int8 8-bit per-channel sym" in line
 
 
+def test_cli_two_tier_kv_cache(capsys):
+    """int4 KV with 32 hot tokens: the cold blocks cost perplexity, a little."""
+    assert main(["eval", "ppl", "--max-tokens", "400", "--json"]) == 0
+    full = json.loads(capsys.readouterr().out)
+    assert main(["eval", "ppl", "--max-tokens", "400", "--json", "--kv-cache-dtype", "int4", "--kv-hot-tokens", "32"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["kv_cache"] == "int4, 32 hot tokens" and full["kv_cache"] == "auto"
+    assert out["perplexity"] != full["perplexity"] and abs(out["perplexity"] / full["perplexity"] - 1) < 0.02
+
+
 @pytest.mark.parametrize("argv, message", [
+    (["--kv-cache-dtype", "int4", "--kv-hot-tokens", "300"], "kv_hot_tokens is 300 but must be at least one block"),
     (["--text-file", "/nonexistent/text.txt"], "text file /nonexistent/text.txt does not exist"),
     (["--stride", "300"], "--stride 300 is longer than the window 256"),
     (["--window", "512"], "--window 512 is longer than the model's context 256"),

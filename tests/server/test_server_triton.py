@@ -69,6 +69,15 @@ def test_prefix_hits_preemption_and_forks_give_the_oracle_backends_tokens(model_
     assert eng.stats().prefix_cache_hits > 0 and eng.stats().num_preemptions > 0
 
 
+def test_the_two_tier_kv_cache_gives_the_oracle_backends_tokens(model_dir, corpus):
+    """int4 KV, 8 hot tokens: Triton writes the hot blocks and attends while none is cold; the torch path
+    (native_server/cold_attention.py) reads the cold ones on both engines."""
+    batch = [(f"r{i}", p, mixed_params(i)) for i, p in enumerate(prompts(corpus, 4, seed=2, lengths=(2, 30)))]
+    eng = same_outputs(model_dir, batch, block_size=4, max_num_batched_tokens=16, kv_cache_dtype="int4",
+                       kv_hot_tokens=8)
+    assert eng.block_manager.num_demoted > 0
+
+
 @pytest.mark.parametrize("family", sorted(SLIDING))
 def test_sliding_window_and_softcap_families_give_the_oracle_backends_tokens(tmp_path, corpus, family):
     folder = build_tiny_model(tmp_path / family, family, seed=4, num_key_value_heads=1, **SLIDING[family])
