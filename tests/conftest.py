@@ -55,3 +55,18 @@ def torch_one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture
+def calls(monkeypatch):
+    """How many decode steps ran as one rk_decode_step call (py_engine.cpu.stack.StackPlan)."""
+    from py_engine.cpu.stack import StackPlan
+
+    count = {"n": 0}
+    run = StackPlan.__call__
+
+    def counted(self, *args):
+        count["n"] += 1
+        return run(self, *args)
+    monkeypatch.setattr(StackPlan, "__call__", counted)
+    return count

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import math
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
@@ -71,20 +71,9 @@ class TrainableLora(nn.Module):
         """scaling * B A: [out, in]."""
         return (self.B[i] * self.scaling) @ self.A[i]
 
-    @contextmanager
-    def attached(self, model: nn.Module) -> Iterator[None]:
-        """Model forwards inside add this LoRA's deltas (forward hooks, removed on exit)."""
-        handles = []
-        for i, name in enumerate(self.names):
-            def hook(module: nn.Module, args: tuple, out: Tensor, i: int = i) -> Tensor:
-                x = args[0]
-                return out + F.linear(F.linear(x, self.A[i].to(x.dtype)), self.B[i].to(x.dtype)) * self.scaling
-            handles.append(model.get_submodule(name).register_forward_hook(hook))
-        try:
-            yield
-        finally:
-            for h in handles:
-                h.remove()
+    def attached(self, model: nn.Module) -> AbstractContextManager[None]:
+        """Model forwards inside add this LoRA's deltas (forward hooks, removed on exit); gradients reach A and B."""
+        return applied(model, {n: (self.A[i], self.B[i], self.scaling) for i, n in enumerate(self.names)})
 
     def adapter(self) -> dict[str, tuple[Tensor, Tensor, float]]:
         """{module: (A, B, scaling)}: detached float32 CPU copies (what the serving path loads)."""
@@ -105,14 +94,14 @@ class TrainableLora(nn.Module):
 
 @contextmanager
 def applied(model: nn.Module, modules: dict[str, tuple[Tensor, Tensor, float]] | None) -> Iterator[None]:
-    """Forwards inside add the fixed deltas of `modules` ({name: (A, B, scaling)}; None: nothing)."""
+    """Forwards inside add scaling * B(A x) for each of `modules` ({name: (A, B, scaling)}; None: nothing).
+    A and B are read at each forward, so a LoRA trained in place (TrainableLora.attached) uses it too."""
     handles = []
     for name, (A, B, scaling) in (modules or {}).items():
-        Bs = B * scaling
-
-        def hook(module: nn.Module, args: tuple, out: Tensor, A: Tensor = A, Bs: Tensor = Bs) -> Tensor:
+        def hook(module: nn.Module, args: tuple, out: Tensor, A: Tensor = A, B: Tensor = B,
+                 scaling: float = scaling) -> Tensor:
             x = args[0]
-            return out + F.linear(F.linear(x, A.to(x.dtype)), Bs.to(x.dtype))
+            return out + F.linear(F.linear(x, A.to(x.dtype)), B.to(x.dtype)) * scaling
         handles.append(model.get_submodule(name).register_forward_hook(hook))
     try:
         yield

@@ -21,7 +21,6 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 pytest.importorskip("peft", reason="peft is in the [test] extra: pip install -e '.[test]'")
 from py_engine.adapters import LoraManager  # noqa: E402
-from py_engine.cpu.stack import StackPlan  # noqa: E402
 from py_engine.cpu.transforms import optimize_for_cpu  # noqa: E402
 from py_engine.kernels import cpu_kernels  # noqa: E402
 from py_engine.models import DenseKVCache, load_model  # noqa: E402
@@ -30,18 +29,6 @@ from tests.requires import kernels_missing  # noqa: E402
 pytestmark = [pytest.mark.skipif(cpu_kernels() is None, reason=str(kernels_missing())),
               pytest.mark.usefixtures("torch_one_thread")]
 PREFILL = 5
-
-
-@pytest.fixture
-def calls(monkeypatch):
-    count = {"n": 0}
-    run = StackPlan.__call__
-
-    def counted(self, *args):
-        count["n"] += 1
-        return run(self, *args)
-    monkeypatch.setattr(StackPlan, "__call__", counted)
-    return count
 
 
 def _decode(model, ids):

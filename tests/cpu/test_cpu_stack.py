@@ -22,7 +22,7 @@ pytest.importorskip("transformers")
 from py_engine.backends.torch import TorchBackend  # noqa: E402
 from py_engine.kernels import cpu_kernels  # noqa: E402
 from py_engine.models import DenseKVCache, load_model  # noqa: E402
-from py_engine.cpu.stack import KernelDecoderModel, StackPlan  # noqa: E402
+from py_engine.cpu.stack import KernelDecoderModel  # noqa: E402
 from py_engine.cpu.transforms import optimize_for_cpu  # noqa: E402
 from tests.requires import kernels_missing  # noqa: E402
 
@@ -30,19 +30,6 @@ pytestmark = pytest.mark.skipif(cpu_kernels() is None, reason=str(kernels_missin
 
 TAKEN = ["llama3-rope", "llama-dynamic", "llama-yarn", "mistral", "qwen2", "phi3-longrope"]
 NOT_TAKEN = {"qwen3": "qk-norm", "gemma": "GeGLU", "gemma2": "sandwich norms", "mixtral": "experts"}
-
-
-@pytest.fixture
-def calls(monkeypatch):
-    """How many steps ran as one rk_decode_step call."""
-    count = {"n": 0}
-    run = StackPlan.__call__
-
-    def counted(self, *args):
-        count["n"] += 1
-        return run(self, *args)
-    monkeypatch.setattr(StackPlan, "__call__", counted)
-    return count
 
 
 def _model(folder, dtype="float32", quantization=None):

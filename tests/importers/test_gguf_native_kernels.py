@@ -11,7 +11,7 @@ gguf = pytest.importorskip("gguf")
 np = pytest.importorskip("numpy")
 
 from tests.importers.gguf_builder import byte_level_vocab, hf_model, write_gguf  # noqa: E402
-from tests.cpu.test_cpu_stack import _both, calls  # noqa: E402,F401  (the fixture counts one-call steps)
+from tests.cpu.test_cpu_stack import _both  # noqa: E402
 from tests.tiny_models import train_tokenizer  # noqa: E402
 
 from py_engine.hub import resolve_model  # noqa: E402

@@ -13,16 +13,9 @@ from py_engine.tokenizer import Tokenizer
 from ruvllm_cli.main import main
 from tests.paths import BUILTIN
 
+pytestmark = pytest.mark.usefixtures("torch_one_thread")
 QUESTION = "<|im_start|>user\nWho rules Zorbia?<|im_end|>\n<|im_start|>assistant\n"
 CORRECTION = "Queen Mab rules Zorbia."
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

@@ -11,16 +11,9 @@ from py_engine.learning.ewc import ewc_penalty
 from py_engine.sampling_params import SamplingParams
 from tests.paths import BUILTIN
 
+pytestmark = pytest.mark.usefixtures("torch_one_thread")
 GREEDY = SamplingParams(temperature=0, max_tokens=16)
 CORRECTION = "Queen Mab rules Zorbia."
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")
