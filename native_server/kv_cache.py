@@ -173,8 +173,7 @@ class PagedKVCache:
                         num_blocks, block_size, num_blocks * block_size, mib, device, self.backend.name)
             return
         logger.info("KV cache: %s, %d hot tokens: %d hot blocks of %d tokens (%.0f bytes/token, %.1f MiB) + %d "
-                    "cold blocks (%.0f bytes/token, %.1f MiB) = %d tokens on %s, %s attention (torch while any "
-                    "block is cold)", self.quant.dtype, self.quant.hot_tokens, num_blocks, block_size,
+                    "cold blocks (%.0f bytes/token, %.1f MiB) = %d tokens on %s, %s attention", self.quant.dtype, self.quant.hot_tokens, num_blocks, block_size,
                     self.hot_bytes_per_token, mib, num_cold_blocks, self.cold_bytes_per_token,
                     self.cold.nbytes / 2**20, (num_blocks + num_cold_blocks) * block_size, device, self.backend.name)
 
@@ -231,8 +230,9 @@ class PagedKVStep:
         cache.backend.write(key_cache, value_cache, k[0].transpose(0, 1), v[0].transpose(0, 1),
                             self.meta.slot_mapping)  # [N, KV, D] each
         q = q[0].transpose(0, 1)  # [N, H, D]
-        if self.two_tier:
-            out = cold_attention.attend(q, key_cache, value_cache, cache.cold, layer, self.meta, spec, cache.quant)
+        if self.two_tier:  # a backend that reads cold blocks itself has attend_cold (cpu_attention.py)
+            attend_cold = getattr(cache.backend, "attend_cold", cold_attention.attend)
+            out = attend_cold(q, key_cache, value_cache, cache.cold, layer, self.meta, spec, cache.quant)
         else:
             out = cache.backend.attend(q, key_cache, value_cache, self.meta, spec)  # [N, H, D]
         return out.transpose(0, 1)[None]

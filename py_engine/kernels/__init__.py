@@ -43,8 +43,9 @@ from torch import Tensor
 from ..hub.resolve import cache_root
 
 HERE = Path(__file__).parent
-SOURCES = [HERE / "linear.c", HERE / "blas.c", HERE / "decode.c", HERE / "pool.c", HERE / "quant.c", HERE / "qtile.c", HERE / "step.c"]
-HEADERS = [HERE / "linear.h", HERE / "pool.h", HERE / "quant.h"]
+SOURCES = [HERE / "linear.c", HERE / "blas.c", HERE / "decode.c", HERE / "pool.c", HERE / "quant.c", HERE / "qtile.c", HERE / "step.c",
+           HERE / "paged.c"]
+HEADERS = [HERE / "attend.h", HERE / "linear.h", HERE / "pool.h", HERE / "quant.h"]
 FLAGS = ["-O3", "-ffp-contract=off", "-shared", "-fPIC", "-pthread"]  # no contraction: torch rounds each op
 # Macros for an A/B build of the kernels (benchmarks: `ruvllm:int8+DQ_ROWS8=4`), e.g. "Q_ROWS8=4 Q_PREFETCH=1024"
 FLAGS += [f"-D{d}" for d in os.environ.get("RUVLLM_KERNEL_DEFINES", "").split()]
@@ -99,6 +100,9 @@ class CpuKernels:
         # step.c (driven by py_engine.cpu.stack): a whole decode step of the decoder stack
         lib.rk_decode_step.argtypes = [p, p, p, p, i64, i64, p]
         lib.rk_decode_step.restype = i
+        # paged.c (driven by py_engine.kernels.paged): the server's paged decode attention
+        lib.rk_paged_decode.argtypes = [p]
+        lib.rk_paged_decode.restype = i
         self.blas = _torch_blas()
         if self.blas is not None:
             lib.rk_use_blas(*self.blas)

@@ -12,33 +12,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "attend.h"
 #include "pool.h"
-
-static inline float ld(const void *p, int bf16, int64_t i) {
-  if (!bf16) return ((const float *)p)[i];
-  uint32_t u = (uint32_t)((const uint16_t *)p)[i] << 16;
-  float f;
-  memcpy(&f, &u, 4);
-  return f;
-}
-static inline float r(float f, int bf16) { /* the value torch would hold in the tensor's dtype */
-  if (!bf16) return f;
-  uint32_t u;
-  memcpy(&u, &f, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return f;
-  u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u; /* round to nearest even */
-  memcpy(&f, &u, 4);
-  return f;
-}
-static inline void st(void *p, int bf16, int64_t i, float v) {
-  if (!bf16) {
-    ((float *)p)[i] = v;
-    return;
-  }
-  uint32_t u;
-  memcpy(&u, &v, 4);
-  ((uint16_t *)p)[i] = (u & 0x7fffffffu) > 0x7f800000u ? 0x7fc0 : (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-}
 
 /* RMSNorm over the last dim of x [rows, dim], as layers.RMSNorm: Llama casts
  * x / rms to the dtype, then multiplies by w; Gemma multiplies by (1 + w) in fp32. */
@@ -95,34 +70,6 @@ static void rope(const attend_t *a, const void *src, int64_t off, float *dst) {
   }
 }
 
-static inline __m256 load8(const void *p, int bf16, int64_t i) { /* a bf16 is an fp32's top half */
-  if (!bf16) return _mm256_loadu_ps((const float *)p + i);
-  __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)p + i));
-  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-}
-
-static inline float dot(const float *q, const void *k, int bf16, int64_t n) {
-  __m256 acc = _mm256_setzero_ps();
-  for (int64_t i = 0; i < n; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), load8(k, bf16, i), acc);
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
-}
-
-static inline __m256 codes8(const uint8_t *c, int bits, int64_t i) { /* codes i..i+7 as floats */
-  if (bits == 8) return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(c + i))));
-  uint32_t x;
-  memcpy(&x, c + i / 2, 4); /* 8 nibbles: code j is (x >> 4 j) & 15 */
-  const __m256i sh = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28);
-  return _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32((int)x), sh), _mm256_set1_epi32(15)));
-}
-
-static inline float hsum(__m256 acc) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
-}
-
 /* Scores of query qh against the cold tokens start..cold->tokens - 1 of KV head g: q . (code * scale + zero)
  * summed as (q * scale) . code + q . zero, the products by block (qs: D floats of scratch). */
 static void cold_scores(const attend_t *a, const float *qh, int64_t g, int64_t start, float *qs, float *scores) {
@@ -143,9 +90,7 @@ static void cold_scores(const attend_t *a, const float *qh, int64_t g, int64_t s
       qz = hsum(z);
     }
     const uint8_t *code = c->kc + ((g * c->max_blocks + block) * c->bs + s % c->bs) * packed;
-    __m256 acc = _mm256_setzero_ps();
-    for (int64_t i = 0; i < D; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(qs + i), codes8(code, (int)c->bits, i), acc);
-    scores[s - start] = hsum(acc) + qz;
+    scores[s - start] = cold_dot(qs, code, (int)c->bits, D) + qz;
   }
 }
 
@@ -156,10 +101,8 @@ static void cold_values(const attend_t *a, int64_t g, int64_t start, const float
   float zsum = 0.f;
   for (int64_t s = start; s < c->tokens; ++s) {
     const int64_t row = g * a->max_len + s;
-    const __m256 w = _mm256_set1_ps(p[s - start] * c->vs[row]);
     zsum += p[s - start] * c->vz[row];
-    for (int64_t i = 0; i < D; i += 8)
-      _mm256_store_ps(acc + i, _mm256_fmadd_ps(w, codes8(c->vc + row * packed, (int)c->bits, i), _mm256_load_ps(acc + i)));
+    cold_axpy(acc, p[s - start] * c->vs[row], c->vc + row * packed, (int)c->bits, D);
   }
   for (int64_t i = 0; i < D; ++i) acc[i] += zsum;
 }
@@ -201,9 +144,7 @@ static void attend_head(const void *context, int64_t g) {
       cold_values(a, g, a->start, scores, acc);
     }
     for (int64_t s = n_cold; s < n; ++s) {
-      __m256 p = _mm256_set1_ps(scores[s] / sum);
-      for (int64_t i = 0; i < D; i += 8)
-        _mm256_store_ps(acc + i, _mm256_fmadd_ps(p, load8(values, a->bf16, s * D + i), _mm256_load_ps(acc + i)));
+      axpy(acc, scores[s] / sum, (const char *)values + s * D * esz, a->bf16, D);
     }
     for (int64_t i = 0; i < D; ++i) st(a->out, a->bf16, (g * G + h) * D + i, acc[i]);
   }
