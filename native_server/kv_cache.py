@@ -24,6 +24,7 @@ from torch import Tensor
 from native_server import cold_attention
 from native_server.paged_attention import PagedAttentionBackend, PagedMetadata, backend_for
 from py_engine.config import ModelConfig
+from py_engine.kernels.paged import PagedStepView
 from py_engine.models.attention import AttentionSpec
 from py_engine.models.kv_quant import KVQuantConfig, dequantize, pack, quantize, unpack
 
@@ -221,6 +222,20 @@ class PagedKVStep:
 
     def __init__(self, cache: PagedKVCache, meta: PagedMetadata, two_tier: bool = False) -> None:
         self.cache, self.meta, self.two_tier = cache, meta, two_tier
+
+    def decode_view(self) -> PagedStepView | None:
+        """The step as the CPU's one-call decode stack runs it (py_engine/cpu/stack.py): only a step of one
+        sequence decoding one token, with the C attention backend; None otherwise (the model's own path)."""
+        cache, meta = self.cache, self.meta
+        if cache.backend.name != "cpu" or len(meta.context_lens) != 1 or meta.prefill_seqs:
+            return None
+        length = meta.context_lens[0]
+        table = meta.block_tables[0, :-(-length // cache.block_size)]  # [blocks], a contiguous row
+        cold = cache.cold
+        codes = None if cold is None else list(zip(cold.key_codes, cold.value_codes, cold.key_scales, cold.key_zeros,
+                                                   cold.value_scales, cold.value_zeros))
+        return PagedStepView(cache.keys, cache.values, codes, cold.bits if cold is not None else 0, table, length,
+                             meta.cold_blocks[0] if meta.cold_blocks else 0, int(meta.slot_mapping[0]))
 
     def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor, positions: Tensor,
                spec: AttentionSpec) -> Tensor:

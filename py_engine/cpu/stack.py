@@ -36,6 +36,7 @@ from torch import Tensor, nn
 
 from ..adapters.layer import AdapterMix, LoraLinear
 from ..kernels import ColdTier, CpuKernels
+from ..kernels.paged import PagedDecode, PagedStepView
 from ..models.kv_cache import DenseKVCache, TwoTierDenseKVCache
 from ..models.transformer import DecoderLayer, DecoderModel
 from .layers import DTYPES, KernelAttention, KernelMLP, KernelRMSNorm
@@ -73,7 +74,8 @@ class Step(ctypes.Structure):
                 ("inter", ctypes.c_int64), ("eps", ctypes.c_float), ("unit_offset", ctypes.c_int32),
                 ("bf16", ctypes.c_int32), ("h", P), ("qkv", P), ("attn", P), ("wide", P), ("act", P), ("tmp", P),
                 ("scratch", P), ("lora_h", P), ("cold_tokens", ctypes.c_int64), ("cold_bits", ctypes.c_int64),
-                ("cold_bs", ctypes.c_int64), ("cold_max_blocks", ctypes.c_int64)]
+                ("cold_bs", ctypes.c_int64), ("cold_max_blocks", ctypes.c_int64), ("paged", P), ("q", P),
+                ("slot", ctypes.c_int64)]
 
 
 class NotStackable(Exception):
@@ -135,10 +137,11 @@ class StackPlan:
         containers, keys, objects = self._columns
         return all(map(operator.is_, map(dict.get, containers, keys), objects))
 
-    def bound_to(self, kv: DenseKVCache) -> bool:
+    def bound_to(self, kv: DenseKVCache | PagedStepView) -> bool:
         """Whether steps write and read `kv`'s tensors (the ones it holds now)."""
-        return (kv is self.kv and all(map(operator.is_, kv.keys, self.keys))
-                and all(map(operator.is_, kv.values, self.values)))
+        paged = isinstance(kv, PagedStepView)
+        return ((kv.keys is self.kv.keys if paged and isinstance(self.kv, PagedStepView) else kv is self.kv)
+                and all(map(operator.is_, kv.keys, self.keys)) and all(map(operator.is_, kv.values, self.values)))
 
     # laying it out ----------------------------------------------------------------------------------------
     def _layer(self, i: int, layer: nn.Module) -> Layer:
@@ -245,10 +248,13 @@ class StackPlan:
         out = weights[0].shape[0] if gated else sum(w.shape[0] for w in weights)
         return Proj(ctypes.addressof(ws), ctypes.addressof(bs), ctypes.addressof(ns), 0, n, 0, int(gated), out)
 
-    def bind(self, kv: DenseKVCache) -> None:
-        """Point every layer at kv's key and value tensors (a new generation's cache)."""
+    def bind(self, kv: DenseKVCache | PagedStepView) -> None:
+        """Point every layer at kv's key and value tensors (a new generation's cache, or a paged one)."""
         if len(kv.keys) != len(self.layers) or len(kv.values) != len(self.layers):
             raise NotStackable("the cache has another number of layers")
+        if isinstance(kv, PagedStepView):
+            return self._bind_paged(kv)
+        self.step.paged, self.step.q = None, None
         shape = (1, self.kv_heads, kv.max_len, self.head_dim)
         for k, v in zip(kv.keys, kv.values):
             if any(t.shape != shape or t.dtype != self.dtype or not t.is_cpu or not t.is_contiguous() for t in (k, v)):
@@ -265,6 +271,39 @@ class StackPlan:
         self.scratch = torch.empty(self.kv_heads * ((groups + 1) * self.head_dim + kv.max_len), dtype=torch.float32)
         self.step.scratch, self.step.max_len = self.scratch.data_ptr(), kv.max_len
         self.kv, self.keys, self.values = kv, list(kv.keys), list(kv.values)
+
+    def _bind_paged(self, view: PagedStepView) -> None:
+        """Point every layer at a paged cache's blocks (and cold pool); each step then sets its row (set_row)."""
+        _, block_size, kv_heads, head_dim = view.keys[0].shape
+        if (kv_heads, head_dim) != (self.kv_heads, self.head_dim) or self.heads // kv_heads * max(
+                head_dim, block_size) > 8192:  # paged.c's bounds
+            raise NotStackable("the paged cache's heads or block size do not fit the kernel")
+        for k, v in zip(view.keys, view.values):
+            if any(t.shape != view.keys[0].shape or t.dtype != self.dtype or not t.is_cpu or not t.is_contiguous()
+                   for t in (k, v)):
+                raise NotStackable("the paged cache is not of the step's dtype, contiguous, on the CPU")
+        for i, (k, v) in enumerate(zip(view.keys, view.values)):
+            self.layers[i].keys, self.layers[i].values = k.data_ptr(), v.data_ptr()
+            cold = view.cold[i] if view.cold is not None else None
+            self.layers[i].cold = ColdTier(*(t.data_ptr() for t in cold), 0, 0, 0, 0) if cold else ColdTier()
+        self.row = (ctypes.c_int64 * 3)(0, 0, 0)  # the row's sequence and token (0), then its n_cold
+        self.length = (ctypes.c_int64 * 1)(0)
+        self.paged = PagedDecode(seqs=ctypes.addressof(self.row), tokens=ctypes.addressof(self.row),
+                                 lens=ctypes.addressof(self.length), rows=1, H=self.heads, KV=kv_heads, D=head_dim,
+                                 bs=block_size, bf16=int(self.dtype == torch.bfloat16), bits=view.bits)
+        self.q = torch.empty(self.heads * head_dim, dtype=self.dtype)
+        self.scratch = torch.empty(head_dim, dtype=torch.float32)
+        self.step.scratch, self.step.max_len, self.step.cold_tokens = self.scratch.data_ptr(), 0, 0
+        self.step.paged, self.step.q = ctypes.addressof(self.paged), self.q.data_ptr()
+        self.kv, self.keys, self.values = view, list(view.keys), list(view.values)
+
+    def set_row(self, view: PagedStepView) -> None:
+        """This step's table, length, cold count and slot (a paged cache)."""
+        self.table = view.table  # kept: C reads it during the step
+        self.paged.tables, self.paged.table_stride = view.table.data_ptr(), view.table.numel()
+        self.length[0], self.row[2], self.step.slot = view.length, view.n_cold, view.slot
+        self.paged.n_cold = ctypes.addressof(self.row) + 16 if view.n_cold else None
+        self.kv = view
 
     # adapters -------------------------------------------------------------------------------------------------
     def select_adapter(self) -> bool:
@@ -306,15 +345,24 @@ class StackPlan:
     # running it ---------------------------------------------------------------------------------------------
     def __call__(self, x: Tensor, cos: Tensor, sin: Tensor, position: int) -> Tensor:
         """x [1, 1, hidden] (the embedding, updated in place) -> final-normed hidden states [1, 1, hidden]."""
-        if position >= self.kv.max_len:
+        paged = isinstance(self.kv, PagedStepView)
+        if paged and position != self.kv.length - 1:
+            raise ValueError(f"position {position} is not the paged step's last ({self.kv.length - 1})")
+        if not paged and position >= self.kv.max_len:
             raise ValueError(f"position {position} does not fit a cache of max_len {self.kv.max_len}")
         out = torch.empty_like(x)
-        self.step.cold_tokens = getattr(self.kv, "settled", 0)  # tokens read from codes (two-tier caches)
+        if not paged:
+            self.step.cold_tokens = getattr(self.kv, "settled", 0)  # tokens read from codes (two-tier caches)
         status = self._fn(ctypes.byref(self.step), x.data_ptr(), cos.data_ptr(), sin.data_ptr(), cos.shape[-1],
                           position, out.data_ptr())
         if status != 0:
             raise RuntimeError(f"rk_decode_step failed in layer {-status - 1} at position {position}")
         return out
+
+
+def _cache_id(kv: DenseKVCache | PagedStepView) -> int:
+    """A cache's identity: a paged step's view is new every step, its keys list is the cache's own."""
+    return id(kv.keys) if isinstance(kv, PagedStepView) else id(kv)
 
 
 def _get(layer: nn.Module, name: str) -> nn.Module | None:
@@ -356,33 +404,45 @@ class KernelDecoderModel(DecoderModel):
     _stack_failed: tuple | None = None  # (kv, dtype) a layout was refused for: not retried every step
 
     def forward(self, input_ids: Tensor, positions: Tensor, kv=None) -> Tensor:
-        stack = self._usable_stack(input_ids, kv)
+        target = self._target(input_ids, kv)  # the dense cache, or a paged single-sequence step
+        stack = self._usable_stack(input_ids, target)
         if stack is None:
             hidden = super().forward(input_ids, positions, kv)
-            if self._wants_stack(input_ids, kv, hidden.dtype):
-                self._lay_out(kv, hidden.dtype)  # the step above built every module's plan
+            if self._wants_stack(input_ids, target, hidden.dtype):
+                self._lay_out(target, hidden.dtype)  # the step above built every module's plan
             return hidden
         x = self.embed_tokens(input_ids)  # [1, 1, hidden], a new tensor: the step updates it in place
         if self.embedding_multiplier != 1.0:
             x = x * torch.tensor(self.embedding_multiplier, dtype=x.dtype)
         cos, sin = self.rotary_emb(positions, x.dtype)  # [1, 1, rot]
-        if isinstance(kv, TwoTierDenseKVCache):
+        if isinstance(target, TwoTierDenseKVCache):
             kv.settle(int(positions))  # the blocks leaving the hot window turn cold before the step reads them
         with stack.lock:  # one step at a time: the work rows and the bound cache are the plan's
             if not stack.select_adapter():  # per-row adapter weights (X-LoRA): the module path
                 return super().forward(input_ids, positions, kv)
-            if not stack.bound_to(kv):
+            if not stack.bound_to(target):
                 try:
-                    stack.bind(kv)
+                    stack.bind(target)
                 except NotStackable:
-                    self._stack_failed = (id(kv), stack.dtype)
+                    self._stack_failed = (_cache_id(target), stack.dtype)
                     return super().forward(input_ids, positions, kv)
+            if isinstance(target, PagedStepView):
+                stack.set_row(target)
             return stack(x.contiguous(), cos.contiguous(), sin.contiguous(), int(positions))
 
+    @staticmethod
+    def _target(input_ids: Tensor, kv) -> DenseKVCache | PagedStepView | None:
+        """What a one-call step would run on: a DenseKVCache, or the view of a paged cache's step that is one
+        sequence decoding one token (native_server's PagedKVStep.decode_view; None for any other step)."""
+        if isinstance(kv, DenseKVCache):
+            return kv
+        view = getattr(kv, "decode_view", None)
+        return view() if view is not None and input_ids.shape == (1, 1) else None
+
     def _wants_stack(self, input_ids: Tensor, kv, dtype: torch.dtype) -> bool:
-        return (self.stack_enabled and isinstance(kv, DenseKVCache) and input_ids.shape == (1, 1)
+        return (self.stack_enabled and isinstance(kv, (DenseKVCache, PagedStepView)) and input_ids.shape == (1, 1)
                 and dtype in DTYPES and not input_ids.is_cuda and not torch.is_grad_enabled()
-                and self._stack_failed != (id(kv), dtype))
+                and self._stack_failed != (_cache_id(kv), dtype))
 
     def _usable_stack(self, input_ids: Tensor, kv) -> StackPlan | None:
         stack = self._stack
@@ -393,11 +453,11 @@ class KernelDecoderModel(DecoderModel):
             return None
         return stack
 
-    def _lay_out(self, kv: DenseKVCache, dtype: torch.dtype) -> None:
+    def _lay_out(self, kv: DenseKVCache | PagedStepView, dtype: torch.dtype) -> None:
         try:
             self._stack = StackPlan(self, self.kernels, dtype, kv)
         except NotStackable:
-            self._stack, self._stack_failed = None, (id(kv), dtype)
+            self._stack, self._stack_failed = None, (_cache_id(kv), dtype)
 
     def _apply(self, fn, recurse: bool = True):
         self._stack = None  # .to() and friends: lay out again from the moved tensors

@@ -45,7 +45,8 @@ from ..hub.resolve import cache_root
 HERE = Path(__file__).parent
 SOURCES = [HERE / "linear.c", HERE / "blas.c", HERE / "decode.c", HERE / "pool.c", HERE / "quant.c", HERE / "qtile.c", HERE / "step.c",
            HERE / "paged.c"]
-HEADERS = [HERE / "attend.h", HERE / "linear.h", HERE / "pool.h", HERE / "quant.h", HERE / "vmath.h"]
+HEADERS = [HERE / "attend.h", HERE / "linear.h", HERE / "paged.h", HERE / "pool.h", HERE / "quant.h",
+           HERE / "vmath.h"]
 FLAGS = ["-O3", "-ffp-contract=off", "-shared", "-fPIC", "-pthread"]  # no contraction: torch rounds each op
 # Macros for an A/B build of the kernels (benchmarks: `ruvllm:int8+DQ_ROWS8=4`), e.g. "Q_ROWS8=4 Q_PREFETCH=1024"
 FLAGS += [f"-D{d}" for d in os.environ.get("RUVLLM_KERNEL_DEFINES", "").split()]

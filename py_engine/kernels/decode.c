@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "attend.h"
+#include "paged.h"
 #include "pool.h"
 
 /* RMSNorm over the last dim of x [rows, dim], as layers.RMSNorm: Llama casts
@@ -163,6 +164,32 @@ int rk_attend_one(const void *qkv, const void *cos, const void *sin, void *keys,
                 cold};
   pool_run(KV, attend_head, &a, sizeof a);
   return 0;
+}
+
+/* One token of one sequence over a paged cache (the server's single-stream step, step.c): rope, the
+ * new key and value written at `slot` of p's caches (TorchPagedAttention.write's layout), the rotated
+ * queries stored in q (H * D of the dtype, what torch's tensor would hold), then paged.c's attention
+ * over p's one row. scratch: D floats. */
+int rk_paged_attend_one(const void *qkv, const void *cos, const void *sin, int64_t rot, int64_t slot, void *q,
+                        float *scratch, paged_t *p) {
+  const int64_t H = p->H, KV = p->KV, D = p->D;
+  if (D % 8 || KV < 1 || H % KV || rot > D || rot % 2 || p->rows != 1 || slot < 0) return -1;
+  attend_t a = {0};
+  a.qkv = qkv, a.cos = cos, a.sin = sin, a.H = H, a.KV = KV, a.D = D, a.rot = rot, a.bf16 = p->bf16;
+  for (int64_t g = 0; g < KV; ++g) {
+    rope(&a, qkv, (H + g) * D, scratch);
+    const int64_t row = (slot * KV + g) * D;
+    for (int64_t i = 0; i < D; ++i) {
+      st((void *)p->keys, p->bf16, row + i, scratch[i]);
+      st((void *)p->values, p->bf16, row + i, ld(qkv, p->bf16, (H + KV + g) * D + i));
+    }
+  }
+  for (int64_t h = 0; h < H; ++h) {
+    rope(&a, qkv, h * D, scratch);
+    for (int64_t i = 0; i < D; ++i) st(q, p->bf16, h * D + i, scratch[i]);
+  }
+  p->q = q, p->q_token_stride = H * D, p->q_head_stride = D;
+  return rk_paged_decode(p);
 }
 
 /* torch.argmax of n fp32 values: the first index of the largest, or of the first NaN (torch

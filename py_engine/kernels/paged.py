@@ -5,11 +5,13 @@
 
 `PagedDecode` is paged.c's paged_t; the step's int64 arrays are laid out once
 and each layer only sets its tensors' addresses. `supported` says which
-inputs the kernel takes (the caller keeps torch for the rest).
+inputs the kernel takes (the caller keeps torch for the rest). `PagedStepView`
+is a single-sequence decode step as the one-call stack (step.c) runs it.
 """
 from __future__ import annotations
 
 import ctypes
+from dataclasses import dataclass
 from typing import Sequence
 
 import torch
@@ -88,3 +90,18 @@ def paged_decode(kernels: CpuKernels, args: PagedDecode, q: Tensor, key_cache: T
     if status != 0:
         raise RuntimeError(f"rk_paged_decode refused q {tuple(q.shape)}, cache {tuple(key_cache.shape)}")
     return out
+
+
+@dataclass
+class PagedStepView:
+    """One sequence decoding one token over a paged cache: what the one-call stack (py_engine/cpu/stack.py,
+    rk_decode_step) needs to run the step on it. The server's PagedKVStep.decode_view builds it."""
+
+    keys: list[Tensor]  # per layer [num_blocks, block_size, KV, D]; the list object names the cache
+    values: list[Tensor]
+    cold: list[tuple[Tensor, ...]] | None  # per layer (key codes, value codes, key scales, key zeros, value scales,
+    bits: int  # value zeros) of the cold pool (native_server.kv_cache.ColdPool), or None; its bits (8 or 4)
+    table: Tensor  # [blocks] int64, contiguous: the sequence's block ids, n_cold leading ones in the cold pool
+    length: int  # context length after this step's write
+    n_cold: int
+    slot: int  # where the new token's key and value go: block * block_size + offset

@@ -24,6 +24,7 @@
 #include <string.h>
 
 #include "linear.h"
+#include "paged.h"
 
 int rk_qlinear_parts(const void *x, int x_bf16, int n_parts, const void *parts, void *y, int y_bf16, int64_t M,
                      int64_t K, int mode, void *gated);
@@ -42,6 +43,8 @@ typedef struct { /* decode.c's: the cold tier of one layer (two-tier KV cache) *
 int rk_attend_one(const void *qkv, const void *cos, const void *sin, void *keys, void *values, void *out, int64_t H,
                   int64_t KV, int64_t D, int64_t rot, int64_t pos, int64_t start, int64_t max_len, float scale,
                   float softcap, int bf16, float *scratch, const cold_t *cold);
+int rk_paged_attend_one(const void *qkv, const void *cos, const void *sin, int64_t rot, int64_t slot, void *q,
+                        float *scratch, paged_t *p);
 
 typedef struct { /* one adapter on one projection: A [r, in], B [rows, r] with the scaling folded in, fp32 */
   const float *A, *B;
@@ -76,6 +79,12 @@ typedef struct {
   float *scratch;                          /* rk_attend_one's */
   float *lora_h;                           /* [the largest r of the adapters set]: A x */
   int64_t cold_tokens, cold_bits, cold_bs, cold_max_blocks; /* two-tier cache: tokens read from codes (0: none) */
+  /* A paged cache (the server's single-stream step) instead of the dense one: its one row's table, length
+   * and cold count, H, KV, D, bs, bf16 and bits; each layer's keys, values, window, scale, softcap and cold
+   * pool (the cold_t's six pointers, in the ColdPool's layout) are filled in per layer. NULL: dense. */
+  const paged_t *paged;
+  void *q;      /* paged: the rotated queries, H * D of the dtype */
+  int64_t slot; /* paged: where the new key and value go */
 } step_t;
 
 static inline float rounded(float v, int bf16) { /* the value a tensor of the dtype would hold */
@@ -155,11 +164,19 @@ int rk_decode_step(const step_t *s, void *x, const void *cos, const void *sin, i
     cold_t cold = L->cold;
     cold.tokens = s->cold_tokens, cold.bits = s->cold_bits, cold.bs = s->cold_bs, cold.max_blocks = s->cold_max_blocks;
     rk_rms_norm(x, L->norm_attn, s->h, 1, s->hidden, s->eps, s->unit_offset, b);
-    if (project(s, &L->qkv, s->h, s->hidden, s->qkv) != 0
-        || rk_attend_one(s->qkv, cos, sin, L->keys, L->values, s->attn, s->H, s->KV, s->D, rot, pos, start,
-                         s->max_len, L->scale, L->softcap, b, s->scratch, s->cold_tokens ? &cold : NULL) != 0
-        || project(s, &L->o, s->attn, s->H * s->D, s->tmp) != 0)
-      return (int)-(1 + l);
+    if (project(s, &L->qkv, s->h, s->hidden, s->qkv) != 0) return (int)-(1 + l);
+    int status;
+    if (s->paged) {
+      paged_t p = *s->paged;
+      p.out = s->attn, p.keys = L->keys, p.values = L->values, p.window = L->window, p.scale = L->scale;
+      p.softcap = L->softcap, p.kc = L->cold.kc, p.vc = L->cold.vc, p.ks = L->cold.ks, p.kz = L->cold.kz;
+      p.vs = L->cold.vs, p.vz = L->cold.vz;
+      status = rk_paged_attend_one(s->qkv, cos, sin, rot, s->slot, s->q, s->scratch, &p);
+    } else {
+      status = rk_attend_one(s->qkv, cos, sin, L->keys, L->values, s->attn, s->H, s->KV, s->D, rot, pos, start,
+                             s->max_len, L->scale, L->softcap, b, s->scratch, s->cold_tokens ? &cold : NULL);
+    }
+    if (status != 0 || project(s, &L->o, s->attn, s->H * s->D, s->tmp) != 0) return (int)-(1 + l);
     add_into(x, s->tmp, s->hidden, b);
     rk_rms_norm(x, L->norm_mlp, s->h, 1, s->hidden, s->eps, s->unit_offset, b);
     if (project(s, &L->gate_up, s->h, s->hidden, s->act) != 0 || project(s, &L->down, s->act, s->inter, s->tmp) != 0)
