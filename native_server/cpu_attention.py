@@ -30,6 +30,7 @@ class CpuPagedAttention(TorchPagedAttention):
 
     def __init__(self, kernels: CpuKernels) -> None:
         self.kernels = kernels
+        self._refusals: dict[tuple, str | None] = {}  # supported()'s answer per layout, asked once
 
     def prepare(self, meta: PagedMetadata) -> PagedMetadata:
         """The decode rows' tables, lengths and cold counts as paged.c reads them, once per step."""
@@ -45,7 +46,13 @@ class CpuPagedAttention(TorchPagedAttention):
         return meta
 
     def _decode_in_c(self, q: Tensor, key_cache: Tensor, meta: PagedMetadata) -> bool:
-        return meta.kernel_inputs is not None and supported(self.kernels, q, key_cache) is None
+        if meta.kernel_inputs is None:
+            return False
+        layout = (q.dtype, q.device, q.shape[1:], q.stride(2), key_cache.dtype, key_cache.device, key_cache.shape[1:],
+                  key_cache.is_contiguous())
+        if layout not in self._refusals:
+            self._refusals[layout] = supported(self.kernels, q, key_cache)
+        return self._refusals[layout] is None
 
     def attend(self, q: Tensor, key_cache: Tensor, value_cache: Tensor, meta: PagedMetadata,
                spec: AttentionSpec) -> Tensor:
