@@ -220,7 +220,7 @@ static void run_qpart_chunk(const qjob_t *j, const qpart_t *a, int64_t c) {
       dequantize_rows(&a->w, n0, n1, j->K, wf);
       const int ybytes = j->y_bf16 ? 2 : 4, bbytes = a->w.bias_bf16 ? 2 : 4;
       linear_t l = {j->xf, wf, a->w.bias ? (const char *)a->w.bias + n0 * bbytes : NULL,
-                    (char *)a->y + n0 * ybytes, 0, 0, a->w.bias_bf16, j->y_bf16, j->M, n1 - n0, j->K, j->ldy, 0};
+                    (char *)a->y + n0 * ybytes, 0, 0, a->w.bias_bf16, j->y_bf16, j->M, n1 - n0, j->K, j->ldy, 0, NULL};
       if (blas_rows(&l, 0, n1 - n0) == 0) return;
     }
   }
