@@ -135,3 +135,16 @@ def test_the_best_variant_is_loaded_and_reported():
     assert report["variant"] == "avx2" and report["forced"] == "avx2"
     assert report["available"] == [name for name in VARIANTS if variant_fits(name)]
     assert "avx2" in report["cpu_flags"]
+
+
+@needs_kernels
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_silu_gate_matches_torch(kernels, dtype):
+    """The prefill MLP's hidden layer on the pool (rk_gate): F.silu(gate) * up with torch's roundings."""
+    y = (torch.randn(37, 2 * 100, generator=torch.Generator().manual_seed(5)) * 4).to(dtype)
+    gate, up = y.chunk(2, dim=-1)
+    expected = F.silu(gate) * up
+    tolerance = dict(rtol=2 ** -7, atol=1e-2) if dtype == torch.bfloat16 else dict(rtol=1e-6, atol=1e-6)
+    got = kernels.silu_gate(y)
+    assert got.dtype == dtype and got.shape == expected.shape
+    torch.testing.assert_close(got.float(), expected.float(), **tolerance)
