@@ -42,6 +42,9 @@
 #define MAX_PARTS 8
 #define BLAS_MIN_ROWS 16     /* from this many rows of x (prefill), sgemm when there is one */
 #define BLAS_CHUNKS 2        /* chunks per thread for sgemm: 2 measured faster than 4 or 8 (its own blocking) */
+#ifndef BLAS_WIDE_FLOATS
+#define BLAS_WIDE_FLOATS (1 << 18) /* bf16 weights widened per sgemm chunk: 1 MB stays in L2 (as quant.h's Q_MAX_DEQUANT) */
+#endif
 
 typedef struct {
   int n_parts;
@@ -267,6 +270,7 @@ int rk_linear_parts(const void *x, int x_bf16, int n_parts, const void *const *w
   for (int p = 0; p < n_parts; ++p) ldy += ns[p];
   int64_t rows = chunk_rows(ldy, K * (w_bf16 ? 2 : 4));
   if (blas) rows = ldy / (BLAS_CHUNKS * pool_threads()) + 1;
+  if (blas && w_bf16 && rows * K > BLAS_WIDE_FLOATS) rows = BLAS_WIDE_FLOATS / K;
   rows = rows < NR ? NR : (rows + NR - 1) / NR * NR;
   int64_t column = 0;
   for (int p = 0; p < n_parts; ++p) {
