@@ -40,7 +40,9 @@
 #define NR 3              /* w rows per tile: 12 accumulators + 3 weights + 1 x = 16 ymm registers */
 
 #define MAX_PARTS 8
+#ifndef BLAS_MIN_ROWS
 #define BLAS_MIN_ROWS 16     /* from this many rows of x (prefill), sgemm when there is one */
+#endif
 #define BLAS_CHUNKS 2        /* chunks per thread for sgemm: 2 measured faster than 4 or 8 (its own blocking) */
 #ifndef BLAS_WIDE_FLOATS
 #define BLAS_WIDE_FLOATS (1 << 18) /* bf16 weights widened per sgemm chunk: 1 MB stays in L2 (as quant.h's Q_MAX_DEQUANT) */
