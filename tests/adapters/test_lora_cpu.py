@@ -32,7 +32,7 @@ PREFILL = 5
 
 
 def _decode(model, ids):
-    kv = DenseKVCache.allocate(model.config, 1, ids.shape[1], dtype=model.model.embed_tokens.weight.dtype)
+    kv = DenseKVCache.allocate(model.config, 1, ids.shape[1], dtype=model.model.norm.weight.dtype)
     out = [model(ids[:, :PREFILL], positions(0, PREFILL), kv)]
     for t in range(PREFILL, ids.shape[1]):
         out.append(model(ids[:, t:t + 1], positions(t, t + 1), kv))

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from py_engine.quant.embedding import install_quant_embedding
 from py_engine.quant.linear import QuantLinear
 from py_engine.quant.kernels import PackedWeight
 from py_engine.quant.rtn import QuantizedWeight
@@ -83,16 +84,18 @@ def gguf_packed(t: GGUFTensor, rows: np.ndarray | None = None) -> PackedWeight:
 
 
 def install_native(checkpoint, model: nn.Module, device) -> set[str]:
-    """Swap each nn.Linear whose GGUF tensor is Q4_0 / Q4_1 / Q8_0 for a QuantLinear over its codes; a tied
-    head gets the embedding table's codes (the embedding itself gathers from its dequantized rows)."""
+    """Swap each nn.Linear whose GGUF tensor is Q4_0 / Q4_1 / Q8_0 for a QuantLinear over its codes, and a
+    token_embd of those types for a QuantEmbedding (py_engine.quant.embedding) that dequantizes the rows of
+    each step, as llama.cpp does: over the head's codes when tied (one copy of the table), else its own."""
     gguf, config = checkpoint.gguf, checkpoint.config
     consumed: set[str] = set()
+    tied = bool(config.get("tie_word_embeddings"))
     for name, module in list(model.named_modules()):
         if type(module) is not nn.Linear:
             continue
         hf = f"{name}.weight"
         tensor_name = checkpoint.names.get(hf)
-        if tensor_name is None and name == "lm_head" and config.get("tie_word_embeddings"):
+        if tensor_name is None and name == "lm_head" and tied:
             tensor_name = checkpoint.names.get("model.embed_tokens.weight")
         t = gguf.tensors.get(tensor_name) if tensor_name else None
         if t is None or t.type_name not in NATIVE_TYPES:
@@ -103,4 +106,20 @@ def install_native(checkpoint, model: nn.Module, device) -> set[str]:
         setattr(model.get_submodule(parent) if parent else model, leaf, QuantLinear(q, bias))
         if hf in checkpoint.names:
             consumed.add(hf)
+    consumed |= _install_embedding(checkpoint, model, tied)
     return consumed
+
+
+def _install_embedding(checkpoint, model: nn.Module, tied: bool) -> set[str]:
+    """The QuantEmbedding for a Q4_0 / Q4_1 / Q8_0 token_embd; the names it took."""
+    name = "model.embed_tokens.weight"
+    tensor_name = checkpoint.names.get(name)
+    t = checkpoint.gguf.tensors.get(tensor_name) if tensor_name else None
+    if t is None or t.type_name not in NATIVE_TYPES:
+        return set()
+    if tied and isinstance(model.lm_head, QuantLinear):
+        table = model.lm_head
+    else:
+        tied, table = False, QuantLinear(gguf_packed(t))
+    # its rows' dtype is the loader's, set once the float parameters are in (models/loader.py)
+    return {name} if install_quant_embedding(model, table, tied) is not None else set()
