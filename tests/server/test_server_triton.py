@@ -70,12 +70,24 @@ def test_prefix_hits_preemption_and_forks_give_the_oracle_backends_tokens(model_
 
 
 def test_the_two_tier_kv_cache_gives_the_oracle_backends_tokens(model_dir, corpus):
-    """int4 KV, 8 hot tokens: Triton writes the hot blocks and attends while none is cold; the torch path
-    (native_server/cold_attention.py) reads the cold ones on both engines."""
+    """int4 KV, 8 hot tokens: the Triton kernels read the cold blocks (attend_cold) of decode rows and of
+    prompt chunks whose queries read only cold-pool blocks cold; chunks that quantize blocks of their own on
+    the fly keep the torch path (cold_attention.py), which the oracle engine runs for every cold read."""
     batch = [(f"r{i}", p, mixed_params(i)) for i, p in enumerate(prompts(corpus, 4, seed=2, lengths=(2, 30)))]
-    eng = same_outputs(model_dir, batch, block_size=4, max_num_batched_tokens=16, kv_cache_dtype="int4",
-                       kv_hot_tokens=8)
-    assert eng.block_manager.num_demoted > 0
+    kwargs = dict(block_size=4, max_num_batched_tokens=16, kv_cache_dtype="int4", kv_hot_tokens=8)
+    oracle, triton = engine(model_dir, "torch", **kwargs), engine(model_dir, "triton", **kwargs)
+    cold_decodes = []  # per step: decode rows the kernel read cold blocks for
+    attend_cold = triton.kv.backend.attend_cold
+
+    def counting(q, key_cache, value_cache, pool, layer, meta, *args):
+        if layer == 0:
+            cold_decodes.append(sum(meta.cold_blocks[i] > 0 for i in meta.decode_seqs.tolist()))
+        return attend_cold(q, key_cache, value_cache, pool, layer, meta, *args)
+
+    triton.kv.backend.attend_cold = counting
+    assert run(triton, batch) == run(oracle, batch)
+    assert_all_blocks_free(triton)
+    assert triton.block_manager.num_demoted > 0 and sum(cold_decodes) > 0
 
 
 @pytest.mark.parametrize("family", sorted(SLIDING))
