@@ -10,9 +10,9 @@ blocks are quantized on the fly (the numbers the cold pool will hold) and
 each query reads the keys before its own cold edge from them
 (two_tier_attention), so a prompt gives what token-by-token decoding would,
 and what the dense engine's TwoTierDenseKVCache gives. This path runs on
-every device: CPU and MPS; on CUDA the Triton backend's attend_cold
-(triton_attention.py) reads cold blocks in its kernels and leaves this path
-only the prompt chunks that quantize blocks on the fly.
+every device; on CUDA the Triton backend's attend_cold (triton_attention.py)
+does the same in its kernel and leaves this path only prompt chunks that
+quantize blocks on the fly with blocks over the kernel's 32-token key tile.
 """
 from __future__ import annotations
 

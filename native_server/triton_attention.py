@@ -8,11 +8,11 @@ one decode launch (plus its split-KV merge) and one prefill launch; together
 they write every token's output. TorchPagedAttention stays the oracle.
 
 With int8/int4 KV, `attend_cold` runs the same launches over both pools
-(the kernel dequantizes cold blocks as it reads them): decode rows always,
-prompt chunks whose queries read cold exactly the blocks already in the cold
-pool; a chunk whose later queries need blocks of the chunk itself read cold
-(the per-query rule of kv_quant.py, which quantizes them on the fly) keeps
-cold_attention.py's torch path.
+(the kernel dequantizes cold blocks as it reads them). A prompt chunk whose
+later queries read blocks of the chunk itself cold (kv_quant.py's per-query
+rule) makes the step's prefill launch quantize hot blocks on the fly (FAKE);
+only with blocks that do not divide the kernel's key tile (over 32 tokens)
+does such a chunk keep cold_attention.py's torch path.
 """
 from __future__ import annotations
 
@@ -24,8 +24,8 @@ from torch import Tensor
 from native_server import cold_attention
 from native_server.paged_attention import PagedMetadata
 from py_engine.gpu.kv_store import store_kv
-from py_engine.gpu.paged_attention import (ColdBlocks, choose_splits, paged_attention, prefill_block_tokens,
-                                           query_blocks)
+from py_engine.gpu.paged_attention import (PREFILL_TILE, ColdBlocks, choose_splits, paged_attention,
+                                           prefill_block_tokens, query_blocks)
 from py_engine.models.attention import AttentionSpec
 from py_engine.models.kv_quant import KVQuantConfig
 
@@ -40,6 +40,7 @@ class TritonStep:
     splits: int | None = None  # fixed by a CUDA graph; None: chosen per step
     cold_counts: Tensor | None = None  # [S] int32: leading cold-pool ids of each table (int8/int4 KV)
     captured: bool = False  # a CUDA graph's step: cold_counts are device inputs, always read
+    fake: bool = False  # with cold blocks: some prompt chunk quantizes blocks of its own on the fly
     torch_chunks: list[int] = field(default_factory=list)  # with cold blocks: prompt chunks left to torch
     _blocks: dict[int, Tensor] = field(default_factory=dict)
     _split: bool = False
@@ -51,17 +52,20 @@ class TritonStep:
         return self._blocks[block_q]
 
     def split_cold(self, meta: PagedMetadata, quant: KVQuantConfig, block_size: int) -> None:
-        """Once per step (later calls do nothing): move the prompt chunks whose last query reads cold more
-        than the table's cold blocks (kv_quant's per-query rule quantizes them on the fly) from the kernel's
-        list to torch's."""
+        """Once per step (later calls do nothing): whether some prompt chunk's last query reads cold more
+        than the table's cold blocks (kv_quant's per-query rule: the kernel quantizes them on the fly), and
+        where it cannot (blocks that do not divide its key tile), those chunks moved to torch's list."""
         if self._split:
             return
         keep, self._split = [], True
         for chunk, i in zip(self.prefill, meta.prefill_seqs):
-            if quant.cold_edge(meta.context_lens[i] - 1) > meta.cold_blocks[i] * block_size:
-                self.torch_chunks.append(i)
-            else:
+            if quant.cold_edge(meta.context_lens[i] - 1) <= meta.cold_blocks[i] * block_size:
                 keep.append(chunk)
+            elif PREFILL_TILE % block_size == 0:
+                keep.append(chunk)
+                self.fake = True
+            else:
+                self.torch_chunks.append(i)
         self.prefill, self._blocks = keep, {}
 
 
@@ -109,7 +113,8 @@ class TritonPagedAttention:
         if not step.captured:
             step.split_cold(meta, quant, key_cache.shape[1])
         cold = ColdBlocks(step.cold_counts, pool.key_codes[layer], pool.key_scales[layer], pool.key_zeros[layer],
-                          pool.value_codes[layer], pool.value_scales[layer], pool.value_zeros[layer], pool.bits)
+                          pool.value_codes[layer], pool.value_scales[layer], pool.value_zeros[layer], pool.bits,
+                          quant.hot_tokens if step.fake else None)
         out = self.attend(q, key_cache, value_cache, meta, spec, cold)
         if step.torch_chunks:
             counts = step.cold_counts.long()

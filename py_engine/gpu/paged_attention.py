@@ -28,10 +28,16 @@ ColdPool: codes [blocks, block_size, KV, D * BITS / 8], int4 two a byte, the
 even channel in the low nibble; keys' float32 scale and zero point per
 (block, head, channel), values' per (block, token, head)). The kernel reads a
 cold key or value as code * scale + zero (float32, then the cache's dtype, as
-ColdPool.blocks does) and hot ones as they are: one tile may hold both. Every
-query of a row reads the same blocks cold, so prompt chunks whose queries'
-cold edges pass their cold-pool blocks are not for this kernel (the caller
-keeps cold_attention.py's per-query path for them).
+ColdPool.blocks does) and hot ones as they are: one tile may hold both.
+A prompt chunk longer than the hot window has later queries that read blocks
+of the chunk itself cold, blocks still in the hot pool (kv_quant.py's
+per-query rule: a query at p reads the blocks ending at or before
+p + 1 - hot_tokens cold). With FAKE the prefill launch quantizes each tile's
+hot blocks on the fly as ColdPool.store would (keys per channel over the
+block, values per token; torch's float32 arithmetic: IEEE division, round
+half to even) and each row takes, key by key, the quantized or the hot
+copy: two dots where one sufficed, in those launches only. Tiles must hold
+whole blocks (BLOCK_SIZE divides PREFILL_TILE).
 
 Interpreter notes: a nested @triton.jit call costs the interpreter a re-patch
 of triton.language (milliseconds), so the tile step is written inline, cdiv by
@@ -55,10 +61,25 @@ MAX_SPLITS = 32
 
 
 @triton.jit
+def _fake_quantize(x, lo, hi, LEVELS: tl.constexpr):
+    """x float32 with its group's min and max (broadcast to x's shape) -> code * scale + min, the numbers
+    kv_quant.quantize then dequantize give: scale = (max - min) / LEVELS (1 where 0), code =
+    round_half_even((x - min) / scale) clamped to 0..LEVELS."""
+    scale = tl.math.div_rn(hi - lo, tl.full(x.shape, LEVELS, tl.float32))
+    scale = tl.where(scale > 0, scale, 1.0)
+    y = tl.math.div_rn(x - lo, scale)
+    f = tl.floor(y)
+    frac = y - f
+    odd = (f - 2.0 * tl.floor(f * 0.5)) == 1.0
+    code = f + tl.where((frac > 0.5) | ((frac == 0.5) & odd), 1.0, 0.0)
+    return tl.minimum(tl.maximum(code, 0.0), LEVELS) * scale + lo
+
+
+@triton.jit
 def _attention_kernel(q_ptr, k_cache, v_cache, tables_ptr, qblocks_ptr, out_ptr, part_acc, part_ml,
                       scale, softcap, q_s0, q_s1, o_s0, o_s1, bt_s0, kc_s0, kc_s1, kc_s2, vc_s0, vc_s1, vc_s2,
                       cold_counts, k_codes, k_scales, k_zeros, v_codes, v_scales, v_zeros,
-                      BITS: tl.constexpr, KV: tl.constexpr,
+                      hot_tokens, BITS: tl.constexpr, FAKE: tl.constexpr, LEVELS: tl.constexpr, KV: tl.constexpr,
                       H: tl.constexpr, G: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr,
                       D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr,
                       WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, SPLITS: tl.constexpr, PRECISION: tl.constexpr):
@@ -88,6 +109,8 @@ def _attention_kernel(q_ptr, k_cache, v_cache, tables_ptr, qblocks_ptr, out_ptr,
     table = tables_ptr + seq * bt_s0
     if BITS > 0:
         n_cold = tl.load(cold_counts + seq).to(tl.int64)  # leading table entries in the cold pool
+    if FAKE:  # each row's cold edge: it reads keys before it dequantized
+        edge = tl.maximum(qpos + 1 - hot_tokens, 0) // BLOCK_SIZE * BLOCK_SIZE  # [BLOCK_M]
 
     acc = tl.full([BLOCK_M, BLOCK_D], 0.0, dtype=tl.float32)  # (tl.zeros: a nested jit call)
     m = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
@@ -122,7 +145,15 @@ def _attention_kernel(q_ptr, k_cache, v_cache, tables_ptr, qblocks_ptr, out_ptr,
                     mask=tile_mask, other=0.0)  # [TILE, BLOCK_D]
         if BITS > 0:
             k = tl.where(cold_mask, (k_code * k_scale + k_zero).to(k.dtype), k)
-        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale  # [BLOCK_M, TILE]
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION)  # [BLOCK_M, TILE]
+        if FAKE:  # keys per channel over each block's tokens
+            fake = (kpos[None, :] < edge[:, None]) & (cold == 0)[None, :]  # [BLOCK_M, TILE]: quantized on the fly
+            k3 = tl.reshape(k.to(tl.float32), (TILE // BLOCK_SIZE, BLOCK_SIZE, BLOCK_D))
+            k_lo = tl.broadcast_to(-tl.reduce(-k3, 1, max_combine, keep_dims=True), k3.shape)
+            k_hi = tl.broadcast_to(tl.reduce(k3, 1, max_combine, keep_dims=True), k3.shape)
+            k_fake = tl.reshape(_fake_quantize(k3, k_lo, k_hi, LEVELS), (TILE, BLOCK_D)).to(k.dtype)
+            s = tl.where(fake, tl.dot(q, tl.trans(k_fake), input_precision=PRECISION), s)
+        s = s * scale
         if SOFTCAP:  # softcap * tanh(s / softcap), tanh through exp (its overflow to inf gives 1)
             s = softcap * (1.0 - 2.0 / (tl.exp(2.0 * s / softcap) + 1.0))
         visible = (kpos[None, :] <= qpos[:, None]) & rmask[:, None]
@@ -137,7 +168,18 @@ def _attention_kernel(q_ptr, k_cache, v_cache, tables_ptr, qblocks_ptr, out_ptr,
                     mask=tile_mask, other=0.0)  # [TILE, BLOCK_D]
         if BITS > 0:
             v = tl.where(cold_mask, (v_code * v_scale + v_zero).to(v.dtype), v)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+        if FAKE:  # values per token over the head's channels
+            vf = v.to(tl.float32)
+            v_lo = tl.broadcast_to(-tl.reduce(tl.where(dmask[None, :], -vf, float("-inf")), 1, max_combine,
+                                              keep_dims=True), vf.shape)
+            v_hi = tl.broadcast_to(tl.reduce(tl.where(dmask[None, :], vf, float("-inf")), 1, max_combine,
+                                             keep_dims=True), vf.shape)
+            v_fake = _fake_quantize(vf, v_lo, v_hi, LEVELS).to(v.dtype)
+            acc = acc * alpha[:, None] + (
+                tl.dot(tl.where(fake, p, 0.0).to(v.dtype), v_fake, input_precision=PRECISION)
+                + tl.dot(tl.where(fake, 0.0, p).to(v.dtype), v, input_precision=PRECISION))
+        else:
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
         l = l * alpha + tl.reduce(p, 1, sum_combine)
         m = m_new
 
@@ -210,6 +252,7 @@ class ColdBlocks:
     value_scales: Tensor  # [blocks, block_size, KV, 1] float32
     value_zeros: Tensor
     bits: int
+    hot_tokens: int | None = None  # prefill: apply kv_quant's per-query rule to the hot blocks (FAKE)
 
     def check(self, key_cache: Tensor) -> None:
         _, block_size, kv_heads, head_dim = key_cache.shape
@@ -248,6 +291,10 @@ def paged_attention(out: Tensor, q: Tensor, key_cache: Tensor, value_cache: Tens
         raise ValueError(f"splits must be a power of two, and 1 for prefill; got {splits}")
     if cold is not None:
         cold.check(key_cache)
+    fake = cold is not None and cold.hot_tokens is not None and not decode
+    if fake and PREFILL_TILE % block_size:
+        raise ValueError(f"prompt chunks quantize blocks on the fly only when {block_size}-token blocks divide "
+                         f"the {PREFILL_TILE}-token key tile")
     c = cold if cold is not None else ColdBlocks(qblocks, *[out] * 6, bits=0)  # unused pointers when bits is 0
     g = heads // kv_heads
     block_d = max(next_power_of_2(head_dim), 16)
@@ -262,7 +309,7 @@ def paged_attention(out: Tensor, q: Tensor, key_cache: Tensor, value_cache: Tens
         q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
         *key_cache.stride()[:3], *value_cache.stride()[:3],
         c.counts, c.key_codes, c.key_scales, c.key_zeros, c.value_codes, c.value_scales, c.value_zeros,
-        BITS=c.bits, KV=kv_heads,
+        c.hot_tokens or 0, BITS=c.bits, FAKE=fake, LEVELS=2**c.bits - 1, KV=kv_heads,
         H=heads, G=g, BLOCK_Q=1 if decode else block_m // g, BLOCK_M=block_m, D=head_dim, BLOCK_D=block_d,
         BLOCK_SIZE=block_size, TILE=DECODE_TILE if decode else PREFILL_TILE, WINDOW=window or 0,
         SOFTCAP=softcap is not None, SPLITS=splits, PRECISION=dot_precision(q.dtype),

@@ -5,8 +5,8 @@ starts with the cold-pool blocks its first query reads cold (what the
 scheduler demotes), scattered in a kv_cache.ColdPool filled by its own
 quantizer, then hot blocks. The step mixes decode rows with cold blocks,
 hot-only rows, a prompt chunk whose queries read exactly the pool's blocks
-cold (the kernel) and one whose later queries quantize blocks of the chunk on
-the fly (left to torch). The backend's attend_cold must give
+cold and ones whose later queries read blocks of the chunk itself cold (the
+kernel quantizes those on the fly). The backend's attend_cold must give
 cold_attention.attend's output on the same inputs: fp32 under Triton's
 interpreter (conftest.py sets TRITON_INTERPRET=1 without a GPU; kept small,
 it runs each program in Python), fp16 and bf16 too on a GPU.
@@ -26,12 +26,15 @@ from native_server.model_runner import prepare_inputs
 from native_server.scheduler import SchedulerOutput
 from native_server.sequence import Sequence
 from py_engine.models import AttentionSpec
-from py_engine.models.kv_quant import KVQuantConfig
+from py_engine.models.kv_quant import KVQuantConfig, dequantize, quantize
 from py_engine.sampling_params import SamplingParams
 
-pytest.importorskip("triton", reason="triton is not installed (make test installs triton==3.9.0)")
+triton = pytest.importorskip("triton", reason="triton is not installed (make test installs triton==3.9.0)")
+import triton.language as tl  # noqa: E402
+
 from native_server.triton_attention import TritonPagedAttention  # noqa: E402
-from py_engine.gpu.paged_attention import ColdBlocks, paged_attention  # noqa: E402
+from py_engine.gpu.combine import max_combine  # noqa: E402
+from py_engine.gpu.paged_attention import ColdBlocks, _fake_quantize, paged_attention  # noqa: E402
 
 ON_GPU = torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1"
 DEVICE = "cuda" if ON_GPU else "cpu"
@@ -41,9 +44,10 @@ HOT = 32  # hot tokens
 # (block_size, head_dim, kv heads, query heads per kv head, kv dtype, sliding window)
 CASES = [(16, 64, 2, 4, "int4", None), (32, 64, 1, 8, "int8", None), (8, 32, 2, 2, "int4", 48),
          (16, 32, 1, 1, "int8", None)]
-# (context already cached, new tokens): decodes past the hot window, a hot-only decode, a chunk reading only
-# the pool's blocks cold (kernel), a chunk quantizing its own blocks on the fly (torch), a fresh prompt
-RAGGED = [(150, 1), (10, 1), (64, 6), (90, 1), (0, 70), (3, 5)]
+# (context already cached, new tokens): decodes past the hot window, a hot-only decode, a prompt quantizing
+# its own blocks on the fly, a fresh prompt, a chunk whose first queries read only the pool's blocks cold and
+# whose later ones read blocks of its own cold too
+RAGGED = [(150, 1), (10, 1), (90, 1), (0, 70), (3, 5), (64, 40)]
 
 
 def case_id(case):
@@ -105,7 +109,7 @@ def run_case(case, dtype):
     got, want = both(q, key_cache, value_cache, pool, meta, spec, quant)
     assert got.dtype == dtype and got.shape == q.shape
     step = meta.kernel_inputs
-    assert step.torch_chunks == [4] and len(step.prefill) == 2  # (0, 70) only is left to torch
+    assert step.fake and not step.torch_chunks and len(step.prefill) == 3  # every chunk in the kernel
     assert_close(got, want, dtype)
 
 
@@ -154,6 +158,21 @@ def test_cold_blocks_that_do_not_fit_the_cache_are_refused():
     cold = ColdBlocks(counts, codes, scales, scales, codes, per_token, per_token, bits=2)
     with pytest.raises(ValueError, match="not readable"):
         paged_attention(q, q, cache, cache, blocks, blocks, 1.0, None, None, decode=True, cold=cold)
+    cache, codes = torch.zeros(2, 64, 1, 64, device=DEVICE), torch.zeros(2, 64, 1, 32, dtype=torch.uint8, device=DEVICE)
+    per_token = torch.zeros(2, 64, 1, 1, device=DEVICE)
+    cold = ColdBlocks(counts, codes, scales, scales, codes, per_token, per_token, bits=4, hot_tokens=64)
+    with pytest.raises(ValueError, match="64-token blocks divide"):
+        paged_attention(q, q, cache, cache, blocks, blocks, 1.0, None, None, decode=False, cold=cold)
+
+
+def test_prompt_chunks_with_blocks_over_a_key_tile_keep_the_torch_path():
+    """64-token blocks: a prompt whose later queries read its own blocks cold goes to cold_attention."""
+    quant = KVQuantConfig("int8", 64, 64)
+    key_cache, value_cache, pool, meta, gen = two_tier_step([(0, 140), (200, 1)], quant, 1, 16, torch.float32)
+    q = torch.randn(141, 2, 16, generator=gen).to(DEVICE)
+    got, want = both(q, key_cache, value_cache, pool, meta, AttentionSpec(0.25), quant)
+    assert meta.kernel_inputs.torch_chunks == [0] and meta.cold_blocks == [0, 2]
+    assert_close(got, want, torch.float32)
 
 
 @pytest.mark.skipif(not ON_GPU, reason="GPU: the compiled cold-block kernel in fp16/bf16 needs a CUDA GPU")
@@ -161,3 +180,28 @@ def test_cold_blocks_that_do_not_fit_the_cache_are_refused():
 @pytest.mark.parametrize("case", CASES, ids=case_id)
 def test_the_compiled_kernel_on_cuda_gives_the_torch_paths_output(case, dtype):
     run_case(case, dtype)
+
+
+@triton.jit
+def _fake_rows(x_ptr, out_ptr, N: tl.constexpr, LEVELS: tl.constexpr):
+    """Each row of x [N, N] quantized over its N values by the kernel's _fake_quantize."""
+    at = tl.arange(0, N)[:, None] * N + tl.arange(0, N)[None, :]
+    x = tl.load(x_ptr + at)
+    lo = tl.broadcast_to(-tl.reduce(-x, 1, max_combine, keep_dims=True), x.shape)
+    hi = tl.broadcast_to(tl.reduce(x, 1, max_combine, keep_dims=True), x.shape)
+    tl.store(out_ptr + at, _fake_quantize(x, lo, hi, LEVELS))
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_on_the_fly_quantization_rounds_as_torch_does_ties_included(bits):
+    """Rows whose (x - min) / scale land on k + 0.5 (round half to even), constant rows, random rows."""
+    levels, gen = 2**bits - 1, torch.Generator().manual_seed(bits)
+    x = torch.randn(16, 16, generator=gen) * 3
+    x[0, :2] = torch.tensor([0.0, levels])  # scale 1, and 14 ties: 0.5 -> 0, 1.5 -> 2, 2.5 -> 2, ...
+    x[0, 2:] = torch.arange(14.0) + 0.5
+    x[1] = 2.0  # constant: scale 1, dequantizes to itself
+    x = x.to(DEVICE)
+    got = torch.empty_like(x)
+    _fake_rows[(1,)](x, got, N=16, LEVELS=levels)
+    codes, scale, zero = quantize(x, -1, bits)
+    assert torch.equal(got, dequantize(codes, scale, zero, torch.float32))
