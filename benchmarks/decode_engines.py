@@ -132,7 +132,7 @@ def ruvllm_runner(folder: Path, dtype: str, options: set[str], revision: str = "
                                            lm_head_bits=4 if "head4" in options else 8)
         ISQ["seconds"] = quantize_model(model, qconfig, progress=False).seconds
         RSS_STAGES["quantize"] = _rss()
-    if not revision:  # older revisions have no CPU transforms
+    if not revision or (source_tree(revision) / "py_engine" / "cpu" / "transforms.py").is_file():  # older: none
         from py_engine.kernels import cpu_kernels
         from py_engine.cpu.transforms import fuse_projections, optimize_for_cpu, use_cpu_kernels
 
