@@ -132,7 +132,7 @@ def ruvllm_runner(folder: Path, dtype: str, options: set[str], revision: str = "
                                            lm_head_bits=4 if "head4" in options else 8)
         ISQ["seconds"] = quantize_model(model, qconfig, progress=False).seconds
         RSS_STAGES["quantize"] = _rss()
-    if not revision:  # older revisions have no CPU transforms
+    if not revision or (source_tree(revision) / "py_engine" / "cpu" / "transforms.py").is_file():  # older: none
         from py_engine.kernels import cpu_kernels
         from py_engine.cpu.transforms import fuse_projections, optimize_for_cpu, use_cpu_kernels
 
@@ -336,7 +336,9 @@ def measure(engine: str, dtype: str, threads: int, new_tokens: int, lengths: lis
                                "tokens": tokens[:32]}
         if RSS_STAGES:
             RSS_STAGES[f"generate@{length}"] = _rss()
-    result["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+    # VmHWM, this process's own peak: ru_maxrss survives exec on Linux, so a child reported at least the RSS
+    # decode_speed.py had when it started the child (~750 MB with torch and transformers imported)
+    result["peak_rss_mb"] = _rss().get("peak") or resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     result["weight_bytes_per_token"] = WEIGHT_BYTES.get("bytes")
     result["thp"] = os.environ.get("THP_MEM_ALLOC_ENABLE", "0")
     if RSS_STAGES:  # MiB after each stage: rss, peak (VmHWM), anon, file (mapped files and libraries)

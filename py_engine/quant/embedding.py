@@ -14,6 +14,7 @@ the first layer by the table's rounding error (int8 per channel: ~0.4% of a row'
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .kernels import PackedWeight
@@ -51,8 +52,11 @@ class QuantEmbedding(nn.Module):
         return 0 if self.tied else self.table.nbytes
 
     def forward(self, input_ids: Tensor) -> Tensor:
+        table = self.rows
+        if not isinstance(table, QuantLinear):  # a float Linear put in its place (a model's dequantized copy)
+            return F.embedding(input_ids, table.weight).to(self.dtype)
         ids = input_ids.reshape(-1)  # an id out of range fails in index_select, as in nn.Embedding
-        x = dequantize_packed(gather_rows(self.rows.packed, ids))  # [n, hidden] float32
+        x = dequantize_packed(gather_rows(table.packed, ids))  # [n, hidden] float32
         return x.to(self.dtype).view(*input_ids.shape, self.embedding_dim)
 
     def _apply(self, fn, recurse: bool = True):
