@@ -147,7 +147,46 @@ static inline __m512bh load32bh(const uint16_t *p, int64_t i, int64_t left) {
   return (__m512bh)_mm512_maskz_loadu_epi16((__mmask32)((1u << left) - 1u), p + i);
 }
 
-/* Row 0 of bf16 x against bf16 row n of w: vdpbf16ps adds two products per fp32 lane. */
+/* vdpbf16ps adds two products per fp32 lane. Each dot product below runs four chains over the whole blocks
+ * of 128 (block c mod 4 into chain c: the instruction's latency hidden), adds them as (0 + 1) + (2 + 3), then
+ * takes the rest 32 at a time and sums the lanes: the same operations for one row (decode) as in a tile
+ * (batches), so a row of a batch gets the value it gets alone. */
+#define MR_B 2 /* x rows per tile: 4 chains x MR_B x NR_B accumulators */
+#define NR_B 3
+
+/* Rows m0.. (mr <= MR_B) of bf16 x against rows n0.. (nr <= NR_B) of bf16 w. */
+static inline __attribute__((always_inline)) void tile_bf16(const linear_t *a, int64_t m0, int mr, int64_t n0, int nr) {
+  const int64_t K = a->K;
+  const uint16_t *x = a->xb + m0 * K, *w = (const uint16_t *)a->w + n0 * K;
+  __m512 acc[4][MR_B][NR_B];
+  __m512bh wv[NR_B];
+  for (int c = 0; c < 4; ++c)
+    for (int i = 0; i < mr; ++i)
+      for (int j = 0; j < nr; ++j) acc[c][i][j] = _mm512_setzero_ps();
+  int64_t k = 0;
+  for (; k + 128 <= K; k += 128)
+    for (int c = 0; c < 4; ++c) {
+      for (int j = 0; j < nr; ++j) wv[j] = load32bh(w + j * K, k + 32 * c, 32);
+      for (int i = 0; i < mr; ++i) {
+        const __m512bh xv = load32bh(x + i * K, k + 32 * c, 32);
+        for (int j = 0; j < nr; ++j) acc[c][i][j] = _mm512_dpbf16_ps(acc[c][i][j], wv[j], xv);
+      }
+    }
+  for (int i = 0; i < mr; ++i)
+    for (int j = 0; j < nr; ++j)
+      acc[0][i][j] = _mm512_add_ps(_mm512_add_ps(acc[0][i][j], acc[1][i][j]), _mm512_add_ps(acc[2][i][j], acc[3][i][j]));
+  for (; k < K; k += 32) {
+    for (int j = 0; j < nr; ++j) wv[j] = load32bh(w + j * K, k, K - k);
+    for (int i = 0; i < mr; ++i) {
+      const __m512bh xv = load32bh(x + i * K, k, K - k);
+      for (int j = 0; j < nr; ++j) acc[0][i][j] = _mm512_dpbf16_ps(acc[0][i][j], wv[j], xv);
+    }
+  }
+  for (int i = 0; i < mr; ++i)
+    for (int j = 0; j < nr; ++j) store(a, m0 + i, n0 + j, _mm512_reduce_add_ps(acc[0][i][j]));
+}
+
+/* Row 0 of x against row n of w (decode): tile_bf16's arithmetic for one pair. */
 static float dot_row_bf16(const linear_t *a, int64_t n) {
   const int64_t K = a->K;
   const uint16_t *w = (const uint16_t *)a->w + n * K, *x = a->xb;
@@ -159,27 +198,9 @@ static float dot_row_bf16(const linear_t *a, int64_t n) {
     s2 = _mm512_dpbf16_ps(s2, load32bh(w, k + 64, 32), load32bh(x, k + 64, 32));
     s3 = _mm512_dpbf16_ps(s3, load32bh(w, k + 96, 32), load32bh(x, k + 96, 32));
   }
+  s0 = _mm512_add_ps(_mm512_add_ps(s0, s1), _mm512_add_ps(s2, s3));
   for (; k < K; k += 32) s0 = _mm512_dpbf16_ps(s0, load32bh(w, k, K - k), load32bh(x, k, K - k));
-  return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(s0, s1), _mm512_add_ps(s2, s3)));
-}
-
-/* tile()'s shape on vdpbf16ps: rows m0.. (mr <= MR) of bf16 x against rows n0.. (nr <= NR) of bf16 w. */
-static inline __attribute__((always_inline)) void tile_bf16(const linear_t *a, int64_t m0, int mr, int64_t n0, int nr) {
-  const int64_t K = a->K;
-  const uint16_t *x = a->xb + m0 * K, *w = (const uint16_t *)a->w;
-  __m512 acc[MR][NR];
-  __m512bh wv[NR];
-  for (int i = 0; i < mr; ++i)
-    for (int j = 0; j < nr; ++j) acc[i][j] = _mm512_setzero_ps();
-  for (int64_t k = 0; k < K; k += 32) {
-    for (int j = 0; j < nr; ++j) wv[j] = load32bh(w + (n0 + j) * K, k, K - k);
-    for (int i = 0; i < mr; ++i) {
-      const __m512bh xv = load32bh(x + i * K, k, K - k);
-      for (int j = 0; j < nr; ++j) acc[i][j] = _mm512_dpbf16_ps(acc[i][j], wv[j], xv);
-    }
-  }
-  for (int i = 0; i < mr; ++i)
-    for (int j = 0; j < nr; ++j) store(a, m0 + i, n0 + j, _mm512_reduce_add_ps(acc[i][j]));
+  return _mm512_reduce_add_ps(s0);
 }
 
 static void bf16_rows(const linear_t *a, int64_t n0, int64_t n1) {
@@ -187,12 +208,12 @@ static void bf16_rows(const linear_t *a, int64_t n0, int64_t n1) {
     for (int64_t n = n0; n < n1; ++n) store(a, 0, n, dot_row_bf16(a, n));
     return;
   }
-  for (int64_t n = n0; n < n1; n += NR) {
-    int nr = n1 - n < NR ? (int)(n1 - n) : NR;
+  for (int64_t n = n0; n < n1; n += NR_B) {
+    const int nr = n1 - n < NR_B ? (int)(n1 - n) : NR_B;
     int64_t m = 0;
-    if (nr == NR)
-      for (; m + MR <= a->M; m += MR) tile_bf16(a, m, MR, n, NR);
-    for (; m < a->M; m += MR) tile_bf16(a, m, a->M - m < MR ? (int)(a->M - m) : MR, n, nr);
+    if (nr == NR_B)
+      for (; m + MR_B <= a->M; m += MR_B) tile_bf16(a, m, MR_B, n, NR_B);
+    for (; m < a->M; m += MR_B) tile_bf16(a, m, a->M - m < MR_B ? (int)(a->M - m) : MR_B, n, nr);
   }
 }
 #else
