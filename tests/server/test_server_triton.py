@@ -109,7 +109,7 @@ def test_sliding_window_and_softcap_families_give_the_oracle_backends_tokens(tmp
 
 
 def test_backend_choice_and_its_errors(monkeypatch):
-    assert backend_for("cpu", "auto").name == "torch"  # auto is Triton on CUDA only
+    assert backend_for("cpu", "auto").name == "cpu"  # auto: Triton on CUDA, the C kernels on CPU (cpu_attention.py)
     assert backend_for("cpu", "torch").name == "torch"
     with pytest.raises(ValueError, match="not one of auto, torch, triton"):
         backend_for("cpu", "cutlass")
