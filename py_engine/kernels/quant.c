@@ -481,7 +481,8 @@ int rk_gate(const void *y, void *gated, int bf16, int64_t M, int64_t N) {
   if (M < 1 || N < 1) return -1;
   gate_t a = {y, gated, bf16, M, N, 0};
   a.rows = 16384 / N + 1; /* ~64 KB of output a chunk */
-  pool_run((M + a.rows - 1) / a.rows, gate_chunk, &a, sizeof a);
+  if (a.rows >= M) gate(y, gated, bf16, M, N); /* decode: no pool wake-up for one chunk */
+  else pool_run((M + a.rows - 1) / a.rows, gate_chunk, &a, sizeof a);
   return 0;
 }
 
