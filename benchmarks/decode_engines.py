@@ -312,7 +312,7 @@ def measure(engine: str, dtype: str, threads: int, new_tokens: int, lengths: lis
     start = time.perf_counter()
     if name == "llama-bench":
         return {**llama_bench(opts or {"float32": "f32", "bfloat16": "bf16"}[dtype], threads, new_tokens, lengths),
-                "dtype": dtype}
+                "engine": engine, "dtype": dtype}  # as asked (plain `llama-bench` too): decode_speed groups by it
     if name == "llama.cpp":  # runs in llama-cpp-python's own environment, without torch
         run = llama_cpp_runner(opts or dtype, threads)
     else:

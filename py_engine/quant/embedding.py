@@ -56,7 +56,14 @@ class QuantEmbedding(nn.Module):
         if not isinstance(table, QuantLinear):  # a float Linear put in its place (a model's dequantized copy)
             return F.embedding(input_ids, table.weight).to(self.dtype)
         ids = input_ids.reshape(-1)  # an id out of range fails in index_select, as in nn.Embedding
-        x = dequantize_packed(gather_rows(table.packed, ids))  # [n, hidden] float32
+        p = table.packed
+        if p.bits == 8 and p.scales.shape[1] == 1 and p.mins is None and p.offsets is None:
+            # int8 per channel, symmetric (the default head): w = c * s, c the stored int8 (code - 128);
+            # dequantize_packed's (c + 128 - 128) * s in 4 ops instead of ~15 (a decode step gathers one row)
+            codes = p.codes.index_select(0, ids.to(p.codes.device))[:, :p.in_features]
+            x = codes.view(torch.int8).float() * p.scales.index_select(0, ids.to(p.codes.device))
+        else:
+            x = dequantize_packed(gather_rows(p, ids))  # [n, hidden] float32
         return x.to(self.dtype).view(*input_ids.shape, self.embedding_dim)
 
     def _apply(self, fn, recurse: bool = True):
