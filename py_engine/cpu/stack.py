@@ -20,9 +20,13 @@ hooks on the blocks are not called on this path; `stack_enabled = False`
 turns it off (the benchmarks' `ruvllm:nostack`).
 
 LoRA (py_engine.adapters): a LoraLinear's base is laid out as any projection,
-and before each step `select_adapter` points its Proj at the fp32 A and B of
+and before each step `select_adapter` points its Proj at the fp32 A and B^T of
 the adapter the model's AdapterMix names (one slot: the sequence's), which
-step.c adds as y += B (A x); per-row adapter weights (X-LoRA) take the module path.
+step.c adds as y += B (A x). X-LoRA's per-token weights (one row: [1, S] or
+[1, L, S]) point every projection at all loaded adapters' columns and fill one
+buffer of per-column weights per step (one index_select), which step.c applies
+as y += B (w * (A x)); so both of X-LoRA's passes run here. Several rows of
+weights (the server's batches) take the module path.
 """
 from __future__ import annotations
 
@@ -34,7 +38,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..adapters.layer import AdapterMix, LoraLinear
+from ..adapters.layer import AdapterMix, LoraLinear, StackColumns
 from ..kernels import ColdTier, CpuKernels
 from ..models.kv_cache import DenseKVCache, TwoTierDenseKVCache
 from ..models.transformer import DecoderLayer, DecoderModel
@@ -52,9 +56,9 @@ class Proj(ctypes.Structure):
 
 
 class Lora(ctypes.Structure):
-    """step.c's lora_t: one adapter's A [r, in] and scaled B [rows, r], fp32."""
+    """step.c's lora_t: A [r, in], scaled B^T [r, rows], each column's rows lo..hi and weight, fp32."""
 
-    _fields_ = [("A", P), ("B", P), ("r", ctypes.c_int64)]
+    _fields_ = [("A", P), ("Bt", P), ("r", ctypes.c_int64), ("lo", P), ("hi", P), ("scale", P)]
 
 
 class Layer(ctypes.Structure):
@@ -72,7 +76,7 @@ class Step(ctypes.Structure):
                 ("H", ctypes.c_int64), ("KV", ctypes.c_int64), ("D", ctypes.c_int64), ("max_len", ctypes.c_int64),
                 ("inter", ctypes.c_int64), ("eps", ctypes.c_float), ("unit_offset", ctypes.c_int32),
                 ("bf16", ctypes.c_int32), ("h", P), ("qkv", P), ("attn", P), ("wide", P), ("act", P), ("tmp", P),
-                ("scratch", P), ("lora_h", P), ("cold_tokens", ctypes.c_int64), ("cold_bits", ctypes.c_int64),
+                ("scratch", P), ("lora_h", P), ("lora_x", P), ("lora_d", P), ("cold_tokens", ctypes.c_int64), ("cold_bits", ctypes.c_int64),
                 ("cold_bs", ctypes.c_int64), ("cold_max_blocks", ctypes.c_int64)]
 
 
@@ -115,10 +119,17 @@ class StackPlan:
         self.step = Step(ctypes.addressof(self.layers), self.final_norm, len(layers), self.hidden, self.heads,
                          self.kv_heads, self.head_dim, 0, self.inter, self.eps, int(self.unit_offset),
                          int(dtype == torch.bfloat16), b["h"].data_ptr(), b["qkv"].data_ptr(), b["attn"].data_ptr(),
-                         b["wide"].data_ptr(), b["act"].data_ptr(), b["tmp"].data_ptr(), None, None)
-        self._lora_state: tuple | None = None  # (slot, mix version) the Proj.lora pointers are set for
-        self._lora_structs: dict[tuple[int, int], tuple[Lora, Tensor, Tensor] | None] = {}
+                         b["wide"].data_ptr(), b["act"].data_ptr(), b["tmp"].data_ptr(), None, None, None, None)
+        self._lora_state: tuple | None = None  # (slot or weights' shape, mix version) the Proj.lora pointers are set for
+        self._lora_structs: dict[tuple[int, int | None], tuple[Lora, StackColumns] | None] = {}
         self.lora_h = torch.empty(0, dtype=torch.float32)  # step.c's A x, as long as the largest rank set
+        widest_in = max(self.hidden, self.heads * self.head_dim, self.inter)
+        widest_out = max((self.heads + 2 * self.kv_heads) * self.head_dim, self.hidden, 2 * self.inter)
+        self.lora_x, self.lora_d = torch.empty(widest_in), torch.empty(widest_out)  # step.c's fp32 x and delta
+        self.step.lora_x, self.step.lora_d = self.lora_x.data_ptr(), self.lora_d.data_ptr()
+        self._scale_index: Tensor | None = None  # weights mode: each column's index into a row of weights
+        self._scales = torch.empty(0)  # weights mode: each column's weight this step, step.c's lora_t.scale
+        self._bindings: dict[int, tuple] = {}  # id(kv) -> bind's pointers (X-LoRA's two passes alternate caches)
         self.kv: DenseKVCache | None = None
         self.bind(kv)
         self._fn = kernels.lib.rk_decode_step
@@ -246,61 +257,101 @@ class StackPlan:
         return Proj(ctypes.addressof(ws), ctypes.addressof(bs), ctypes.addressof(ns), 0, n, 0, int(gated), out)
 
     def bind(self, kv: DenseKVCache) -> None:
-        """Point every layer at kv's key and value tensors (a new generation's cache)."""
+        """Point every layer at kv's key and value tensors (a new generation's cache). The last two caches'
+        pointers are kept, so X-LoRA's two passes (two halves of one cache) switch without checking again."""
+        binding = self._bindings.get(id(kv))
+        if binding is None or binding[0] is not kv or not all(map(operator.is_, kv.keys, binding[1])) or not all(
+                map(operator.is_, kv.values, binding[2])):
+            binding = self._binding(kv)
+            if len(self._bindings) >= 2:
+                del self._bindings[next(iter(self._bindings))]
+            self._bindings[id(kv)] = binding
+        kv, keys, values, pointers, colds, cold, scratch = binding
+        for layer, (k, v), c in zip(self.layers, pointers, colds):
+            layer.keys, layer.values, layer.cold = k, v, c
+        self.step.cold_bits, self.step.cold_bs, self.step.cold_max_blocks = cold
+        self.scratch = scratch
+        self.step.scratch, self.step.max_len = scratch.data_ptr(), kv.max_len
+        self.kv, self.keys, self.values = kv, keys, values
+
+    def _binding(self, kv: DenseKVCache) -> tuple:
         if len(kv.keys) != len(self.layers) or len(kv.values) != len(self.layers):
             raise NotStackable("the cache has another number of layers")
         shape = (1, self.kv_heads, kv.max_len, self.head_dim)
         for k, v in zip(kv.keys, kv.values):
             if any(t.shape != shape or t.dtype != self.dtype or not t.is_cpu or not t.is_contiguous() for t in (k, v)):
                 raise NotStackable("the cache is not one contiguous sequence of the step's dtype")
-        for i, (k, v) in enumerate(zip(kv.keys, kv.values)):
-            self.layers[i].keys, self.layers[i].values = k.data_ptr(), v.data_ptr()
+        pointers = [(k.data_ptr(), v.data_ptr()) for k, v in zip(kv.keys, kv.values)]
         two_tier = isinstance(kv, TwoTierDenseKVCache)
-        for i in range(len(self.layers)):  # a two-tier cache's codes; the counts are the step's
-            self.layers[i].cold = ColdTier.of(kv.codes[i], 0, 0) if two_tier else ColdTier()
-        tier = self.layers[0].cold
-        self.step.cold_bits = kv.quant.bits if two_tier else 0
-        self.step.cold_bs, self.step.cold_max_blocks = tier.bs, tier.max_blocks
+        # a two-tier cache's codes; the counts are the step's
+        colds = [ColdTier.of(kv.codes[i], 0, 0) if two_tier else ColdTier() for i in range(len(self.layers))]
+        cold = (kv.quant.bits if two_tier else 0, colds[0].bs, colds[0].max_blocks)
         groups = self.heads // self.kv_heads
-        self.scratch = torch.empty(self.kv_heads * ((groups + 1) * self.head_dim + kv.max_len), dtype=torch.float32)
-        self.step.scratch, self.step.max_len = self.scratch.data_ptr(), kv.max_len
-        self.kv, self.keys, self.values = kv, list(kv.keys), list(kv.values)
+        scratch = torch.empty(self.kv_heads * ((groups + 1) * self.head_dim + kv.max_len), dtype=torch.float32)
+        return kv, list(kv.keys), list(kv.values), pointers, colds, cold, scratch
 
     # adapters -------------------------------------------------------------------------------------------------
     def select_adapter(self) -> bool:
-        """Point each adapted projection at the adapter the mix names for this step (one sequence: one slot);
-        False when the mix is not one slot (per-row weights: X-LoRA), which the module path runs."""
+        """Point each adapted projection at the columns the mix names for this step: one sequence's adapter
+        (one slot), or one row of per-adapter weights (X-LoRA) over every loaded adapter's columns, whose
+        weights are filled in here. False for several rows of weights, which the module path runs."""
         mix = self.mix
         if mix is None:
             return True
-        if mix.weights is not None or (mix.rows is not None and mix.rows.numel() != 1):
+        w = mix.weights
+        if w is not None:
+            if w.shape[0] != 1 or w.dim() not in (2, 3):
+                return False
+            state = (tuple(w.shape), mix.version)
+            if state != self._lora_state and not self._point(state, None, w):
+                return False
+            torch.index_select(w.reshape(-1).to(self.dtype).float(), 0, self._scale_index, out=self._scales)
+            return True
+        if mix.rows is not None and mix.rows.numel() != 1:
             return False
         slot = mix.slot if mix.slot is not None else (int(mix.rows[0]) if mix.rows is not None else -1)
         state = (slot, mix.version)
-        if state == self._lora_state:
-            return True
-        if self._lora_state is None or self._lora_state[1] != mix.version:
+        if state != self._lora_state:
+            self._point(state, slot)
+        return True
+
+    def _point(self, state: tuple, slot: int | None, weights: Tensor | None = None) -> bool:
+        """Set every adapted Proj's lora pointer for `slot` (None: every slot's columns, weighted per column
+        by a row of `weights` [1, S] or [1, L, S]: the index each column reads is laid out here)."""
+        if self._lora_state is None or self._lora_state[-1] != state[-1]:
             self._lora_structs.clear()  # adapters were added or removed: their matrices may have changed
-        largest = 0
-        for i, field, wrapper in self.loras:
-            entry = self._lora_struct(wrapper, slot)
+        entries = [self._lora_struct(wrapper, slot) if slot is None or slot >= 0 else None
+                   for _, _, wrapper in self.loras]
+        if weights is not None:
+            index, S = [], weights.shape[-1]
+            for entry in entries:
+                if entry is not None:
+                    cols = entry[1]
+                    if weights.dim() == 3 and bool((cols.layer < 0).any()):
+                        return False  # a segment without its layer index: the module path says why
+                    index.append(cols.layer * S + cols.slot if weights.dim() == 3 else cols.slot)
+            self._scale_index = torch.cat(index) if index else torch.zeros(0, dtype=torch.long)
+            self._scales = torch.empty(self._scale_index.numel())
+        offset, largest = 0, 0
+        for (i, field, _), entry in zip(self.loras, entries):
             getattr(self.layers[i], field).lora = None if entry is None else ctypes.addressof(entry[0])
-            largest = max(largest, 0 if entry is None else entry[0].r)
+            if entry is not None:
+                r = entry[0].r
+                entry[0].scale = None if weights is None else self._scales.data_ptr() + 4 * offset
+                offset, largest = offset + r, max(largest, r)
         if largest > self.lora_h.numel():
             self.lora_h = torch.empty(largest, dtype=torch.float32)
         self.step.lora_h = self.lora_h.data_ptr()
         self._lora_state = state
         return True
 
-    def _lora_struct(self, wrapper: LoraLinear, slot: int) -> tuple[Lora, Tensor, Tensor] | None:
+    def _lora_struct(self, wrapper: LoraLinear, slot: int | None) -> tuple[Lora, StackColumns] | None:
         key = (id(wrapper), slot)
         if key not in self._lora_structs:
-            matrices = wrapper.slot_matrices(slot) if slot >= 0 else None
-            if matrices is None:
-                self._lora_structs[key] = None
-            else:
-                A, B = matrices  # [r, in], [out, r] fp32, contiguous
-                self._lora_structs[key] = (Lora(A.data_ptr(), B.data_ptr(), A.shape[0]), A, B)
+            cols = wrapper.stack_columns(slot)
+            self._lora_structs[key] = None if cols is None else (
+                Lora(cols.A.data_ptr(), cols.Bt.data_ptr(), cols.A.shape[0], cols.lo.data_ptr(), cols.hi.data_ptr(),
+                     None), cols)
         return self._lora_structs[key]
 
     # running it ---------------------------------------------------------------------------------------------
@@ -369,7 +420,7 @@ class KernelDecoderModel(DecoderModel):
         if isinstance(kv, TwoTierDenseKVCache):
             kv.settle(int(positions))  # the blocks leaving the hot window turn cold before the step reads them
         with stack.lock:  # one step at a time: the work rows and the bound cache are the plan's
-            if not stack.select_adapter():  # per-row adapter weights (X-LoRA): the module path
+            if not stack.select_adapter():  # several rows of adapter weights (X-LoRA batches): the module path
                 return super().forward(input_ids, positions, kv)
             if not stack.bound_to(kv):
                 try:

@@ -19,6 +19,7 @@ pytest.importorskip("peft", reason="peft is in the [test] extra: pip install -e 
 from tests.adapters.xlora_cases import peft_step, save_experts, xlora_model  # noqa: E402
 from py_engine.adapters.xlora import load_xlora, select_scalings  # noqa: E402
 from py_engine.cpu.transforms import optimize_for_cpu  # noqa: E402
+from py_engine.kernels import cpu_kernels  # noqa: E402
 from py_engine.models import DenseKVCache, load_model, longrope_switch_length  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("torch_one_thread")
@@ -76,8 +77,10 @@ def test_logits_and_scalings_match_peft(family, name, tmp_path):
 
 
 @pytest.mark.parametrize("name", ["depth2-layerwise", "depth2-topk-temperature"])
-def test_cached_decode_matches_peft_recompute(family, name, tmp_path):
-    """Every step of a cached decode against peft's no-cache recompute of the whole sequence; greedy."""
+def test_cached_decode_matches_peft_recompute(family, name, tmp_path, calls):
+    """Every step of a cached decode against peft's no-cache recompute of the whole sequence; greedy. On
+    the families the one-call decode step takes, both passes of every decode step run there (step.c with
+    each column weighted by the token's scalings)."""
     fam, folder, experts = family
     peft_model = xlora_model(folder / "base", experts, seed=1, **CONFIGS[name])
     peft_model.save_pretrained(str(tmp_path / "xlora"))
@@ -101,6 +104,8 @@ def test_cached_decode_matches_peft_recompute(family, name, tmp_path):
             else:
                 logits = model(torch.tensor([ids[-1:]]), positions(n - 1, n), kv, last_only=True)
     assert worst < TOL, f"{fam}/{name}: cached decode differs from peft's recompute by {worst:.3g}"
+    if fam in ("llama3-rope", "phi3-longrope") and cpu_kernels() is not None:
+        assert calls["n"] >= 2 * (STEPS - 2), "both passes of each decode step are one C call"
 
 
 def test_non_granular_freezes_scalings_after_k_calls(family, tmp_path):
