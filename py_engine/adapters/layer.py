@@ -53,6 +53,9 @@ class AdapterMix:
     # model's): one compare per layout and step instead of one per projection. Cleared when the mix changes.
     masks: dict = field(default_factory=dict)
     version: int = 0  # bumped when any LoraLinear of the model changes its adapters (stack.py rereads them)
+    # slots the CPU decode step may run merged into per-sequence copies of the float weights (py_engine.cpu.stack;
+    # X-LoRA's frozen non-granular mix): LoraManager.add(..., merge=True)
+    merge_slots: set = field(default_factory=set)
 
     @property
     def active(self) -> bool:

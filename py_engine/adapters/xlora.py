@@ -192,7 +192,7 @@ class XLoraModel(nn.Module):
         rank = max(m.rank for m in modules.values())
         config = LoraConfig(path=f"{self.xlora_config.path} (frozen X-LoRA mix)", r=rank, lora_alpha=rank)
         try:
-            self.manager.add(FROZEN, LoraAdapter(config, modules))
+            self.manager.add(FROZEN, LoraAdapter(config, modules), merge=True)
         except AdapterError:  # above the manager's rank limit: keep the weights path
             pass
 

@@ -20,13 +20,23 @@ hooks on the blocks are not called on this path; `stack_enabled = False`
 turns it off (the benchmarks' `ruvllm:nostack`).
 
 LoRA (py_engine.adapters): a LoraLinear's base is laid out as any projection,
-and before each step `select_adapter` points its Proj at the fp32 A and B^T of
+and before each step `configure` points its Proj at the fp32 A and B^T of
 the adapter the model's AdapterMix names (one slot: the sequence's), which
 step.c adds as y += B (A x). X-LoRA's per-token weights (one row: [1, S] or
 [1, L, S]) point every projection at all loaded adapters' columns and fill one
 buffer of per-column weights per step (one index_select), which step.c applies
 as y += B (w * (A x)); so both of X-LoRA's passes run here. Several rows of
-weights (the server's batches) take the module path.
+weights (the server's batches) take the module path. An adapter added with
+`merge=True` (X-LoRA's frozen non-granular mix: one sequence, constant weights)
+runs merged: its delta is added once into per-sequence copies of the float base
+weights it touches (up to MERGE_LIMIT bytes of copies), so its steps cost the
+base model's; quantized projections keep the unmerged columns.
+
+Each (cache, adapter state) pair the steps meet is one `_Setup`: its own copy of
+the layer array with the cache's pointers and the adapters' columns set, so
+alternating between them (X-LoRA's scaling pass on its half of the cache with
+no adapter, then the real pass) switches one pointer. The last few are kept;
+adding or removing an adapter drops them all.
 """
 from __future__ import annotations
 
@@ -46,6 +56,8 @@ from .layers import DTYPES, KernelAttention, KernelMLP, KernelRMSNorm
 from .linears import FusedLinear, KernelLinear
 
 P = ctypes.c_void_p
+MERGE_LIMIT = 512 << 20  # bytes of merged weight copies a merge=True adapter may take, else it runs unmerged
+SETUPS = 4  # (cache, adapter state) setups kept
 
 
 class Proj(ctypes.Structure):
@@ -93,6 +105,8 @@ class StackPlan:
         self.checks: list[tuple[dict, str, object]] = []  # (a __dict__/_modules/_parameters, key, the object)
         self.keep: list[object] = []  # what the C structures point into
         self.loras: list[tuple[int, str, LoraLinear]] = []  # (layer, Proj field, wrapper): adapters set per step
+        self.float_parts: dict[tuple[int, str], tuple] = {}  # (layer, field) -> float (weights, biases, gated)
+        self._last_float: tuple | None = None
         self.mix: AdapterMix | None = None
         layers = list(model.layers)
         first = layers[0] if layers else None
@@ -110,6 +124,7 @@ class StackPlan:
         self._watch(model._modules, "norm", model.norm)
         self.final_norm = self._norm(model.norm)
         self.layers = (Layer * len(layers))(*(self._layer(i, layer) for i, layer in enumerate(layers)))
+        self.base_layers = self.layers  # no cache, no adapter: what each _Setup copies
         self._columns = tuple(zip(*self.checks))  # (containers, keys, objects): valid() maps over them in C
         self.buffers = {name: torch.empty(size, dtype=dtype) for name, size in (
             ("h", self.hidden), ("qkv", (self.heads + 2 * self.kv_heads) * self.head_dim),
@@ -120,18 +135,16 @@ class StackPlan:
                          self.kv_heads, self.head_dim, 0, self.inter, self.eps, int(self.unit_offset),
                          int(dtype == torch.bfloat16), b["h"].data_ptr(), b["qkv"].data_ptr(), b["attn"].data_ptr(),
                          b["wide"].data_ptr(), b["act"].data_ptr(), b["tmp"].data_ptr(), None, None, None, None)
-        self._lora_state: tuple | None = None  # (slot or weights' shape, mix version) the Proj.lora pointers are set for
+        self._version: int | None = None  # the mix version the setups and columns below were made for
+        self._setups: dict[tuple, _Setup] = {}  # (id(kv), adapter state) -> its setup, oldest first
         self._lora_structs: dict[tuple[int, int | None], tuple[Lora, StackColumns] | None] = {}
-        self.lora_h = torch.empty(0, dtype=torch.float32)  # step.c's A x, as long as the largest rank set
+        self._merged: dict[tuple[int, str, int], tuple[Proj, list]] = {}  # (layer, field, slot) -> merged Proj
         widest_in = max(self.hidden, self.heads * self.head_dim, self.inter)
         widest_out = max((self.heads + 2 * self.kv_heads) * self.head_dim, self.hidden, 2 * self.inter)
         self.lora_x, self.lora_d = torch.empty(widest_in), torch.empty(widest_out)  # step.c's fp32 x and delta
         self.step.lora_x, self.step.lora_d = self.lora_x.data_ptr(), self.lora_d.data_ptr()
-        self._scale_index: Tensor | None = None  # weights mode: each column's index into a row of weights
-        self._scales = torch.empty(0)  # weights mode: each column's weight this step, step.c's lora_t.scale
-        self._bindings: dict[int, tuple] = {}  # id(kv) -> bind's pointers (X-LoRA's two passes alternate caches)
         self.kv: DenseKVCache | None = None
-        self.bind(kv)
+        self._setup: _Setup | None = None
         self._fn = kernels.lib.rk_decode_step
 
     # what must not change -------------------------------------------------------------------------------
@@ -145,11 +158,6 @@ class StackPlan:
         """Whether the plan still describes the model: ~20 identities a layer, compared in C (map)."""
         containers, keys, objects = self._columns
         return all(map(operator.is_, map(dict.get, containers, keys), objects))
-
-    def bound_to(self, kv: DenseKVCache) -> bool:
-        """Whether steps write and read `kv`'s tensors (the ones it holds now)."""
-        return (kv is self.kv and all(map(operator.is_, kv.keys, self.keys))
-                and all(map(operator.is_, kv.values, self.values)))
 
     # laying it out ----------------------------------------------------------------------------------------
     def _layer(self, i: int, layer: nn.Module) -> Layer:
@@ -168,17 +176,21 @@ class StackPlan:
             raise NotStackable("head_dim is not a multiple of 8")
         for name in ("self_attn", "mlp", "input_layernorm", "post_attention_layernorm"):
             self._watch(layer._modules, name, layer._modules.get(name))
-        proj = {}
+        projs = {}
         for module, name, field in ((attn, "qkv_proj", "qkv"), (attn, "o_proj", "o"), (mlp, "gate_up_proj", "gate_up"),
                                     (mlp, "down_proj", "down")):
-            proj[field] = self._unwrap(i, field, module, name)
+            base = self._unwrap(i, field, module, name)
+            self._last_float = None
+            projs[field] = self._gate_up(mlp, base) if field == "gate_up" else self._proj(base)
+            if self._last_float is not None:  # what a merged adapter's copies are made from
+                self.float_parts[(i, field)] = self._last_float
         spec = attn.spec
         return Layer(self._norm(layer.input_layernorm), self._norm(layer.post_attention_layernorm),
-                     self._proj(proj["qkv"]), self._proj(proj["o"]), self._gate_up(mlp, proj["gate_up"]),
-                     self._proj(proj["down"]), None, None, spec.sliding_window or 0, spec.scale, spec.softcap or 0.0)
+                     projs["qkv"], projs["o"], projs["gate_up"], projs["down"], None, None,
+                     spec.sliding_window or 0, spec.scale, spec.softcap or 0.0)
 
     def _unwrap(self, i: int, field: str, parent: nn.Module, name: str) -> nn.Module:
-        """The projection the kernels run; a LoraLinear's base, its adapters noted for select_adapter."""
+        """The projection the kernels run; a LoraLinear's base, its adapters noted for configure."""
         module = parent._modules.get(name)
         self._watch(parent._modules, name, module)
         if not isinstance(module, LoraLinear):
@@ -243,7 +255,8 @@ class StackPlan:
             self._watch(lin._parameters, "bias", lin.bias)
         return linears
 
-    def _float_proj(self, weights: list[Tensor], biases: list[Tensor | None], gated: bool) -> Proj:
+    def _float_proj(self, weights: list[Tensor], biases: list[Tensor | None], gated: bool,
+                    keep: list | None = None) -> Proj:
         if not all(self.kernels.supports_weight(w) and w.dtype == self.dtype for w in weights):
             raise NotStackable("a float weight the kernels cannot take in this dtype")
         if any(b is not None and (b.dtype != self.dtype or not b.is_contiguous()) for b in biases):
@@ -252,97 +265,116 @@ class StackPlan:
         ws = (P * n)(*(w.data_ptr() for w in weights))
         bs = (P * n)(*(None if b is None else b.data_ptr() for b in biases))
         ns = (ctypes.c_int64 * n)(*(w.shape[0] for w in weights))
-        self.keep += [ws, bs, ns, weights, biases]
+        (self.keep if keep is None else keep).extend([ws, bs, ns, weights, biases])
+        self._last_float = (weights, biases, gated)
         out = weights[0].shape[0] if gated else sum(w.shape[0] for w in weights)
         return Proj(ctypes.addressof(ws), ctypes.addressof(bs), ctypes.addressof(ns), 0, n, 0, int(gated), out)
 
-    def bind(self, kv: DenseKVCache) -> None:
-        """Point every layer at kv's key and value tensors (a new generation's cache). The last two caches'
-        pointers are kept, so X-LoRA's two passes (two halves of one cache) switch without checking again."""
-        binding = self._bindings.get(id(kv))
-        if binding is None or binding[0] is not kv or not all(map(operator.is_, kv.keys, binding[1])) or not all(
-                map(operator.is_, kv.values, binding[2])):
-            binding = self._binding(kv)
-            if len(self._bindings) >= 2:
-                del self._bindings[next(iter(self._bindings))]
-            self._bindings[id(kv)] = binding
-        kv, keys, values, pointers, colds, cold, scratch = binding
-        for layer, (k, v), c in zip(self.layers, pointers, colds):
-            layer.keys, layer.values, layer.cold = k, v, c
-        self.step.cold_bits, self.step.cold_bs, self.step.cold_max_blocks = cold
-        self.scratch = scratch
-        self.step.scratch, self.step.max_len = scratch.data_ptr(), kv.max_len
-        self.kv, self.keys, self.values = kv, keys, values
+    # a setup: the cache and the adapter columns of a step ------------------------------------------------------
+    def configure(self, kv: DenseKVCache) -> bool:
+        """Make the next step read and write `kv` with the adapter columns the mix names: one sequence's
+        adapter (one slot) or one row of per-adapter weights (X-LoRA), whose per-column weights are filled
+        in here. False for several rows of weights, which the module path runs; NotStackable for a cache
+        the step cannot take."""
+        mix = self.mix
+        if mix is not None and mix.version != self._version:  # adapters were added or removed
+            self._setups.clear()
+            self._lora_structs.clear()
+            self._merged.clear()
+            self._version = mix.version
+        state = self._adapter_state(mix)
+        if state is None:
+            return False
+        setup = self._setups.get((id(kv), state))
+        if setup is None or not setup.holds(kv):
+            setup = self._make_setup(kv, state)
+            if setup is None:
+                return False
+            self._setups.pop((id(kv), state), None)
+            if len(self._setups) >= SETUPS:
+                del self._setups[next(iter(self._setups))]
+            self._setups[(id(kv), state)] = setup
+        if setup is not self._setup:
+            self._use(setup)
+        if setup.scales is not None:  # this token's weight of every column
+            torch.index_select(mix.weights.reshape(-1).to(self.dtype).float(), 0, setup.scale_index,
+                               out=setup.scales)
+        return True
 
-    def _binding(self, kv: DenseKVCache) -> tuple:
-        if len(kv.keys) != len(self.layers) or len(kv.values) != len(self.layers):
+    @staticmethod
+    def _adapter_state(mix: AdapterMix | None) -> tuple | None:
+        """What the adapter columns of a step depend on: ("slot", slot) (-1: none) or ("weights", shape);
+        None when this step cannot take the mix (several rows)."""
+        if mix is None:
+            return ("slot", -1)
+        w = mix.weights
+        if w is not None:
+            return ("weights", tuple(w.shape)) if w.shape[0] == 1 and w.dim() in (2, 3) else None
+        if mix.rows is not None:
+            return ("slot", int(mix.rows[0])) if mix.rows.numel() == 1 else None
+        return ("slot", -1 if mix.slot is None else mix.slot)
+
+    def _use(self, setup: "_Setup") -> None:
+        self.layers, self.step.layers = setup.layers, ctypes.addressof(setup.layers)
+        self.step.cold_bits, self.step.cold_bs, self.step.cold_max_blocks = setup.cold
+        self.step.scratch, self.step.max_len = setup.scratch.data_ptr(), setup.kv.max_len
+        self.step.lora_h = setup.lora_h.data_ptr()
+        self.kv, self._setup = setup.kv, setup
+
+    def _make_setup(self, kv: DenseKVCache, state: tuple) -> "_Setup | None":
+        if len(kv.keys) != len(self.base_layers) or len(kv.values) != len(self.base_layers):
             raise NotStackable("the cache has another number of layers")
         shape = (1, self.kv_heads, kv.max_len, self.head_dim)
         for k, v in zip(kv.keys, kv.values):
             if any(t.shape != shape or t.dtype != self.dtype or not t.is_cpu or not t.is_contiguous() for t in (k, v)):
                 raise NotStackable("the cache is not one contiguous sequence of the step's dtype")
-        pointers = [(k.data_ptr(), v.data_ptr()) for k, v in zip(kv.keys, kv.values)]
+        layers = (Layer * len(self.base_layers))()
+        ctypes.memmove(layers, self.base_layers, ctypes.sizeof(layers))
         two_tier = isinstance(kv, TwoTierDenseKVCache)
-        # a two-tier cache's codes; the counts are the step's
-        colds = [ColdTier.of(kv.codes[i], 0, 0) if two_tier else ColdTier() for i in range(len(self.layers))]
-        cold = (kv.quant.bits if two_tier else 0, colds[0].bs, colds[0].max_blocks)
+        for i, (k, v) in enumerate(zip(kv.keys, kv.values)):
+            layers[i].keys, layers[i].values = k.data_ptr(), v.data_ptr()
+            layers[i].cold = ColdTier.of(kv.codes[i], 0, 0) if two_tier else ColdTier()  # counts: the step's
+        tier = layers[0].cold
         groups = self.heads // self.kv_heads
         scratch = torch.empty(self.kv_heads * ((groups + 1) * self.head_dim + kv.max_len), dtype=torch.float32)
-        return kv, list(kv.keys), list(kv.values), pointers, colds, cold, scratch
+        setup = _Setup(kv, layers, (kv.quant.bits if two_tier else 0, tier.bs, tier.max_blocks), scratch)
+        return setup if self._set_adapters(setup, state) else None
 
-    # adapters -------------------------------------------------------------------------------------------------
-    def select_adapter(self) -> bool:
-        """Point each adapted projection at the columns the mix names for this step: one sequence's adapter
-        (one slot), or one row of per-adapter weights (X-LoRA) over every loaded adapter's columns, whose
-        weights are filled in here. False for several rows of weights, which the module path runs."""
-        mix = self.mix
-        if mix is None:
+    def _set_adapters(self, setup: "_Setup", state: tuple) -> bool:
+        """Point each adapted Proj of the setup's layers at its columns for `state`: one slot's (merged into
+        copies of the weights for a merge slot), or every slot's, each column reading its weight from
+        setup.scales at setup.scale_index of a row of weights [S] or [L, S] (flattened)."""
+        kind, value = state
+        slot = value if kind == "slot" else None
+        if slot == -1:
             return True
-        w = mix.weights
-        if w is not None:
-            if w.shape[0] != 1 or w.dim() not in (2, 3):
-                return False
-            state = (tuple(w.shape), mix.version)
-            if state != self._lora_state and not self._point(state, None, w):
-                return False
-            torch.index_select(w.reshape(-1).to(self.dtype).float(), 0, self._scale_index, out=self._scales)
-            return True
-        if mix.rows is not None and mix.rows.numel() != 1:
-            return False
-        slot = mix.slot if mix.slot is not None else (int(mix.rows[0]) if mix.rows is not None else -1)
-        state = (slot, mix.version)
-        if state != self._lora_state:
-            self._point(state, slot)
-        return True
-
-    def _point(self, state: tuple, slot: int | None, weights: Tensor | None = None) -> bool:
-        """Set every adapted Proj's lora pointer for `slot` (None: every slot's columns, weighted per column
-        by a row of `weights` [1, S] or [1, L, S]: the index each column reads is laid out here)."""
-        if self._lora_state is None or self._lora_state[-1] != state[-1]:
-            self._lora_structs.clear()  # adapters were added or removed: their matrices may have changed
-        entries = [self._lora_struct(wrapper, slot) if slot is None or slot >= 0 else None
-                   for _, _, wrapper in self.loras]
-        if weights is not None:
-            index, S = [], weights.shape[-1]
-            for entry in entries:
-                if entry is not None:
-                    cols = entry[1]
-                    if weights.dim() == 3 and bool((cols.layer < 0).any()):
-                        return False  # a segment without its layer index: the module path says why
-                    index.append(cols.layer * S + cols.slot if weights.dim() == 3 else cols.slot)
-            self._scale_index = torch.cat(index) if index else torch.zeros(0, dtype=torch.long)
-            self._scales = torch.empty(self._scale_index.numel())
-        offset, largest = 0, 0
-        for (i, field, _), entry in zip(self.loras, entries):
-            getattr(self.layers[i], field).lora = None if entry is None else ctypes.addressof(entry[0])
+        merged = slot is not None and slot in self.mix.merge_slots and self._merge_fits(slot)
+        found = []  # (layer, field, its columns)
+        for i, field, wrapper in self.loras:
+            if merged and (i, field) in self.float_parts:
+                proj = self._merged_proj(i, field, wrapper, slot)
+                if proj is not None:
+                    setattr(setup.layers[i], field, proj)
+                continue
+            entry = self._lora_struct(wrapper, slot)
             if entry is not None:
-                r = entry[0].r
-                entry[0].scale = None if weights is None else self._scales.data_ptr() + 4 * offset
-                offset, largest = offset + r, max(largest, r)
-        if largest > self.lora_h.numel():
-            self.lora_h = torch.empty(largest, dtype=torch.float32)
-        self.step.lora_h = self.lora_h.data_ptr()
-        self._lora_state = state
+                found.append((i, field, entry))
+        if kind == "weights":
+            index, S = [], value[-1]
+            for _, _, (_, cols) in found:
+                if len(value) == 3 and bool((cols.layer < 0).any()):
+                    return False  # a segment without its layer index: the module path says why
+                index.append(cols.layer * S + cols.slot if len(value) == 3 else cols.slot)
+            setup.scale_index = torch.cat(index) if index else torch.zeros(0, dtype=torch.long)
+            setup.scales = torch.empty(setup.scale_index.numel())
+        offset, largest = 0, 0
+        for i, field, (lora, _) in found:
+            if setup.scales is not None:  # a Lora per setup: its scale pointer is the setup's
+                lora = Lora(lora.A, lora.Bt, lora.r, lora.lo, lora.hi, setup.scales.data_ptr() + 4 * offset)
+                setup.keep.append(lora)
+            getattr(setup.layers[i], field).lora = ctypes.addressof(lora)
+            offset, largest = offset + lora.r, max(largest, lora.r)
+        setup.lora_h = torch.empty(max(largest, 1))
         return True
 
     def _lora_struct(self, wrapper: LoraLinear, slot: int | None) -> tuple[Lora, StackColumns] | None:
@@ -353,6 +385,33 @@ class StackPlan:
                 Lora(cols.A.data_ptr(), cols.Bt.data_ptr(), cols.A.shape[0], cols.lo.data_ptr(), cols.hi.data_ptr(),
                      None), cols)
         return self._lora_structs[key]
+
+    def _merge_fits(self, slot: int) -> bool:
+        """Whether copies of the float weights a merge slot's adapter touches fit MERGE_LIMIT."""
+        size = sum(w.numel() * w.element_size() for i, field, wrapper in self.loras
+                   if (i, field) in self.float_parts and slot in wrapper.entries
+                   for w in self.float_parts[(i, field)][0])
+        return size <= MERGE_LIMIT
+
+    def _merged_proj(self, i: int, field: str, wrapper: LoraLinear, slot: int) -> Proj | None:
+        """The float projection (layer i, field) with the slot's adapter merged into copies of its weights:
+        W + (scaling B) A per part, in fp32, rounded once to the dtype (None: the adapter leaves it alone)."""
+        key = (i, field, slot)
+        if key not in self._merged:
+            cols = wrapper.stack_columns(slot)
+            if cols is None:
+                self._merged[key] = None
+            else:
+                weights, biases, gated = self.float_parts[(i, field)]
+                delta = cols.Bt.T @ cols.A  # [out, in], fp32
+                merged, row = [], 0
+                for w in weights:
+                    merged.append((w.float() + delta[row:row + w.shape[0]]).to(self.dtype).contiguous())
+                    row += w.shape[0]
+                keep: list = []
+                self._merged[key] = (self._float_proj(merged, biases, gated, keep), keep)
+        entry = self._merged[key]
+        return None if entry is None else entry[0]
 
     # running it ---------------------------------------------------------------------------------------------
     def __call__(self, x: Tensor, cos: Tensor, sin: Tensor, position: int) -> Tensor:
@@ -366,6 +425,24 @@ class StackPlan:
         if status != 0:
             raise RuntimeError(f"rk_decode_step failed in layer {-status - 1} at position {position}")
         return out
+
+
+class _Setup:
+    """One (cache, adapter state) a step may run with: a copy of the layer array pointing at the cache and
+    the adapters' columns, and what those pointers need alive."""
+
+    def __init__(self, kv: DenseKVCache, layers, cold: tuple[int, int, int], scratch: Tensor) -> None:
+        self.kv, self.layers, self.cold, self.scratch = kv, layers, cold, scratch
+        self.keys, self.values = list(kv.keys), list(kv.values)
+        self.lora_h = torch.empty(1)  # step.c's A x, as long as the largest rank set
+        self.scales: Tensor | None = None  # weights: each column's weight this step (lora_t.scale)
+        self.scale_index: Tensor | None = None  # weights: each column's index into the flattened row of weights
+        self.keep: list = []
+
+    def holds(self, kv: DenseKVCache) -> bool:
+        """Whether the setup points at `kv`'s tensors (the ones it holds now)."""
+        return (kv is self.kv and all(map(operator.is_, kv.keys, self.keys))
+                and all(map(operator.is_, kv.values, self.values)))
 
 
 def _get(layer: nn.Module, name: str) -> nn.Module | None:
@@ -420,14 +497,12 @@ class KernelDecoderModel(DecoderModel):
         if isinstance(kv, TwoTierDenseKVCache):
             kv.settle(int(positions))  # the blocks leaving the hot window turn cold before the step reads them
         with stack.lock:  # one step at a time: the work rows and the bound cache are the plan's
-            if not stack.select_adapter():  # several rows of adapter weights (X-LoRA batches): the module path
-                return super().forward(input_ids, positions, kv)
-            if not stack.bound_to(kv):
-                try:
-                    stack.bind(kv)
-                except NotStackable:
-                    self._stack_failed = (id(kv), stack.dtype)
+            try:
+                if not stack.configure(kv):  # several rows of adapter weights (X-LoRA batches): the module path
                     return super().forward(input_ids, positions, kv)
+            except NotStackable:
+                self._stack_failed = (id(kv), stack.dtype)
+                return super().forward(input_ids, positions, kv)
             return stack(x.contiguous(), cos.contiguous(), sin.contiguous(), int(positions))
 
     def _wants_stack(self, input_ids: Tensor, kv, dtype: torch.dtype) -> bool:

@@ -136,3 +136,31 @@ def test_non_granular_freezes_scalings_after_k_calls(family, tmp_path):
                         model.last_scalings, model.xlora_config))):
                     direct = model.lm(torch.tensor([ids[t:t + 1]]), positions(t, t + 1), scratch)
                 assert (logits - direct).abs().max().item() < TOL
+
+
+@pytest.mark.parametrize("layerwise", [False, True])
+def test_non_granular_decode_in_the_c_step_equals_module_path(family, layerwise, tmp_path, calls):
+    """Non-granular on the CPU-optimized model: the granular calls run both passes in step.c, and once frozen
+    the folded mix runs merged into copies of the float weights, one C call a token; every logit within 1e-5
+    of the module path (the folded adapter unmerged), which the test above ties to the weights path."""
+    fam, folder, experts = family
+    name = "depth2-layerwise" if layerwise else "depth2-topk-temperature"
+    xlora_model(folder / "base", experts, **CONFIGS[name]).save_pretrained(str(tmp_path / "xlora"))
+    model = load(folder, tmp_path / "xlora", optimize=True, non_granular=3)
+    ids = prompt(14)[0].tolist()
+    runs = []
+    for stack in (True, False):
+        model.lm.model.stack_enabled = stack
+        kv = DenseKVCache.allocate(model.config, 1, 32, layers=model.kv_layers)
+        calls["n"] = 0
+        with torch.no_grad():
+            out = [model(torch.tensor([ids[:5]]), positions(0, 5), kv)[:, -1]]
+            out += [model(torch.tensor([ids[t:t + 1]]), positions(t, t + 1), kv)[:, -1] for t in range(5, len(ids))]
+        runs.append((torch.cat(out), calls["n"]))
+    (fast, n_fast), (slow, n_slow) = runs
+    assert n_slow == 0
+    assert (fast - slow).abs().max().item() < TOL, fam
+    if fam in ("llama3-rope", "phi3-longrope") and cpu_kernels() is not None:
+        stack = model.lm.model._stack
+        assert n_fast == 2 * 2 + (len(ids) - 5 - 2) - 1, "granular calls: two C calls; frozen: one"
+        assert stack._merged and all(e is not None for e in stack._merged.values()), "the frozen mix ran merged"
