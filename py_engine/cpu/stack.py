@@ -139,6 +139,7 @@ class StackPlan:
         self._setups: dict[tuple, _Setup] = {}  # (id(kv), adapter state) -> its setup, oldest first
         self._lora_structs: dict[tuple[int, int | None], tuple[Lora, StackColumns] | None] = {}
         self._merged: dict[tuple[int, str, int], tuple[Proj, list]] = {}  # (layer, field, slot) -> merged Proj
+        self._merge_bufs: dict[tuple[int, str, int, int], tuple[Tensor, Tensor]] = {}  # its weights' memory
         widest_in = max(self.hidden, self.heads * self.head_dim, self.inter)
         widest_out = max((self.heads + 2 * self.kv_heads) * self.head_dim, self.hidden, 2 * self.inter)
         self.lora_x, self.lora_d = torch.empty(widest_in), torch.empty(widest_out)  # step.c's fp32 x and delta
@@ -281,6 +282,7 @@ class StackPlan:
             self._setups.clear()
             self._lora_structs.clear()
             self._merged.clear()
+            self._merge_bufs = {k: v for k, v in self._merge_bufs.items() if k[3] in mix.merge_slots}
             self._version = mix.version
         state = self._adapter_state(mix)
         if state is None:
@@ -395,23 +397,48 @@ class StackPlan:
 
     def _merged_proj(self, i: int, field: str, wrapper: LoraLinear, slot: int) -> Proj | None:
         """The float projection (layer i, field) with the slot's adapter merged into copies of its weights:
-        W + (scaling B) A per part, in fp32, rounded once to the dtype (None: the adapter leaves it alone)."""
+        W + scaling B A, accumulated in fp32 and rounded once to the dtype (None: the adapter leaves it
+        alone). Costs rank x weights multiply-adds (a few ms for the built-in model), once per sequence."""
         key = (i, field, slot)
         if key not in self._merged:
-            cols = wrapper.stack_columns(slot)
-            if cols is None:
+            segments = wrapper.entries.get(slot)
+            if not segments:
                 self._merged[key] = None
             else:
                 weights, biases, gated = self.float_parts[(i, field)]
-                delta = cols.Bt.T @ cols.A  # [out, in], fp32
                 merged, row = [], 0
-                for w in weights:
-                    merged.append((w.float() + delta[row:row + w.shape[0]]).to(self.dtype).contiguous())
-                    row += w.shape[0]
+                for p, w in enumerate(weights):  # each part (q, k, v; gate, up), plus the segments reaching its rows
+                    end, work, out = row, *self._merge_buffers(i, field, p, slot, w)
+                    end += w.shape[0]
+                    reach = [(m, max(row, off), min(end, off + wrapper.splits[seg]), off) for seg, m in segments.items()
+                             for off in [wrapper.offsets[seg]] if max(row, off) < min(end, off + wrapper.splits[seg])]
+                    if len(reach) == 1 and reach[0][1:3] == (row, end) and w.dtype == torch.float32:
+                        m, a, b, off = reach[0]  # one segment covers the part: W + s B A in one pass over W
+                        torch.addmm(w, m.B[a - off:b - off], m.A, alpha=m.scaling, out=work)
+                    else:
+                        work.copy_(w)
+                        for m, a, b, off in reach:
+                            work[a - row:b - row].addmm_(m.B[a - off:b - off], m.A, alpha=m.scaling)
+                    if out is not work:
+                        out.copy_(work)
+                    merged.append(out)
+                    row = end
                 keep: list = []
                 self._merged[key] = (self._float_proj(merged, biases, gated, keep), keep)
         entry = self._merged[key]
         return None if entry is None else entry[0]
+
+    def _merge_buffers(self, i: int, field: str, part: int, slot: int, w: Tensor) -> tuple[Tensor, Tensor]:
+        """(fp32 work, result in the dtype) for one merged part, kept from sequence to sequence: a slot's
+        next merge (X-LoRA's next frozen mix) writes the same memory instead of faulting in fresh pages,
+        which took longer than the merge's arithmetic."""
+        key = (i, field, part, slot)
+        bufs = self._merge_bufs.get(key)
+        if bufs is None or bufs[0].shape != w.shape:
+            with torch.inference_mode(False):  # normal tensors: the next merge may run outside inference mode
+                work = torch.empty(w.shape, dtype=torch.float32)
+                bufs = self._merge_bufs[key] = (work, work if self.dtype == torch.float32 else torch.empty_like(w))
+        return bufs
 
     # running it ---------------------------------------------------------------------------------------------
     def __call__(self, x: Tensor, cos: Tensor, sin: Tensor, position: int) -> Tensor:

@@ -41,6 +41,7 @@ CONFIGS = {
 # A spread of families, each with every config: llama (biases, llama3 rope), qwen3 (q/k norms, tied
 # head), phi3 (fused qkv / gate_up, LongRoPE), gemma2 (sandwich norms, soft-capping, sliding window).
 PARITY_FAMILIES = ("llama3-rope", "qwen3", "phi3-longrope", "gemma2")
+STACK_FAMILIES = ("llama3-rope", "phi3-longrope")  # the ones the CPU's one-call decode step takes
 
 
 @pytest.fixture(scope="module", params=PARITY_FAMILIES)
@@ -51,8 +52,8 @@ def family(request, tmp_path_factory):
     return request.param, folder, save_experts(hf, folder, cfg["model_type"])
 
 
-def load(folder, xlora_dir, optimize: bool = False, **kwargs):
-    model, _ = load_model(folder / "base", dtype="float32")
+def load(folder, xlora_dir, optimize: bool = False, dtype: str = "float32", **kwargs):
+    model, _ = load_model(folder / "base", dtype=dtype)
     if optimize:
         optimize_for_cpu(model)
     return load_xlora(model, xlora_dir, **kwargs)
@@ -104,7 +105,7 @@ def test_cached_decode_matches_peft_recompute(family, name, tmp_path, calls):
             else:
                 logits = model(torch.tensor([ids[-1:]]), positions(n - 1, n), kv, last_only=True)
     assert worst < TOL, f"{fam}/{name}: cached decode differs from peft's recompute by {worst:.3g}"
-    if fam in ("llama3-rope", "phi3-longrope") and cpu_kernels() is not None:
+    if fam in STACK_FAMILIES and cpu_kernels() is not None:
         assert calls["n"] >= 2 * (STEPS - 2), "both passes of each decode step are one C call"
 
 
@@ -138,20 +139,23 @@ def test_non_granular_freezes_scalings_after_k_calls(family, tmp_path):
                 assert (logits - direct).abs().max().item() < TOL
 
 
-@pytest.mark.parametrize("layerwise", [False, True])
-def test_non_granular_decode_in_the_c_step_equals_module_path(family, layerwise, tmp_path, calls):
+@pytest.mark.parametrize("layerwise, dtype", [(False, "float32"), (True, "float32"), (True, "bfloat16")])
+def test_non_granular_decode_in_the_c_step_equals_module_path(family, layerwise, dtype, tmp_path, calls):
     """Non-granular on the CPU-optimized model: the granular calls run both passes in step.c, and once frozen
     the folded mix runs merged into copies of the float weights, one C call a token; every logit within 1e-5
-    of the module path (the folded adapter unmerged), which the test above ties to the weights path."""
+    of the module path (the folded adapter unmerged), which the test above ties to the weights path. In
+    bfloat16 the merged weights are rounded once to bf16, as peft's merge_and_unload rounds them."""
     fam, folder, experts = family
+    if fam not in STACK_FAMILIES or cpu_kernels() is None:
+        pytest.skip("the one-call decode step does not take this family (qk-norm, sandwich norms) or no kernels")
     name = "depth2-layerwise" if layerwise else "depth2-topk-temperature"
     xlora_model(folder / "base", experts, **CONFIGS[name]).save_pretrained(str(tmp_path / "xlora"))
-    model = load(folder, tmp_path / "xlora", optimize=True, non_granular=3)
+    model = load(folder, tmp_path / "xlora", optimize=True, dtype=dtype, non_granular=3)
     ids = prompt(14)[0].tolist()
     runs = []
     for stack in (True, False):
         model.lm.model.stack_enabled = stack
-        kv = DenseKVCache.allocate(model.config, 1, 32, layers=model.kv_layers)
+        kv = DenseKVCache.allocate(model.config, 1, 32, dtype=getattr(torch, dtype), layers=model.kv_layers)
         calls["n"] = 0
         with torch.no_grad():
             out = [model(torch.tensor([ids[:5]]), positions(0, 5), kv)[:, -1]]
@@ -159,8 +163,8 @@ def test_non_granular_decode_in_the_c_step_equals_module_path(family, layerwise,
         runs.append((torch.cat(out), calls["n"]))
     (fast, n_fast), (slow, n_slow) = runs
     assert n_slow == 0
-    assert (fast - slow).abs().max().item() < TOL, fam
-    if fam in ("llama3-rope", "phi3-longrope") and cpu_kernels() is not None:
-        stack = model.lm.model._stack
-        assert n_fast == 2 * 2 + (len(ids) - 5 - 2) - 1, "granular calls: two C calls; frozen: one"
-        assert stack._merged and all(e is not None for e in stack._merged.values()), "the frozen mix ran merged"
+    worst = (fast - slow).abs().max().item()
+    assert worst < (TOL if dtype == "float32" else 0.1), fam
+    stack = model.lm.model._stack
+    assert n_fast == 2 * 2 + (len(ids) - 5 - 2) - 1, "granular calls: two C calls; frozen: one"
+    assert stack._merged and all(e is not None for e in stack._merged.values()), "the frozen mix ran merged"
