@@ -119,7 +119,7 @@ class LoraManager:
         """What the next forwards apply: one adapter by name (None: the base), a slot per flattened row
         (indices, -1 for the base), or per-row weights per slot ([rows, slots] or [rows, layers, slots]).
         head_indices: with indices, the slot of each row the LM head computes (when it computes a subset)."""
-        if sum(v is not None for v in (adapter, indices, weights)) > 1:
+        if (adapter is not None) + (indices is not None) + (weights is not None) > 1:
             raise ValueError("set_adapter_mix takes one of adapter, indices or weights")
         mix = self.mix
         mix.slot = mix.rows = mix.weights = mix.head_rows = None
