@@ -179,7 +179,8 @@ class XLoraModel(nn.Module):
 
     def _freeze_adapter(self) -> None:
         """Frozen scalings are constants: fold them into one adapter (every expert's A stacked, each B times
-        its weight), which the single-adapter paths run, the CPU's one-call decode step included."""
+        its weight), which the single-adapter paths run; the CPU's one-call decode step runs it merged into
+        copies of the float weights (merge=True), made here, in the call that freezes."""
         if self._frozen.shape[0] != 1:  # one mix per row: the weights path
             return
         w = select_scalings(self._frozen, self.xlora_config)[0, 0] * self.xlora_config.global_scaling_weight  # [L, E]
@@ -193,9 +194,12 @@ class XLoraModel(nn.Module):
         rank = max(m.rank for m in modules.values())
         config = LoraConfig(path=f"{self.xlora_config.path} (frozen X-LoRA mix)", r=rank, lora_alpha=rank)
         try:
-            self.manager.add(FROZEN, LoraAdapter(config, modules), merge=True)
+            slot = self.manager.add(FROZEN, LoraAdapter(config, modules), merge=True)
         except AdapterError:  # above the manager's rank limit: keep the weights path
-            pass
+            return
+        prepare = getattr(self.lm.model, "prepare_adapter", None)  # the CPU step merges it now, not in the next step
+        if prepare is not None:
+            prepare(slot)
 
     def _scaling_pass(self, input_ids: Tensor, positions: Tensor, kv) -> Tensor:
         """The final hidden state [B, T, hidden] with every expert at scaling_pass_value (0: the base model)."""

@@ -278,12 +278,7 @@ class StackPlan:
         in here. False for several rows of weights, which the module path runs; NotStackable for a cache
         the step cannot take."""
         mix = self.mix
-        if mix is not None and mix.version != self._version:  # adapters were added or removed
-            self._setups.clear()
-            self._lora_structs.clear()
-            self._merged.clear()
-            self._merge_bufs = {k: v for k, v in self._merge_bufs.items() if k[3] in mix.merge_slots}
-            self._version = mix.version
+        self._sync()
         state = self._adapter_state(mix)
         if state is None:
             return False
@@ -302,6 +297,25 @@ class StackPlan:
             torch.index_select(mix.weights.reshape(-1).to(self.dtype).float(), 0, setup.scale_index,
                                out=setup.scales)
         return True
+
+    def _sync(self) -> None:
+        """Forget the setups and columns of adapters that were added or removed since (mix.version)."""
+        mix = self.mix
+        if mix is not None and mix.version != self._version:
+            self._setups.clear()
+            self._lora_structs.clear()
+            self._merged.clear()
+            self._merge_bufs = {k: v for k, v in self._merge_bufs.items() if k[3] in mix.merge_slots}
+            self._version = mix.version
+
+    def premerge(self, slot: int) -> None:
+        """Merge a merge=True adapter's weight copies now rather than in the first step that runs it (X-LoRA
+        calls this in the call that freezes its mix)."""
+        self._sync()
+        if self.mix is not None and slot in self.mix.merge_slots and self._merge_fits(slot):
+            for i, field, wrapper in self.loras:
+                if (i, field) in self.float_parts:
+                    self._merged_proj(i, field, wrapper, slot)
 
     @staticmethod
     def _adapter_state(mix: AdapterMix | None) -> tuple | None:
@@ -531,6 +545,13 @@ class KernelDecoderModel(DecoderModel):
                 self._stack_failed = (id(kv), stack.dtype)
                 return super().forward(input_ids, positions, kv)
             return stack(x.contiguous(), cos.contiguous(), sin.contiguous(), int(positions))
+
+    def prepare_adapter(self, slot: int) -> None:
+        """Do now what the first one-call step with adapter `slot` would do first (merge a merge=True one)."""
+        stack = self._stack
+        if stack is not None and stack.valid():
+            with stack.lock:
+                stack.premerge(slot)
 
     def _wants_stack(self, input_ids: Tensor, kv, dtype: torch.dtype) -> bool:
         return (self.stack_enabled and isinstance(kv, DenseKVCache) and input_ids.shape == (1, 1)
