@@ -43,6 +43,7 @@ from __future__ import annotations
 import ctypes
 import operator
 import threading
+import weakref
 
 import torch
 import torch.nn.functional as F
@@ -287,7 +288,7 @@ class StackPlan:
             setup = self._make_setup(kv, state)
             if setup is None:
                 return False
-            self._setups.pop((id(kv), state), None)
+            self._setups = {k: s for k, s in self._setups.items() if s.kv_ref() is not None and k != (id(kv), state)}
             if len(self._setups) >= SETUPS:
                 del self._setups[next(iter(self._setups))]
             self._setups[(id(kv), state)] = setup
@@ -333,9 +334,9 @@ class StackPlan:
     def _use(self, setup: "_Setup") -> None:
         self.layers, self.step.layers = setup.layers, ctypes.addressof(setup.layers)
         self.step.cold_bits, self.step.cold_bs, self.step.cold_max_blocks = setup.cold
-        self.step.scratch, self.step.max_len = setup.scratch.data_ptr(), setup.kv.max_len
+        self.step.scratch, self.step.max_len = setup.scratch.data_ptr(), setup.max_len
         self.step.lora_h = setup.lora_h.data_ptr()
-        self.kv, self._setup = setup.kv, setup
+        self.kv, self._setup = setup.kv_ref(), setup  # the step's cache, held while it is the current one
 
     def _make_setup(self, kv: DenseKVCache, state: tuple) -> "_Setup | None":
         if len(kv.keys) != len(self.base_layers) or len(kv.values) != len(self.base_layers):
@@ -473,8 +474,11 @@ class _Setup:
     the adapters' columns, and what those pointers need alive."""
 
     def __init__(self, kv: DenseKVCache, layers, cold: tuple[int, int, int], scratch: Tensor) -> None:
-        self.kv, self.layers, self.cold, self.scratch = kv, layers, cold, scratch
-        self.keys, self.values = list(kv.keys), list(kv.values)
+        self.layers, self.cold, self.scratch, self.max_len = layers, cold, scratch, kv.max_len
+        # weak: a finished generation's cache goes with its backend, not kept alive by the plan (a new
+        # LLM.generate makes a new cache); its setup then never matches and is dropped with the next new one
+        self.kv_ref = weakref.ref(kv)
+        self.key_refs, self.value_refs = [weakref.ref(t) for t in kv.keys], [weakref.ref(t) for t in kv.values]
         self.lora_h = torch.empty(1)  # step.c's A x, as long as the largest rank set
         self.scales: Tensor | None = None  # weights: each column's weight this step (lora_t.scale)
         self.scale_index: Tensor | None = None  # weights: each column's index into the flattened row of weights
@@ -482,8 +486,8 @@ class _Setup:
 
     def holds(self, kv: DenseKVCache) -> bool:
         """Whether the setup points at `kv`'s tensors (the ones it holds now)."""
-        return (kv is self.kv and all(map(operator.is_, kv.keys, self.keys))
-                and all(map(operator.is_, kv.values, self.values)))
+        return (kv is self.kv_ref() and all(map(operator.is_, kv.keys, map(operator.call, self.key_refs)))
+                and all(map(operator.is_, kv.values, map(operator.call, self.value_refs))))
 
 
 def _get(layer: nn.Module, name: str) -> nn.Module | None:
