@@ -2,20 +2,23 @@
 
     .venv/bin/python benchmarks/adapter_quality.py                 # peft's models and ruvllm's
     .venv/bin/python benchmarks/adapter_quality.py --max-tokens 4000 --only peft
+    .venv/bin/python benchmarks/adapter_quality.py --model smollm2-135m-instruct   # first 4096 tokens per domain
 
-The adapters are py_engine/data/adapters/tiny-shakespeare/ (training/train_adapters.py); the
+The adapters are py_engine/data/adapters/MODEL/ (training/train_adapters.py --base MODEL); the
 domains and their held-out works are training/adapter_domains.py (Twelfth Night, Julius Caesar,
 Paradise Regained). Every row is scored by py_engine.models.evaluate.perplexity over
-non-overlapping windows of 256 tokens (the model's context; the model card's protocol),
-`<|endoftext|>` first:
+non-overlapping windows of 256 tokens (the built-in model's context; the model card's protocol),
+`<|endoftext|>` first (as every training document starts):
 
-- peft: transformers' LlamaForCausalLM, peft's PeftModel per LoRA expert and peft's XLoraModel;
-- ruvllm: the same adapters run by ruvllm's engine (LoRA and X-LoRA), which must agree with peft.
+- peft: transformers' LlamaForCausalLM, peft's PeftModel per LoRA expert and peft's XLoraModel
+  (SmolLM2: on its GGUF dequantized to fp32 by `ruvllm import-gguf`, training/adapter_bases.py);
+- ruvllm: the same adapters run by ruvllm's engine (LoRA and X-LoRA), which must agree with peft
+  (SmolLM2: the `smollm2-135m-instruct` alias loaded with dequantize=True, fp32).
 
 It also reports X-LoRA's mean adapter weights per domain (its softmax over the experts, averaged
 over every scored token and every LoRA layer) and checks the acceptance rules: each expert lowest on
 its own domain; X-LoRA within 2% of the best expert on every domain and better than the base.
-Writes benchmarks/results/adapter_quality.json.
+Writes benchmarks/results/adapter_quality.json (SmolLM2: adapter_quality_smollm2-135m-instruct.json).
 """
 from __future__ import annotations
 
@@ -34,13 +37,13 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from py_engine.models.evaluate import perplexity  # noqa: E402
+from training.adapter_bases import BASES, base_folder  # noqa: E402
 from training.adapter_domains import DOMAINS, domain_texts  # noqa: E402
 from training.train_adapters import peft_loadable  # noqa: E402
 
-BASE = REPO / "py_engine" / "data" / "tiny-shakespeare"
-ADAPTERS = REPO / "py_engine" / "data" / "adapters" / "tiny-shakespeare"
-RESULTS = REPO / "benchmarks" / "results" / "adapter_quality.json"
+RESULTS = REPO / "benchmarks" / "results"
 WINDOW, STRIDE = 256, 256  # the model card's protocol (training/evaluate.py): non-overlapping windows
+DEFAULT_MAX_TOKENS = {"tiny-shakespeare": None, "smollm2-135m-instruct": 4096}  # 135M on 2 cores: a slice
 
 
 class HFScorer(torch.nn.Module):
@@ -52,7 +55,7 @@ class HFScorer(torch.nn.Module):
         self.config = type("Config", (), {"vocab_size": vocab_size})()
         self.scalings: list[torch.Tensor] = []  # X-LoRA: the scalings of each call's scored positions
 
-    def forward(self, ids, positions, logit_indices=None):
+    def forward(self, ids, positions, kv=None, logit_indices=None):
         logits = self.inner(input_ids=ids).logits
         latest = getattr(self.inner, "get_latest_scalings", lambda: None)()
         if latest is not None:  # [B, T, n_layers, n_experts]
@@ -60,32 +63,46 @@ class HFScorer(torch.nn.Module):
         return logits[:, logit_indices]
 
 
-def peft_models(vocab: int):
+def peft_models(name: str):
     """(label, scorer) of the base, each expert and X-LoRA, built by transformers and peft."""
     from peft import PeftModel
     from transformers import LlamaForCausalLM
 
+    folder, adapters = base_folder(name), BASES[name].adapters
+
     def base():
-        model = LlamaForCausalLM.from_pretrained(str(BASE), dtype=torch.float32).eval()
+        model = LlamaForCausalLM.from_pretrained(str(folder), dtype=torch.float32).eval()
         model.config.use_cache = False
         return model
 
+    vocab = base().config.vocab_size
     yield "base", HFScorer(base(), vocab)
     for d in DOMAINS:
-        yield d.name, HFScorer(PeftModel.from_pretrained(base(), str(ADAPTERS / d.name)).eval(), vocab)
+        yield d.name, HFScorer(PeftModel.from_pretrained(base(), str(adapters / d.name)).eval(), vocab)
     with tempfile.TemporaryDirectory() as tmp:
-        folder = peft_loadable(ADAPTERS / "xlora", Path(tmp))
-        yield "xlora", HFScorer(PeftModel.from_pretrained(base(), folder).eval(), vocab)
+        loadable = peft_loadable(adapters / "xlora", Path(tmp))
+        yield "xlora", HFScorer(PeftModel.from_pretrained(base(), loadable).eval(), vocab)
 
 
-def engine_models(vocab: int):
+def engine_folder(name: str) -> tuple[Path, bool]:
+    """ruvllm's own folder for the model and whether to dequantize it (a GGUF alias: fp32, as peft's base)."""
+    if name == "tiny-shakespeare":
+        return base_folder(name), False
+    from py_engine.hub import resolve_model
+
+    return resolve_model(name), True
+
+
+def engine_models(name: str):
     """The same rows run by ruvllm's engine."""
     from py_engine.adapters.xlora import load_xlora
     from py_engine.models import load_model
 
-    base, _ = load_model(str(BASE), dtype="float32")
+    folder, dequantize = engine_folder(name)
+    base, _ = load_model(str(folder), dtype="float32", dequantize=dequantize)
     yield "base", base
-    xlora = load_xlora(load_model(str(BASE), dtype="float32")[0], ADAPTERS / "xlora")
+    xlora = load_xlora(load_model(str(folder), dtype="float32", dequantize=dequantize)[0],
+                       BASES[name].adapters / "xlora")
     for i, d in enumerate(DOMAINS):
         yield d.name, xlora.single_expert(i)
     yield "xlora", xlora
@@ -140,28 +157,40 @@ def table(rows: dict) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--only", choices=("peft", "ruvllm"), default=None)
-    p.add_argument("--max-tokens", type=int, default=None, help="score only this many tokens per domain")
-    p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--out", type=Path, default=RESULTS)
-    args = p.parse_args()
-    torch.set_num_threads(args.threads)
+def held_out_ids(name: str, max_tokens: int | None = None) -> dict[str, list[int]]:
+    """Each domain's held-out text as ids (ruvllm's tokenizer), `<|endoftext|>` first, cut to max_tokens."""
     from py_engine.tokenizer import Tokenizer
 
-    tok = Tokenizer.from_pretrained(str(BASE))
-    texts = {d.name: tok.encode(domain_texts(d)[1], add_special_tokens=True)[: args.max_tokens] for d in DOMAINS}
-    vocab = 4096
-    report = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "window": WINDOW,
-              "stride": STRIDE, "torch": torch.__version__, "loadavg": os.getloadavg(),
-              "held_out": {d.name: d.held_out for d in DOMAINS}}
+    tok = Tokenizer.from_pretrained(str(base_folder(name)))
+    separator = BASES[name].separator  # the built-in tokenizer adds it itself
+    first = [tok.token_to_id(separator)] if separator else []
+    return {d.name: (first + tok.encode(domain_texts(d)[1], add_special_tokens=True))[:max_tokens] for d in DOMAINS}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", choices=tuple(BASES), default="tiny-shakespeare", help="the base model")
+    p.add_argument("--only", choices=("peft", "ruvllm"), default=None)
+    p.add_argument("--max-tokens", type=int, default=None,
+                   help="score only this many tokens per domain (default: all; SmolLM2 4096)")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--out", type=Path, default=None, help="default benchmarks/results/adapter_quality[_MODEL].json")
+    args = p.parse_args()
+    torch.set_num_threads(args.threads)
+    if args.out is None:
+        args.out = RESULTS / ("adapter_quality.json" if args.model == "tiny-shakespeare"
+                              else f"adapter_quality_{args.model}.json")
+    max_tokens = args.max_tokens or DEFAULT_MAX_TOKENS[args.model]
+    texts = held_out_ids(args.model, max_tokens)
+    report = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "model": args.model,
+              "window": WINDOW, "stride": STRIDE, "max_tokens": max_tokens, "torch": torch.__version__,
+              "loadavg": os.getloadavg(), "held_out": {d.name: d.held_out for d in DOMAINS}}
     start = time.perf_counter()
     for engine, models in (("peft", peft_models), ("ruvllm", engine_models)):
         if args.only not in (None, engine):
             continue
         print(f"{engine}:")
-        report[engine] = score(models(vocab), texts)
+        report[engine] = score(models(args.model), texts)
         report[f"{engine}_failures"] = check(report[engine])
         print(table(report[engine]))
         for failure in report[f"{engine}_failures"]:

@@ -78,6 +78,6 @@ class CpuPagedAttention(TorchPagedAttention):
             counts = torch.tensor(meta.cold_blocks, dtype=torch.long)  # [S]
             for i in meta.prefill_seqs:
                 start, end = meta.query_start[i], meta.query_start[i + 1]
-                out[start:end] = cold_attention._prefill(q[start:end], key_cache, value_cache, cold, layer, meta, i,
+                out[start:end] = cold_attention.attend_chunk(q[start:end], key_cache, value_cache, cold, layer, meta, i,
                                                          counts, spec, quant)
         return out

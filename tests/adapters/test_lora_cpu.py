@@ -32,7 +32,7 @@ PREFILL = 5
 
 
 def _decode(model, ids):
-    kv = DenseKVCache.allocate(model.config, 1, ids.shape[1], dtype=model.model.embed_tokens.weight.dtype)
+    kv = DenseKVCache.allocate(model.config, 1, ids.shape[1], dtype=model.model.norm.weight.dtype)
     out = [model(ids[:, :PREFILL], positions(0, PREFILL), kv)]
     for t in range(PREFILL, ids.shape[1]):
         out.append(model(ids[:, t:t + 1], positions(t, t + 1), kv))
@@ -111,10 +111,11 @@ def test_quantized_base_with_adapter_equals_peft_on_dequantized_base(family, qua
     model, manager = _adapted(folder, quantization=quantization)
     dequantized = copy.deepcopy(hf)  # transformers' model with the weights the quantizer kept
     state = {f"{name}.weight": m.qweight.dequantize().float() for name, m in model.named_modules()
-             if isinstance(m, QuantLinear)}
+             if isinstance(m, QuantLinear)}  # an untied embedding's own codes too (model.embed_tokens.table)
     fused = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
     hf_names = dict(dequantized.named_parameters())
     for name, w in state.items():  # our fused parts are qkv_proj[.base].parts.N: transformers' q/k/v_proj
+        name = name.replace("embed_tokens.table.", "embed_tokens.")
         parent, _, leaf = name.replace(".base.", ".").replace(".parts.", ".").removesuffix(".weight").rpartition(".")
         if leaf.isdigit():
             stem, _, fused_name = parent.rpartition(".")
