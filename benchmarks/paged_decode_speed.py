@@ -11,7 +11,9 @@
    (after: C attention, and a single stream as one rk_decode_step call), against the dense `LLM` on the
    same file at one sequence (the engine a single server stream should be within 10% of).
 Settings alternate within each round; times are medians of CPU time (process_time: the machine is shared,
-and a descheduled process's wall time says nothing about the code) and of wall time. Writes
+and a descheduled process's wall time says nothing about the code) and of wall time. Attention runs as in
+an engine step (kernel_step: torch on one thread, the kernels' pool on --threads; CPU time counts a
+pool worker's spinning too). Writes
 benchmarks/results/paged_decode_speed.json with the CPU flags.
 """
 from __future__ import annotations
@@ -35,6 +37,8 @@ from decode_speed import machine  # noqa: E402
 from native_server import cold_attention  # noqa: E402
 from native_server.kv_cache import ColdPool  # noqa: E402
 from native_server.paged_attention import TorchPagedAttention, backend_for  # noqa: E402
+from py_engine.cpu.transforms import kernel_step  # noqa: E402
+from py_engine.kernels import cpu_kernels  # noqa: E402
 from py_engine.models import AttentionSpec  # noqa: E402
 from py_engine.models.kv_quant import KVQuantConfig  # noqa: E402
 from tests.server.test_server_cpu_attention import metadata  # noqa: E402
@@ -165,7 +169,9 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     info = machine()
     print("one layer's decode attention (CPU time per call):", flush=True)
-    result = {"machine": info, "threads": args.threads, "attention": attention_table(args.rounds)}
+    with kernel_step(cpu_kernels()):  # as the engine runs a step: torch on one thread, the kernels' pool on all
+        attention = attention_table(args.rounds)
+    result = {"machine": info, "threads": args.threads, "attention": attention}
     if not args.skip_steps:
         print(f"decode steps on {args.gguf.name}:", flush=True)
         result["steps"] = step_table(args.gguf, args.rounds, args.steps)

@@ -183,3 +183,22 @@ def test_a_single_stream_runs_as_one_c_call_and_equals_the_dense_engine(model_di
     if dtype == "float32":  # bf16 roundings differ in order between the dense and paged kernels and torch's
         dense = LLM(str(model_dir), device="cpu", dtype=dtype, **kv).generate(prompt, params)
         assert got == dense.token_ids == tokens("torch")[0]
+
+
+@pytest.mark.parametrize("variant", ["avx2", "avx512", "avx512-vnni", "avx512-bf16"])
+def test_every_kernel_variant_equals_the_oracle(variant):
+    """Each instruction-set build of the kernels (py_engine.kernels.VARIANTS) runs the same paged decode."""
+    from native_server.cpu_attention import CpuPagedAttention
+    from py_engine.kernels import kernel_variant, variant_fits
+
+    if not variant_fits(variant):
+        pytest.skip(f"hardware: this CPU lacks the {variant} instructions")
+    kernels = kernel_variant(variant)
+    assert kernels is not None, f"the {variant} variant did not build"
+    backend = CpuPagedAttention(kernels)
+    for dtype, bits in [(torch.float32, 4), (torch.bfloat16, 8)]:
+        q, key_cache, value_cache, meta, cold = random_step(16, dtype, bits=bits, seed=7)
+        quant = KVQuantConfig("int8" if bits == 8 else "int4", 16, 16)
+        want = cold_attention.attend(q, key_cache, value_cache, cold, 1, meta, SPECS["window"], quant)
+        got = backend.attend_cold(q, key_cache, value_cache, cold, 1, backend.prepare(meta), SPECS["window"], quant)
+        check(got, want, meta, dtype)

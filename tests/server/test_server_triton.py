@@ -109,9 +109,12 @@ def test_sliding_window_and_softcap_families_give_the_oracle_backends_tokens(tmp
 
 
 def test_backend_choice_and_its_errors(monkeypatch):
-    assert backend_for("cpu", "auto").name == "cpu"  # auto: Triton on CUDA, the C kernels on CPU (cpu_attention.py)
+    from py_engine.kernels import cpu_kernels
+
+    on_cpu = "cpu" if cpu_kernels() is not None else "torch"  # auto: Triton on CUDA, the C kernels on the CPU
+    assert backend_for("cpu", "auto").name == on_cpu
     assert backend_for("cpu", "torch").name == "torch"
-    with pytest.raises(ValueError, match="not one of auto, torch, triton"):
+    with pytest.raises(ValueError, match="not one of auto, torch, triton, cpu"):
         backend_for("cpu", "cutlass")
     if not ON_GPU:
         assert backend_for("cpu", "triton").name == "triton"  # the interpreter
@@ -124,8 +127,7 @@ def test_backend_choice_and_its_errors(monkeypatch):
     monkeypatch.setattr("importlib.util.find_spec", lambda name, *a: None)
     with pytest.raises(ValueError, match="triton is not installed"):
         backend_for(DEVICE, "triton")
-    # auto falls back (with a warning): to the C kernels on CPU, to torch on CUDA
-    assert backend_for(DEVICE, "auto").name == ("torch" if ON_GPU else "cpu")
+    assert backend_for(DEVICE, "auto").name == ("torch" if ON_GPU else on_cpu)  # auto falls back, with a warning
 
 
 def test_the_serve_command_takes_the_backend_and_eager_flags():
