@@ -101,16 +101,31 @@ def engine_models(name: str):
     folder, dequantize = engine_folder(name)
     base, _ = load_model(str(folder), dtype="float32", dequantize=dequantize)
     yield "base", base
-    xlora = load_xlora(load_model(str(folder), dtype="float32", dequantize=dequantize)[0],
-                       BASES[name].adapters / "xlora")
+    xlora = record_scalings(load_xlora(load_model(str(folder), dtype="float32", dequantize=dequantize)[0],
+                       BASES[name].adapters / "xlora"))
     for i, d in enumerate(DOMAINS):
         yield d.name, xlora.single_expert(i)
     yield "xlora", xlora
 
 
-def score(models, texts: dict[str, list[int]]) -> dict:
+def record_scalings(xlora):
+    """ruvllm's XLoraModel, keeping the scalings of each call's scored positions as HFScorer does."""
+    xlora.scalings = []
+
+    def hook(module, args, kwargs, output):
+        index = kwargs.get("logit_indices")
+        latest = module.last_scalings  # [B, T, n_layers, n_experts]
+        module.scalings.append((latest if index is None else latest[:, index]).mean(dim=2).flatten(0, 1))
+
+    xlora.register_forward_hook(hook, with_kwargs=True)
+    return xlora
+
+
+def score(models, texts: dict[str, list[int]], only_rows: set[str] | None = None) -> dict:
     rows = {}
     for label, model in models:
+        if only_rows and label not in only_rows:
+            continue
         rows[label] = {}
         for domain, ids in texts.items():
             if hasattr(model, "scalings"):
@@ -173,6 +188,9 @@ def main() -> None:
     p.add_argument("--only", choices=("peft", "ruvllm"), default=None)
     p.add_argument("--max-tokens", type=int, default=None,
                    help="score only this many tokens per domain (default: all; SmolLM2 4096)")
+    p.add_argument("--rows", default=None,
+                   help="comma-separated rows to score (base,comedies,tragedies,milton,xlora); they replace "
+                        "those rows of an existing --out file")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--out", type=Path, default=None, help="default benchmarks/results/adapter_quality[_MODEL].json")
     args = p.parse_args()
@@ -190,7 +208,13 @@ def main() -> None:
         if args.only not in (None, engine):
             continue
         print(f"{engine}:")
-        report[engine] = score(models(args.model), texts)
+        only_rows = set(args.rows.split(",")) if args.rows else None
+        if only_rows and args.out.is_file():  # keep the other rows of the earlier run
+            earlier = json.loads(args.out.read_text())
+            report = {**earlier, **{k: v for k, v in report.items() if k not in earlier or k == "date"}}
+            report[engine] = {**earlier.get(engine, {}), **score(models(args.model), texts, only_rows)}
+        else:
+            report[engine] = score(models(args.model), texts, only_rows)
         report[f"{engine}_failures"] = check(report[engine])
         print(table(report[engine]))
         for failure in report[f"{engine}_failures"]:
