@@ -59,6 +59,7 @@ QWEN25_05B = {
 }
 ISQ: dict[str, float] = {}  # seconds the engine spent quantizing at load, when it did
 WEIGHT_BYTES: dict[str, int] = {}  # weight_bytes() of the ruvllm model measured
+RSS_STAGES: dict[str, dict[str, float]] = {}  # stage -> _rss() after it (ruvllm)
 # run(prompt_ids, new_tokens) -> (perf_counter() at the call and at each new token, the greedy tokens)
 Runner = Callable[[list[int], int], tuple[list[float], list[int]]]
 
@@ -119,7 +120,9 @@ def ruvllm_runner(folder: Path, dtype: str, options: set[str], revision: str = "
     from py_engine.backends.torch import TorchBackend
     from py_engine.models import load_model
 
+    RSS_STAGES["imports"] = _rss()
     model, config = load_model(folder, dtype=dtype)
+    RSS_STAGES["load"] = _rss()
     method = next((m for m in ("int8", "int4") if m in options), None)
     if method is not None:  # in-situ quantization, before the CPU transforms (as LLM(quantization=...) does)
         from py_engine.quant.config import QuantConfig
@@ -128,7 +131,8 @@ def ruvllm_runner(folder: Path, dtype: str, options: set[str], revision: str = "
         qconfig = QuantConfig.from_options(method, group_size=32 if "g32" in options else None,
                                            lm_head_bits=4 if "head4" in options else 8)
         ISQ["seconds"] = quantize_model(model, qconfig, progress=False).seconds
-    if not revision:  # older revisions have no CPU transforms
+        RSS_STAGES["quantize"] = _rss()
+    if not revision or (source_tree(revision) / "py_engine" / "cpu" / "transforms.py").is_file():  # older: none
         from py_engine.kernels import cpu_kernels
         from py_engine.cpu.transforms import fuse_projections, optimize_for_cpu, use_cpu_kernels
 
@@ -147,6 +151,7 @@ def ruvllm_runner(folder: Path, dtype: str, options: set[str], revision: str = "
         set_int8_activations(model, False)
     backend = TorchBackend(model, config, config.max_position_embeddings)
     WEIGHT_BYTES["bytes"] = weight_bytes(model)
+    RSS_STAGES["transforms"] = _rss()
 
     def run(ids: list[int], new_tokens: int) -> tuple[list[float], list[int]]:
         stamps = [time.perf_counter()]
@@ -307,7 +312,7 @@ def measure(engine: str, dtype: str, threads: int, new_tokens: int, lengths: lis
     start = time.perf_counter()
     if name == "llama-bench":
         return {**llama_bench(opts or {"float32": "f32", "bfloat16": "bf16"}[dtype], threads, new_tokens, lengths),
-                "dtype": dtype}
+                "engine": engine, "dtype": dtype}  # as asked (plain `llama-bench` too): decode_speed groups by it
     if name == "llama.cpp":  # runs in llama-cpp-python's own environment, without torch
         run = llama_cpp_runner(opts or dtype, threads)
     else:
@@ -321,16 +326,36 @@ def measure(engine: str, dtype: str, threads: int, new_tokens: int, lengths: lis
     result = {"engine": engine, "dtype": dtype, "threads": threads, "load_s": time.perf_counter() - start,
               "isq_s": ISQ.get("seconds")}
     run(prompt_ids(8), 4)  # warm up allocators and lazy initialisation, the same for both
+    if RSS_STAGES:
+        RSS_STAGES["warm-up"] = _rss()
     for length in lengths:
         stamps, tokens = run(prompt_ids(length), new_tokens)
         ttft = stamps[1] - stamps[0]
         result[str(length)] = {"ttft_s": ttft, "prefill_tok_s": length / ttft,
                                "decode_tok_s": (len(stamps) - 2) / (stamps[-1] - stamps[1]),
                                "tokens": tokens[:32]}
-    result["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+        if RSS_STAGES:
+            RSS_STAGES[f"generate@{length}"] = _rss()
+    # VmHWM, this process's own peak: ru_maxrss survives exec on Linux, so a child reported at least the RSS
+    # decode_speed.py had when it started the child (~750 MB with torch and transformers imported)
+    result["peak_rss_mb"] = _rss().get("peak") or resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     result["weight_bytes_per_token"] = WEIGHT_BYTES.get("bytes")
     result["thp"] = os.environ.get("THP_MEM_ALLOC_ENABLE", "0")
+    if RSS_STAGES:  # MiB after each stage: rss, peak (VmHWM), anon, file (mapped files and libraries)
+        result["rss_stages"] = RSS_STAGES
     return result
+
+
+def _rss() -> dict[str, float]:
+    """MiB from /proc/self/status: rss, peak (VmHWM), anon, file; {} off Linux (py_engine.models.memory's
+    rss_mb, kept here so that `ruvllm@REV` can measure revisions without it)."""
+    keys = {"VmRSS": "rss", "VmHWM": "peak", "RssAnon": "anon", "RssFile": "file"}
+    try:
+        with open("/proc/self/status") as f:
+            return {keys[k]: round(int(v.split()[0]) / 1024) for k, _, v in (line.partition(":") for line in f)
+                    if k in keys}
+    except OSError:
+        return {}
 
 
 if __name__ == "__main__":

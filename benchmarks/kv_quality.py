@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/kv_quality.py                          # both models, contexts 256 / 2k / 8k
     .venv/bin/python benchmarks/kv_quality.py --models builtin --contexts 256
+    .venv/bin/python benchmarks/kv_quality.py --models smollm2 --contexts 8192 --settings int4:0 --merge
 
 For each model and context W, the first windows of W tokens of the text (non-overlapping, `--tokens`
 scored tokens per context at most, at least one window) each run as one forward pass over a
@@ -71,7 +72,8 @@ def compare(model, ids: torch.Tensor, full: torch.Tensor, h: torch.Tensor, first
     return nll, kl, kl_cold, max(len(targets) - first_cold, 0)
 
 
-def run_context(name: str, model, ids: list[int], window: int, budget: int) -> list[dict]:
+def run_context(name: str, model, ids: list[int], window: int, budget: int,
+                settings: list[tuple[str, int]] = SETTINGS) -> list[dict]:
     windows = max(1, budget // window)
     chunks = [ids[i * window:(i + 1) * window] for i in range(windows) if (i + 1) * window <= len(ids)]
     rows, scored = [], sum(len(c) - 1 for c in chunks)
@@ -81,7 +83,7 @@ def run_context(name: str, model, ids: list[int], window: int, budget: int) -> l
     rows.append({"model": name, "context": window, "kv": "auto (full precision)", "hot_tokens": None,
                  "tokens": scored, "ppl": base_ppl, "dppl_pct": 0.0, "kl": 0.0, "kl_cold": 0.0})
     print(_line(rows[-1]), flush=True)
-    for dtype, hot in SETTINGS:
+    for dtype, hot in settings:
         quant = KVQuantConfig(dtype, hot)
         first_cold = max(hot + quant.block_size - 1, 0)
         start = time.perf_counter()
@@ -105,18 +107,41 @@ def _line(r: dict) -> str:
             f"{r['dppl_pct']:+.3f}% | {r['kl']:.5f} | {r['kl_cold']:.5f} |")
 
 
+def setting(text: str) -> tuple[str, int]:
+    """`int4:0` -> ("int4", 0): a KV dtype and its hot tokens."""
+    dtype, _, hot = text.partition(":")
+    if dtype not in ("int8", "int4") or not hot.isdigit():
+        raise argparse.ArgumentTypeError(f"expected int8:N or int4:N (N hot tokens), got {text!r}")
+    return dtype, int(hot)
+
+
+def merged(old: list[dict], new: list[dict]) -> list[dict]:
+    """`old` with each row of `new` replacing the one of the same (model, context, kv, hot) or appended."""
+    def key(r: dict) -> tuple:
+        return r["model"], r["context"], r["kv"], r["hot_tokens"]
+    fresh = {key(r): r for r in new}
+    rows = [fresh.pop(key(r), r) for r in old] + list(fresh.values())
+    order = {name: i for i, name in enumerate(MODELS)}
+    return sorted(rows, key=lambda r: (order.get(r["model"], len(order)), r["context"]))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--models", nargs="+", choices=list(MODELS), default=list(MODELS))
     parser.add_argument("--contexts", nargs="+", type=int, default=[256, 2048, 8192])
     parser.add_argument("--tokens", type=int, default=8192, help="scored tokens per context, at most (>= 1 window)")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--settings", nargs="+", type=setting, default=SETTINGS,
+                        help="KV settings to run, dtype:hot_tokens (default: int8:128 int4:128 int4:0)")
+    parser.add_argument("--merge", action="store_true",
+                        help="update the rows of the same model/context/setting in --output, keep the others")
     parser.add_argument("--output", default=str(HERE / "results" / "kv_quality.json"))
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     meta = machine()
     text = TEXT.read_text(encoding="utf-8")
     rows: list[dict] = []
+    old = json.loads(Path(args.output).read_text()) if args.merge and Path(args.output).exists() else {}
     print("| model | context | KV | hot tokens | scored tokens | perplexity | ΔPPL | mean KL | mean KL (cold) |")
     print("|---|---|---|---|---|---|---|---|---|")
     for name in args.models:
@@ -127,8 +152,12 @@ def main() -> None:
         for window in args.contexts:
             if window > config.max_position_embeddings:
                 continue
-            rows += run_context(name, model, ids, window, args.tokens)
-            Path(args.output).write_text(json.dumps({"machine": meta, "text": TEXT.name, "rows": rows}, indent=1))
+            rows += run_context(name, model, ids, window, args.tokens, args.settings)
+            out = {"machine": meta, "text": TEXT.name, "rows": rows}
+            if old:  # keep the earlier runs' rows and their machine record beside this run's
+                out = {**old, "rows": merged(old.get("rows", []), rows),
+                       "merged_runs": old.get("merged_runs", []) + [{"machine": meta, "rows": len(rows)}]}
+            Path(args.output).write_text(json.dumps(out, indent=1))
     print("\n" + "\n".join(_line(r) for r in rows))
 
 

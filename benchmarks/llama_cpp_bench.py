@@ -170,38 +170,49 @@ def kv_bytes(tokens: int) -> int:
 
 
 def native_ab(bin_dir: Path, quant: str, levels: list[int], rounds: int, threads: int, prompt_len: int,
-              gen_len: int, iterations: int) -> dict[str, Any]:
-    """ruvllm serve and llama-server on one GGUF, alternating, `rounds` times."""
+              gen_len: int, iterations: int, backends: list[str] | None = None, llama: bool = True,
+              ruvllm_flags: list[str] | None = None) -> dict[str, Any]:
+    """ruvllm serve (once per attention backend: `ruvllm:BACKEND`, or `ruvllm` for the default) and
+    llama-server on one GGUF, alternating (the order rotates each round), `rounds` times."""
     from decode_engines import gguf_file
     from server_bench import serve
 
     gguf = gguf_file(quant, bin_dir)
     logs = REPO / "benchmarks" / ".cache" / "logs" / "llama_server"
     logs.mkdir(parents=True, exist_ok=True)
+    kinds = [f"ruvllm:{b}" for b in backends] if backends else ["ruvllm"]
+    kinds += ["llama-server"] if llama else []
     runs = []
     for rnd in range(rounds):
-        order = ["ruvllm", "llama-server"] if rnd % 2 == 0 else ["llama-server", "ruvllm"]
+        order = kinds[rnd % len(kinds):] + kinds[:rnd % len(kinds)]
         for kind in order:
             print(f"== round {rnd}: {kind} on {gguf.name}", flush=True)
-            if kind == "ruvllm":
+            if kind.startswith("ruvllm"):
+                backend = ["--attention-backend", kind.split(":")[1]] if ":" in kind else []
                 server = serve(str(gguf), "--max-concurrent", str(max(levels)), "--kv-cache-memory",
-                               str(kv_bytes(CONTEXT)), "--max-context", str(CONTEXT), log=logs / "ruvllm.log")
+                               str(kv_bytes(CONTEXT)), "--max-context", str(CONTEXT), *backend, *(ruvllm_flags or []),
+                               log=logs / "ruvllm.log")
             else:
                 server = llama_server(bin_dir, gguf, threads, logs / "llama-server.log")
             with server as (url, process):
                 runs.append({"round": rnd, "server": kind,
                              **one_server(kind, url, process, levels, prompt_len, gen_len, iterations)})
-    ratios = {}
+    # each pair of servers, A / B, per round; the median over rounds
+    pairs = [(a, b) for i, a in enumerate(kinds) for b in kinds[i + 1:]]
+    ratios: dict[str, dict[str, float]] = {}
     for level in levels:
-        pairs = []
-        for rnd in range(rounds):
-            tok = {r["server"]: next(x["output_throughput"] for x in r["rows"] if x["concurrency"] == level)
-                   for r in runs if r["round"] == rnd}
-            pairs.append(tok["ruvllm"] / tok["llama-server"])
-        ratios[f"c{level}"] = statistics.median(pairs)
-    rss = {kind: max(r["peak_rss_mib"] for r in runs if r["server"] == kind) for kind in ("ruvllm", "llama-server")}
-    return {"gguf": str(gguf), "quant": quant, "threads": threads, "runs": runs, "paired_ratio": ratios,
-            "peak_rss_mib": rss}
+        for a, b in pairs:
+            per_round = []
+            for rnd in range(rounds):
+                tok = {r["server"]: next(x["output_throughput"] for x in r["rows"] if x["concurrency"] == level)
+                       for r in runs if r["round"] == rnd}
+                per_round.append(tok[a] / tok[b])
+            ratios.setdefault(f"{a} / {b}", {})[f"c{level}"] = statistics.median(per_round)
+    rss = {kind: max(r["peak_rss_mib"] for r in runs if r["server"] == kind) for kind in kinds}
+    if kinds == ["ruvllm", "llama-server"]:  # the report's earlier shape
+        ratios = ratios["ruvllm / llama-server"]
+    return {"gguf": str(gguf), "quant": quant, "threads": threads, "ruvllm_flags": ruvllm_flags or [], "runs": runs,
+            "paired_ratio": ratios, "peak_rss_mib": rss}
 
 
 def main() -> int:
@@ -216,22 +227,29 @@ def main() -> int:
     parser.add_argument("--prompt-length", type=int, default=128)
     parser.add_argument("--gen-length", type=int, default=32)
     parser.add_argument("--iterations", type=int, default=1)
+    parser.add_argument("--ruvllm-backends", help="with --llama-cpp-bin: one ruvllm server per paged attention "
+                        "backend, e.g. torch,cpu (before/after the C decode attention); default: serve's own")
+    parser.add_argument("--no-llama-server", action="store_true", help="with --llama-cpp-bin: ruvllm servers only")
+    parser.add_argument("--ruvllm-flags", default="", help="more `ruvllm serve` flags, e.g. '--kv-cache-dtype int4'")
+    parser.add_argument("--out", type=Path, help="the JSON report (default results/llama_server_QUANT.json)")
     args = parser.parse_args()
     levels = [int(x) for x in args.levels.split(",")]
     if args.sdist_dir is not None:
         convert(args.sdist_dir)  # the f32 GGUF every other is made from
     if args.llama_cpp_bin is not None:
+        backends = args.ruvllm_backends.split(",") if args.ruvllm_backends else None
         result = native_ab(args.llama_cpp_bin, args.quant, levels, args.rounds, args.threads, args.prompt_length,
-                           args.gen_length, args.iterations)
+                           args.gen_length, args.iterations, backends, not args.no_llama_server,
+                           args.ruvllm_flags.split())
         sys.path.insert(0, str(REPO / "benchmarks"))
         from decode_speed import machine
 
         result["machine"] = machine()
-        out = RESULTS.parent / f"llama_server_{args.quant}.json"
+        out = args.out or RESULTS.parent / f"llama_server_{args.quant}.json"
         out.write_text(json.dumps(result, indent=2, default=str))
         for run in result["runs"]:
             print(format_table(run["rows"]))
-        print(f"ruvllm / llama-server output tok/s (paired, median over rounds): {result['paired_ratio']}; "
+        print(f"output tok/s ratios (paired, median over rounds): {result['paired_ratio']}; "
               f"peak RSS MiB {result['peak_rss_mib']}; wrote {out}")
         return 0
     if args.venv is None or args.sdist_dir is None:

@@ -12,12 +12,16 @@ early stop:
 - lora: one expert (the comedies adapter), unmerged;
 - xlora: X-LoRA, two passes per token (scaling pass + real pass, each with its KV cache);
 - xlora-ng: X-LoRA non-granular (mistral.rs's tgt_non_granular_index = 1): scalings from
-  the prompt's pass, then one pass per token.
+  the prompt's pass, then one pass per token; the CPU decode step runs the frozen mix merged
+  into copies of the weights, made in the prompt's call (its cost is in "prompt call ms").
+
+Both passes of granular X-LoRA and the single LoRA run in the one-call C decode step.
 
 Variants alternate within each round (the order rotating); the table gives the median
-decode tok/s, with min and max, and each variant's median ratio to base over the rounds.
-`classifier` is the X-LoRA classifier's own forward on one token's hidden state (median of
-2,000 calls); the scaling pass's cost is the rest of the gap between xlora and lora.
+decode tok/s, with min and max, each variant's median ratio to base over the rounds, and the
+median ms of the prompt's call (16 tokens; X-LoRA: both passes). `classifier` is the X-LoRA
+classifier's own forward on one token's hidden state (median of 2,000 calls); the scaling
+pass's cost is the rest of the gap between xlora and lora.
 Writes benchmarks/results/xlora_speed.json.
 """
 from __future__ import annotations
@@ -60,13 +64,16 @@ def build(variant: str):
     return model, llm.config, lora
 
 
-def decode_tok_s(model, config, lora, prompt: list[int], new_tokens: int) -> float:
+def decode_tok_s(model, config, lora, prompt: list[int], new_tokens: int) -> tuple[float, float]:
+    """(decode tok/s after the prompt, ms of the prompt's call)."""
     backend = TorchBackend(model, config, config.max_position_embeddings, lora)
+    start = time.perf_counter()
     token = backend.argmax(backend.prefill(prompt))
+    prefill = time.perf_counter() - start
     start = time.perf_counter()
     for _ in range(new_tokens - 1):
         token = backend.argmax(backend.decode(token))
-    return (new_tokens - 1) / (time.perf_counter() - start)
+    return (new_tokens - 1) / (time.perf_counter() - start), prefill * 1e3
 
 
 def classifier_ms(xlora_model) -> float:
@@ -98,20 +105,25 @@ def main() -> None:
     models = {v: build(v) for v in VARIANTS}
     prompt = list(range(5, 21))  # 16 tokens
     runs: dict[str, list[float]] = {v: [] for v in VARIANTS}
+    prefill: dict[str, list[float]] = {v: [] for v in VARIANTS}
     for r in range(args.rounds):
         order = VARIANTS[r % len(VARIANTS):] + VARIANTS[:r % len(VARIANTS)]
         for v in order:
-            runs[v].append(decode_tok_s(*models[v], prompt, args.new_tokens))
+            tok_s, ms = decode_tok_s(*models[v], prompt, args.new_tokens)
+            runs[v].append(tok_s)
+            prefill[v].append(ms)
         print(f"round {r + 1}: " + "  ".join(f"{v} {runs[v][-1]:.0f}" for v in VARIANTS), flush=True)
     rows = {}
     for v in VARIANTS:
         ratios = [x / b for x, b in zip(runs[v], runs["base"])]
         rows[v] = {"median_tok_s": statistics.median(runs[v]), "min": min(runs[v]), "max": max(runs[v]),
-                   "ratio_to_base": statistics.median(ratios), "runs": runs[v]}
+                   "ratio_to_base": statistics.median(ratios), "runs": runs[v],
+                   "prompt_ms": statistics.median(prefill[v])}
     clf = classifier_ms(models["xlora"][0])
-    print("| variant | decode tok/s (median, min-max) | vs base |\n|---|---|---|")
+    print("| variant | decode tok/s (median, min-max) | vs base | prompt call ms |\n|---|---|---|---|")
     for v, row in rows.items():
-        print(f"| {v} | {row['median_tok_s']:.0f} ({row['min']:.0f}-{row['max']:.0f}) | {row['ratio_to_base']:.2f}x |")
+        print(f"| {v} | {row['median_tok_s']:.0f} ({row['min']:.0f}-{row['max']:.0f}) | {row['ratio_to_base']:.2f}x "
+              f"| {row['prompt_ms']:.1f} |")
     print(f"classifier: {clf:.3f} ms per token")
     report = {**meta,
               "loadavg_end": os.getloadavg(), "new_tokens": args.new_tokens, "threads": args.threads,

@@ -10,8 +10,9 @@ blocks are quantized on the fly (the numbers the cold pool will hold) and
 each query reads the keys before its own cold edge from them
 (two_tier_attention), so a prompt gives what token-by-token decoding would,
 and what the dense engine's TwoTierDenseKVCache gives. This path runs on
-every device: CPU, MPS and CUDA (where it stands in for the Triton kernels
-while any block is cold).
+every device; on CUDA the Triton backend's attend_cold (triton_attention.py)
+does the same in its kernel and leaves this path only prompt chunks that
+quantize blocks on the fly with blocks over the kernel's 32-token key tile.
 """
 from __future__ import annotations
 
@@ -52,11 +53,11 @@ def attend(q: Tensor, key_cache: Tensor, value_cache: Tensor, cold, layer: int, 
         out[meta.decode_tokens] = attention(qd, keys.to(q.dtype), values.to(q.dtype), q_pos, kv_pos, spec)[:, :, 0]
     for i in meta.prefill_seqs:
         start, end = meta.query_start[i], meta.query_start[i + 1]
-        out[start:end] = _prefill(q[start:end], key_cache, value_cache, cold, layer, meta, i, counts, spec, quant)
+        out[start:end] = attend_chunk(q[start:end], key_cache, value_cache, cold, layer, meta, i, counts, spec, quant)
     return out
 
 
-def _prefill(q: Tensor, key_cache: Tensor, value_cache: Tensor, cold, layer: int, meta: PagedMetadata, i: int,
+def attend_chunk(q: Tensor, key_cache: Tensor, value_cache: Tensor, cold, layer: int, meta: PagedMetadata, i: int,
              counts: Tensor, spec: AttentionSpec, quant: KVQuantConfig) -> Tensor:
     """Several queries of sequence i: q [T, H, D] -> [T, H, D]."""
     length, block_size = meta.context_lens[i], key_cache.shape[1]

@@ -11,8 +11,9 @@ With int8/int4 KV (py_engine/models/kv_quant.py) a `ColdPool` sits beside
 the hot blocks: per layer, codes [blocks, block_size, kv_heads, head_dim *
 bits / 8] and float32 scales and zero points beside them (keys: one per
 channel of a block; values: one per token). `demote` quantizes hot blocks
-into it, once, when the scheduler says they left the hot window;
-cold_attention.py reads them back.
+into it, once, when the scheduler says they left the hot window; a
+backend with `attend_cold` (Triton) reads them in its kernels, the others
+through cold_attention.py.
 """
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from torch import Tensor
 from native_server import cold_attention
 from native_server.paged_attention import PagedAttentionBackend, PagedMetadata, backend_for
 from py_engine.config import ModelConfig
+from py_engine.kernels.paged import PagedStepView
 from py_engine.models.attention import AttentionSpec
 from py_engine.models.kv_quant import KVQuantConfig, dequantize, pack, quantize, unpack
 
@@ -173,10 +175,11 @@ class PagedKVCache:
                         num_blocks, block_size, num_blocks * block_size, mib, device, self.backend.name)
             return
         logger.info("KV cache: %s, %d hot tokens: %d hot blocks of %d tokens (%.0f bytes/token, %.1f MiB) + %d "
-                    "cold blocks (%.0f bytes/token, %.1f MiB) = %d tokens on %s, %s attention (torch while any "
-                    "block is cold)", self.quant.dtype, self.quant.hot_tokens, num_blocks, block_size,
+                    "cold blocks (%.0f bytes/token, %.1f MiB) = %d tokens on %s, %s attention%s", self.quant.dtype,
+                    self.quant.hot_tokens, num_blocks, block_size,
                     self.hot_bytes_per_token, mib, num_cold_blocks, self.cold_bytes_per_token,
-                    self.cold.nbytes / 2**20, (num_blocks + num_cold_blocks) * block_size, device, self.backend.name)
+                    self.cold.nbytes / 2**20, (num_blocks + num_cold_blocks) * block_size, device, self.backend.name,
+                    "" if hasattr(self.backend, "attend_cold") else " (cold blocks: torch)")
 
     @property
     def num_cold_blocks(self) -> int:
@@ -209,7 +212,11 @@ class PagedKVCache:
 
     def _two_tier(self, meta: PagedMetadata) -> bool:
         """Whether some query of the step reads a block cold (else the backend's own path, bit for bit)."""
-        if self.quant is None or meta.cold_blocks is None:
+        if self.quant is None:
+            return False
+        if getattr(meta.kernel_inputs, "captured", False):  # a CUDA graph: cold counts are device inputs
+            return True
+        if meta.cold_blocks is None:
             return False
         if any(meta.cold_blocks):
             return True
@@ -223,6 +230,20 @@ class PagedKVStep:
     def __init__(self, cache: PagedKVCache, meta: PagedMetadata, two_tier: bool = False) -> None:
         self.cache, self.meta, self.two_tier = cache, meta, two_tier
 
+    def decode_view(self) -> PagedStepView | None:
+        """The step as the CPU's one-call decode stack runs it (py_engine/cpu/stack.py): only a step of one
+        sequence decoding one token, with the C attention backend; None otherwise (the model's own path)."""
+        cache, meta = self.cache, self.meta
+        if cache.backend.name != "cpu" or len(meta.context_lens) != 1 or meta.prefill_seqs:
+            return None
+        length = meta.context_lens[0]
+        table = meta.block_tables[0, :-(-length // cache.block_size)]  # [blocks], a contiguous row
+        cold = cache.cold
+        codes = None if cold is None else list(zip(cold.key_codes, cold.value_codes, cold.key_scales, cold.key_zeros,
+                                                   cold.value_scales, cold.value_zeros))
+        return PagedStepView(cache.keys, cache.values, codes, cold.bits if cold is not None else 0, table, length,
+                             meta.cold_blocks[0] if meta.cold_blocks else 0, int(meta.slot_mapping[0]))
+
     def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor, positions: Tensor,
                spec: AttentionSpec) -> Tensor:
         """q [1, H, N, D], k and v [1, KV, N, D] -> [1, H, N, D]."""
@@ -231,8 +252,9 @@ class PagedKVStep:
         cache.backend.write(key_cache, value_cache, k[0].transpose(0, 1), v[0].transpose(0, 1),
                             self.meta.slot_mapping)  # [N, KV, D] each
         q = q[0].transpose(0, 1)  # [N, H, D]
-        if self.two_tier:
-            out = cold_attention.attend(q, key_cache, value_cache, cache.cold, layer, self.meta, spec, cache.quant)
+        if self.two_tier:  # a backend that reads cold blocks itself has attend_cold (cpu_attention.py, triton_attention.py)
+            attend_cold = getattr(cache.backend, "attend_cold", None) or cold_attention.attend
+            out = attend_cold(q, key_cache, value_cache, cache.cold, layer, self.meta, spec, cache.quant)
         else:
             out = cache.backend.attend(q, key_cache, value_cache, self.meta, spec)  # [N, H, D]
         return out.transpose(0, 1)[None]

@@ -86,7 +86,7 @@ class ModelRunner:
                                            for s, n in zip(out.seqs, out.num_new_tokens)):
             positions = [s.num_computed_tokens for s in out.seqs]  # every sequence decodes its last token
             ids = [s.token_ids(p, p + 1)[0] for s, p in zip(out.seqs, positions)]
-            logits = self.graphs.run(ids, positions, block_tables)
+            logits = self.graphs.run(ids, positions, block_tables, cold_blocks)
             if logits is not None:
                 return logits, list(range(len(out.seqs)))
         inputs = prepare_inputs(out, block_tables, self.kv.block_size, self.device, cold_blocks)

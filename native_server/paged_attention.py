@@ -14,8 +14,10 @@ the dense cache's own): sequences with one new token (decoding) go through
 one padded batched call; sequences with several (a prompt chunk) one call each.
 
 `TritonPagedAttention` (triton_attention.py, kernels in py_engine/gpu/) is the
-CUDA backend: `backend_for` picks it on CUDA when Triton imports. MPS and the
-CPU keep the torch path (Triton has no Metal backend).
+CUDA backend: `backend_for` picks it on CUDA when Triton imports.
+`CpuPagedAttention` (cpu_attention.py) is the CPU's: decode rows in C
+(py_engine/kernels/paged.c), prompt chunks in torch; `backend_for` picks it on
+the CPU when the kernels load. MPS keeps the torch path (Triton has no Metal backend).
 """
 from __future__ import annotations
 
@@ -30,7 +32,7 @@ from py_engine.gpu import triton_problem
 from py_engine.models.attention import AttentionSpec, attention
 
 logger = logging.getLogger("ruvllm.server")
-BACKENDS = ("auto", "torch", "triton")
+BACKENDS = ("auto", "torch", "triton", "cpu")
 
 # Positions of padding slots: past any query position, so the causal mask hides them.
 _PAD_POSITION = 2**62
@@ -145,10 +147,13 @@ def _gather(cache: Tensor, tables: Tensor) -> Tensor:
 
 def backend_for(device: torch.device | str, name: str = "auto") -> PagedAttentionBackend:
     """The attention backend: "torch" (the oracle, any device), "triton" (CUDA; the CPU only under
-    TRITON_INTERPRET=1) or "auto" (Triton on CUDA when it imports, else torch)."""
+    TRITON_INTERPRET=1), "cpu" (the C kernels' decode rows) or "auto" (Triton on CUDA when it imports,
+    the C kernels on the CPU when they load, else torch)."""
     if name not in BACKENDS:
         raise ValueError(f"attention backend {name!r} is not one of {', '.join(BACKENDS)}")
     device = torch.device(device)
+    if name == "cpu" or (name == "auto" and device.type == "cpu"):
+        return _cpu_backend(device, required=name == "cpu")
     if name == "torch" or (name == "auto" and device.type != "cuda"):
         return TorchPagedAttention()
     problem = triton_problem(device)
@@ -162,3 +167,17 @@ def backend_for(device: torch.device | str, name: str = "auto") -> PagedAttentio
         raise ValueError(f"--attention-backend triton cannot run here: {problem}")
     logger.warning("attention: the torch path on %s (%s)", device, problem)
     return TorchPagedAttention()
+
+
+def _cpu_backend(device: torch.device, required: bool) -> PagedAttentionBackend:
+    """CpuPagedAttention where the kernels load; else torch, or an error when it was asked for by name."""
+    from py_engine.kernels import cpu_kernels
+
+    kernels = cpu_kernels() if device.type == "cpu" else None
+    if kernels is None:
+        if required:
+            raise ValueError(f"--attention-backend cpu cannot run here: the CPU kernels do not load on {device} "
+                             "(x86-64 Linux with AVX2 and a C compiler; RUVLLM_NO_KERNELS unset)")
+        return TorchPagedAttention()
+    from native_server.cpu_attention import CpuPagedAttention
+    return CpuPagedAttention(kernels)

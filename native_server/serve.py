@@ -89,9 +89,10 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--shutdown-timeout", type=float, default=10.0, metavar="S",
                    help="on SIGTERM, seconds running requests get to finish before being aborted (default 10)")
     p.add_argument("--device", default="auto", help="auto (cuda, then mps, then cpu), cpu, cuda, cuda:N, mps")
-    p.add_argument("--attention-backend", default="auto", choices=["auto", "torch", "triton"],
-                   help="paged attention kernels: triton (CUDA), torch (any device; the only one on MPS and "
-                        "CPU), auto (triton on CUDA when it imports, else torch; default)")
+    p.add_argument("--attention-backend", default="auto", choices=["auto", "torch", "triton", "cpu"],
+                   help="paged attention kernels: triton (CUDA), cpu (decode rows in the C kernels), torch (any "
+                        "device; the only one on MPS), auto (triton on CUDA when it imports, cpu on the CPU when "
+                        "the kernels load, else torch; default)")
     p.add_argument("--enforce-eager", action="store_true",
                    help="no CUDA graphs for decode steps (they need the triton backend)")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],

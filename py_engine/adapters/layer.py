@@ -53,10 +53,27 @@ class AdapterMix:
     # model's): one compare per layout and step instead of one per projection. Cleared when the mix changes.
     masks: dict = field(default_factory=dict)
     version: int = 0  # bumped when any LoraLinear of the model changes its adapters (stack.py rereads them)
+    # slots the CPU decode step may run merged into per-sequence copies of the float weights (py_engine.cpu.stack;
+    # X-LoRA's frozen non-granular mix): LoraManager.add(..., merge=True)
+    merge_slots: set = field(default_factory=set)
 
     @property
     def active(self) -> bool:
         return self.slot is not None or self.rows is not None or self.weights is not None
+
+
+@dataclass
+class StackColumns:
+    """LoRA columns of one projection for the CPU decode step: A [r, in], Bt = (scaling * B)^T [r, out] (zero
+    outside each column's segment), and per column the rows lo..hi of the output it reaches, its slot and
+    its layer index (-1: none)."""
+
+    A: Tensor
+    Bt: Tensor
+    lo: Tensor
+    hi: Tensor
+    slot: Tensor
+    layer: Tensor
 
 
 class LoraLinear(nn.Module):
@@ -99,12 +116,25 @@ class LoraLinear(nn.Module):
         self.mix.version += 1
         self.mix.masks.clear()
 
-    def slot_matrices(self, slot: int) -> tuple[Tensor, Tensor] | None:
-        """One adapter's A [r, in] and scaled B [out, r] over every segment (fp32, CPU, contiguous), or None."""
-        if slot not in self.entries:
+    def stack_columns(self, slot: int | None = None) -> "StackColumns | None":
+        """One adapter's columns (or, for None, every loaded adapter's) as the CPU decode step reads them
+        (kernels/step.c's lora_t), fp32 contiguous; None when they leave this projection alone."""
+        slots = sorted(self.entries) if slot is None else [slot] if slot in self.entries else []
+        As, Bts, lo, hi, col_slot, col_layer = [], [], [], [], [], []
+        for s in slots:
+            for seg, m in sorted(self.entries[s].items()):
+                A, B = self._segment(seg, m)
+                As.append(A.float())
+                Bts.append(B.T.float())
+                off, index = self.offsets[seg], self.layer_index[seg]
+                lo += [off] * m.rank
+                hi += [off + self.splits[seg]] * m.rank
+                col_slot += [s] * m.rank
+                col_layer += [-1 if index is None else index] * m.rank
+        if not As:
             return None
-        As, Bs = zip(*(self._segment(seg, m) for seg, m in sorted(self.entries[slot].items())))
-        return torch.cat(As).contiguous(), torch.cat(Bs, dim=1).contiguous()
+        longs = [torch.tensor(v, dtype=torch.long) for v in (lo, hi, col_slot, col_layer)]
+        return StackColumns(torch.cat(As).contiguous(), torch.cat(Bts).contiguous(), *longs)
 
     def _segment(self, seg: int, m: LoraModule) -> tuple[Tensor, Tensor]:
         """A [r, in] and B [out, r] of one segment's adapter, scaling folded in, zero outside its rows."""

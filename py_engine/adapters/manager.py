@@ -62,8 +62,10 @@ class LoraManager:
         self.__dict__.update(state, lock=threading.RLock())
 
     # adapters ---------------------------------------------------------------------------------------
-    def add(self, name: str, adapter: LoraAdapter | str | Path) -> int:
-        """Load an adapter under a name; return its slot. Nothing changes if it does not fit the model."""
+    def add(self, name: str, adapter: LoraAdapter | str | Path, merge: bool = False) -> int:
+        """Load an adapter under a name; return its slot. Nothing changes if it does not fit the model.
+        merge: the CPU's one-call decode step may run it merged into copies of the float weights it touches
+        (the same result within fp32 rounding, at the base model's speed, for one more copy of those weights)."""
         if name in self.slots:
             raise AdapterError(f"an adapter named {name!r} is already loaded")
         if self.max_loras is not None and len(self.slots) >= self.max_loras:
@@ -78,6 +80,8 @@ class LoraManager:
         for (parent, attr, segment), m in places:
             self._wrapper(parent, attr).add(slot, segment, m)
         self.adapters[name], self.slots[name] = adapter, slot
+        if merge:
+            self.mix.merge_slots.add(slot)
         self._number_layers()
         return slot
 
@@ -86,6 +90,7 @@ class LoraManager:
         if slot is None:
             raise AdapterError(f"no adapter named {name!r} is loaded")
         del self.adapters[name]
+        self.mix.merge_slots.discard(slot)
         for w in self.wrappers():
             w.remove(slot)
         self._number_layers()
@@ -114,7 +119,7 @@ class LoraManager:
         """What the next forwards apply: one adapter by name (None: the base), a slot per flattened row
         (indices, -1 for the base), or per-row weights per slot ([rows, slots] or [rows, layers, slots]).
         head_indices: with indices, the slot of each row the LM head computes (when it computes a subset)."""
-        if sum(v is not None for v in (adapter, indices, weights)) > 1:
+        if (adapter is not None) + (indices is not None) + (weights is not None) > 1:
             raise ValueError("set_adapter_mix takes one of adapter, indices or weights")
         mix = self.mix
         mix.slot = mix.rows = mix.weights = mix.head_rows = None

@@ -155,21 +155,22 @@ class XLoraModel(nn.Module):
     def _prepare(self, input_ids: Tensor, positions: Tensor, kv) -> tuple[object, dict]:
         """The scaling pass (or the frozen scalings): (the real pass's cache, the manager's mix)."""
         real_kv, scaling_kv = self._split(kv)
+        state = self.__dict__  # per-step state set without nn.Module.__setattr__'s checks (~10 us a step)
         if int(positions.min()) == 0:  # a new sequence
-            self._calls, self._frozen = 0, None
+            state.update(_calls=0, _frozen=None)
             if FROZEN in self.manager.slots:
                 self.manager.remove(FROZEN)
         B, T = input_ids.shape
         frozen = self._frozen is not None
         if frozen:  # non-granular, past its first k calls: no scaling pass
-            scalings = self._frozen.expand(B, T, -1, -1)
+            scalings = self._frozen if B == T == 1 else self._frozen.expand(B, T, -1, -1)
         else:
             scalings = self.classifier(self._scaling_pass(input_ids, positions, scaling_kv))  # [B, T, L, E]
-            self._calls += 1
+            state["_calls"] = self._calls + 1
             if self.non_granular is not None and self._calls >= self.non_granular:
-                self._frozen = scalings[:, -1:].clone()  # [B, 1, L, E]
+                state["_frozen"] = scalings[:, -1:].clone()  # [B, 1, L, E]
                 self._freeze_adapter()
-        self.last_scalings = scalings
+        state["last_scalings"] = scalings
         if self.scalings_log is not None:
             self.scalings_log.append(scalings[:, -1].detach().clone())
         if frozen and FROZEN in self.manager.slots:
@@ -178,7 +179,8 @@ class XLoraModel(nn.Module):
 
     def _freeze_adapter(self) -> None:
         """Frozen scalings are constants: fold them into one adapter (every expert's A stacked, each B times
-        its weight), which the single-adapter paths run, the CPU's one-call decode step included."""
+        its weight), which the single-adapter paths run; the CPU's one-call decode step runs it merged into
+        copies of the float weights (merge=True), made here, in the call that freezes."""
         if self._frozen.shape[0] != 1:  # one mix per row: the weights path
             return
         w = select_scalings(self._frozen, self.xlora_config)[0, 0] * self.xlora_config.global_scaling_weight  # [L, E]
@@ -192,9 +194,12 @@ class XLoraModel(nn.Module):
         rank = max(m.rank for m in modules.values())
         config = LoraConfig(path=f"{self.xlora_config.path} (frozen X-LoRA mix)", r=rank, lora_alpha=rank)
         try:
-            self.manager.add(FROZEN, LoraAdapter(config, modules))
+            slot = self.manager.add(FROZEN, LoraAdapter(config, modules), merge=True)
         except AdapterError:  # above the manager's rank limit: keep the weights path
-            pass
+            return
+        prepare = getattr(self.lm.model, "prepare_adapter", None)  # the CPU step merges it now, not in the next step
+        if prepare is not None:
+            prepare(slot)
 
     def _scaling_pass(self, input_ids: Tensor, positions: Tensor, kv) -> Tensor:
         """The final hidden state [B, T, hidden] with every expert at scaling_pass_value (0: the base model)."""

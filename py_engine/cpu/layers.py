@@ -97,8 +97,12 @@ class KernelMLP(MLP):
             hidden = _gated_forward()(proj, x)  # quantized gate and up: one call, the SiLU in C
             if hidden is not None:
                 return self.down_proj(hidden)
-        parts = self._gate_up() if self.act is F.silu and x.numel() == x.shape[-1] and not _grad(x) else None
+        silu = self.act is F.silu and not _grad(x)
+        parts = self._gate_up() if silu and x.numel() == x.shape[-1] else None
         if parts is None or not all(self.kernels.supports(x, w) for w in parts[:2]):
+            if silu and type(proj) is FusedLinear and x.numel() > x.shape[-1] and self._gate_up() is not None \
+                    and x.dtype in DTYPES:  # prefill: the product on the kernels, then the gate on their pool
+                return self.down_proj(self.kernels.silu_gate(proj(x)))
             return super().forward(x)
         return self.down_proj(self.kernels.linear_gated(x, *parts))
 

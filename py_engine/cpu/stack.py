@@ -20,28 +20,52 @@ hooks on the blocks are not called on this path; `stack_enabled = False`
 turns it off (the benchmarks' `ruvllm:nostack`).
 
 LoRA (py_engine.adapters): a LoraLinear's base is laid out as any projection,
-and before each step `select_adapter` points its Proj at the fp32 A and B of
+and before each step `configure` points its Proj at the fp32 A and B^T of
 the adapter the model's AdapterMix names (one slot: the sequence's), which
-step.c adds as y += B (A x); per-row adapter weights (X-LoRA) take the module path.
+step.c adds as y += B (A x). X-LoRA's per-token weights (one row: [1, S] or
+[1, L, S]) point every projection at all loaded adapters' columns and fill one
+buffer of per-column weights per step (one index_select), which step.c applies
+as y += B (w * (A x)); so both of X-LoRA's passes run here. Several rows of
+weights (the server's batches) take the module path. An adapter added with
+`merge=True` (X-LoRA's frozen non-granular mix: one sequence, constant weights)
+runs merged: its delta is added once into per-sequence copies of the float base
+weights it touches (up to MERGE_LIMIT bytes of copies), so its steps cost the
+base model's; quantized projections keep the unmerged columns.
+
+A paged cache (the server: one sequence decoding one token, handed over as a
+`PagedStepView` by native_server's PagedKVStep.decode_view) is one kind of
+cache: its setup points the layers at the paged blocks and the cold pool, and
+each step sets the sequence's block table, length and slot (`set_row`); step.c
+then calls paged.c's attention instead of the dense one.
+
+Each (cache, adapter state) pair the steps meet is one `_Setup`: its own copy of
+the layer array with the cache's pointers and the adapters' columns set, so
+alternating between them (X-LoRA's scaling pass on its half of the cache with
+no adapter, then the real pass) switches one pointer. The last few are kept;
+adding or removing an adapter drops them all.
 """
 from __future__ import annotations
 
 import ctypes
 import operator
 import threading
+import weakref
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..adapters.layer import AdapterMix, LoraLinear
+from ..adapters.layer import AdapterMix, LoraLinear, StackColumns
 from ..kernels import ColdTier, CpuKernels
+from ..kernels.paged import PagedDecode, PagedStepView
 from ..models.kv_cache import DenseKVCache, TwoTierDenseKVCache
 from ..models.transformer import DecoderLayer, DecoderModel
 from .layers import DTYPES, KernelAttention, KernelMLP, KernelRMSNorm
 from .linears import FusedLinear, KernelLinear
 
 P = ctypes.c_void_p
+MERGE_LIMIT = 512 << 20  # bytes of merged weight copies a merge=True adapter may take, else it runs unmerged
+SETUPS = 4  # (cache, adapter state) setups kept
 
 
 class Proj(ctypes.Structure):
@@ -52,9 +76,9 @@ class Proj(ctypes.Structure):
 
 
 class Lora(ctypes.Structure):
-    """step.c's lora_t: one adapter's A [r, in] and scaled B [rows, r], fp32."""
+    """step.c's lora_t: A [r, in], scaled B^T [r, rows], each column's rows lo..hi and weight, fp32."""
 
-    _fields_ = [("A", P), ("B", P), ("r", ctypes.c_int64)]
+    _fields_ = [("A", P), ("Bt", P), ("r", ctypes.c_int64), ("lo", P), ("hi", P), ("scale", P)]
 
 
 class Layer(ctypes.Structure):
@@ -72,8 +96,9 @@ class Step(ctypes.Structure):
                 ("H", ctypes.c_int64), ("KV", ctypes.c_int64), ("D", ctypes.c_int64), ("max_len", ctypes.c_int64),
                 ("inter", ctypes.c_int64), ("eps", ctypes.c_float), ("unit_offset", ctypes.c_int32),
                 ("bf16", ctypes.c_int32), ("h", P), ("qkv", P), ("attn", P), ("wide", P), ("act", P), ("tmp", P),
-                ("scratch", P), ("lora_h", P), ("cold_tokens", ctypes.c_int64), ("cold_bits", ctypes.c_int64),
-                ("cold_bs", ctypes.c_int64), ("cold_max_blocks", ctypes.c_int64)]
+                ("scratch", P), ("lora_h", P), ("lora_x", P), ("lora_d", P), ("cold_tokens", ctypes.c_int64),
+                ("cold_bits", ctypes.c_int64), ("cold_bs", ctypes.c_int64), ("cold_max_blocks", ctypes.c_int64),
+                ("paged", P), ("q", P), ("slot", ctypes.c_int64)]
 
 
 class NotStackable(Exception):
@@ -89,6 +114,8 @@ class StackPlan:
         self.checks: list[tuple[dict, str, object]] = []  # (a __dict__/_modules/_parameters, key, the object)
         self.keep: list[object] = []  # what the C structures point into
         self.loras: list[tuple[int, str, LoraLinear]] = []  # (layer, Proj field, wrapper): adapters set per step
+        self.float_parts: dict[tuple[int, str], tuple] = {}  # (layer, field) -> float (weights, biases, gated)
+        self._last_float: tuple | None = None
         self.mix: AdapterMix | None = None
         layers = list(model.layers)
         first = layers[0] if layers else None
@@ -106,6 +133,7 @@ class StackPlan:
         self._watch(model._modules, "norm", model.norm)
         self.final_norm = self._norm(model.norm)
         self.layers = (Layer * len(layers))(*(self._layer(i, layer) for i, layer in enumerate(layers)))
+        self.base_layers = self.layers  # no cache, no adapter: what each _Setup copies
         self._columns = tuple(zip(*self.checks))  # (containers, keys, objects): valid() maps over them in C
         self.buffers = {name: torch.empty(size, dtype=dtype) for name, size in (
             ("h", self.hidden), ("qkv", (self.heads + 2 * self.kv_heads) * self.head_dim),
@@ -115,12 +143,18 @@ class StackPlan:
         self.step = Step(ctypes.addressof(self.layers), self.final_norm, len(layers), self.hidden, self.heads,
                          self.kv_heads, self.head_dim, 0, self.inter, self.eps, int(self.unit_offset),
                          int(dtype == torch.bfloat16), b["h"].data_ptr(), b["qkv"].data_ptr(), b["attn"].data_ptr(),
-                         b["wide"].data_ptr(), b["act"].data_ptr(), b["tmp"].data_ptr(), None, None)
-        self._lora_state: tuple | None = None  # (slot, mix version) the Proj.lora pointers are set for
-        self._lora_structs: dict[tuple[int, int], tuple[Lora, Tensor, Tensor] | None] = {}
-        self.lora_h = torch.empty(0, dtype=torch.float32)  # step.c's A x, as long as the largest rank set
+                         b["wide"].data_ptr(), b["act"].data_ptr(), b["tmp"].data_ptr(), None, None, None, None)
+        self._version: int | None = None  # the mix version the setups and columns below were made for
+        self._setups: dict[tuple, _Setup] = {}  # (id(kv), adapter state) -> its setup, oldest first
+        self._lora_structs: dict[tuple[int, int | None], tuple[Lora, StackColumns] | None] = {}
+        self._merged: dict[tuple[int, str, int], tuple[Proj, list]] = {}  # (layer, field, slot) -> merged Proj
+        self._merge_bufs: dict[tuple[int, str, int, int], tuple[Tensor, Tensor]] = {}  # its weights' memory
+        widest_in = max(self.hidden, self.heads * self.head_dim, self.inter)
+        widest_out = max((self.heads + 2 * self.kv_heads) * self.head_dim, self.hidden, 2 * self.inter)
+        self.lora_x, self.lora_d = torch.empty(widest_in), torch.empty(widest_out)  # step.c's fp32 x and delta
+        self.step.lora_x, self.step.lora_d = self.lora_x.data_ptr(), self.lora_d.data_ptr()
         self.kv: DenseKVCache | None = None
-        self.bind(kv)
+        self._setup: _Setup | None = None
         self._fn = kernels.lib.rk_decode_step
 
     # what must not change -------------------------------------------------------------------------------
@@ -134,11 +168,6 @@ class StackPlan:
         """Whether the plan still describes the model: ~20 identities a layer, compared in C (map)."""
         containers, keys, objects = self._columns
         return all(map(operator.is_, map(dict.get, containers, keys), objects))
-
-    def bound_to(self, kv: DenseKVCache) -> bool:
-        """Whether steps write and read `kv`'s tensors (the ones it holds now)."""
-        return (kv is self.kv and all(map(operator.is_, kv.keys, self.keys))
-                and all(map(operator.is_, kv.values, self.values)))
 
     # laying it out ----------------------------------------------------------------------------------------
     def _layer(self, i: int, layer: nn.Module) -> Layer:
@@ -157,17 +186,21 @@ class StackPlan:
             raise NotStackable("head_dim is not a multiple of 8")
         for name in ("self_attn", "mlp", "input_layernorm", "post_attention_layernorm"):
             self._watch(layer._modules, name, layer._modules.get(name))
-        proj = {}
+        projs = {}
         for module, name, field in ((attn, "qkv_proj", "qkv"), (attn, "o_proj", "o"), (mlp, "gate_up_proj", "gate_up"),
                                     (mlp, "down_proj", "down")):
-            proj[field] = self._unwrap(i, field, module, name)
+            base = self._unwrap(i, field, module, name)
+            self._last_float = None
+            projs[field] = self._gate_up(mlp, base) if field == "gate_up" else self._proj(base)
+            if self._last_float is not None:  # what a merged adapter's copies are made from
+                self.float_parts[(i, field)] = self._last_float
         spec = attn.spec
         return Layer(self._norm(layer.input_layernorm), self._norm(layer.post_attention_layernorm),
-                     self._proj(proj["qkv"]), self._proj(proj["o"]), self._gate_up(mlp, proj["gate_up"]),
-                     self._proj(proj["down"]), None, None, spec.sliding_window or 0, spec.scale, spec.softcap or 0.0)
+                     projs["qkv"], projs["o"], projs["gate_up"], projs["down"], None, None,
+                     spec.sliding_window or 0, spec.scale, spec.softcap or 0.0)
 
     def _unwrap(self, i: int, field: str, parent: nn.Module, name: str) -> nn.Module:
-        """The projection the kernels run; a LoraLinear's base, its adapters noted for select_adapter."""
+        """The projection the kernels run; a LoraLinear's base, its adapters noted for configure."""
         module = parent._modules.get(name)
         self._watch(parent._modules, name, module)
         if not isinstance(module, LoraLinear):
@@ -232,7 +265,8 @@ class StackPlan:
             self._watch(lin._parameters, "bias", lin.bias)
         return linears
 
-    def _float_proj(self, weights: list[Tensor], biases: list[Tensor | None], gated: bool) -> Proj:
+    def _float_proj(self, weights: list[Tensor], biases: list[Tensor | None], gated: bool,
+                    keep: list | None = None) -> Proj:
         if not all(self.kernels.supports_weight(w) and w.dtype == self.dtype for w in weights):
             raise NotStackable("a float weight the kernels cannot take in this dtype")
         if any(b is not None and (b.dtype != self.dtype or not b.is_contiguous()) for b in biases):
@@ -241,80 +275,284 @@ class StackPlan:
         ws = (P * n)(*(w.data_ptr() for w in weights))
         bs = (P * n)(*(None if b is None else b.data_ptr() for b in biases))
         ns = (ctypes.c_int64 * n)(*(w.shape[0] for w in weights))
-        self.keep += [ws, bs, ns, weights, biases]
+        (self.keep if keep is None else keep).extend([ws, bs, ns, weights, biases])
+        self._last_float = (weights, biases, gated)
         out = weights[0].shape[0] if gated else sum(w.shape[0] for w in weights)
         return Proj(ctypes.addressof(ws), ctypes.addressof(bs), ctypes.addressof(ns), 0, n, 0, int(gated), out)
 
-    def bind(self, kv: DenseKVCache) -> None:
-        """Point every layer at kv's key and value tensors (a new generation's cache)."""
-        if len(kv.keys) != len(self.layers) or len(kv.values) != len(self.layers):
+    # a setup: the cache and the adapter columns of a step ------------------------------------------------------
+    def configure(self, kv: DenseKVCache | PagedStepView) -> bool:
+        """Make the next step read and write `kv` with the adapter columns the mix names: one sequence's
+        adapter (one slot) or one row of per-adapter weights (X-LoRA), whose per-column weights are filled
+        in here. False for several rows of weights, which the module path runs; NotStackable for a cache
+        the step cannot take."""
+        mix = self.mix
+        self._sync()
+        state = self._adapter_state(mix)
+        if state is None:
+            return False
+        key = (_cache_id(kv), state)
+        setup = self._setups.get(key)
+        if setup is None or not setup.holds(kv):
+            setup = self._make_setup(kv, state)
+            if setup is None:
+                return False
+            self._setups = {k: s for k, s in self._setups.items() if s.kv_ref() is not None and k != key}
+            if len(self._setups) >= SETUPS:
+                del self._setups[next(iter(self._setups))]
+            self._setups[key] = setup
+        if setup is not self._setup:
+            self._use(setup)
+        if setup.paged is not None:
+            self.set_row(kv)
+        if setup.scales is not None:  # this token's weight of every column
+            torch.index_select(mix.weights.reshape(-1).to(self.dtype).float(), 0, setup.scale_index,
+                               out=setup.scales)
+        return True
+
+    def _sync(self) -> None:
+        """Forget the setups and columns of adapters that were added or removed since (mix.version)."""
+        mix = self.mix
+        if mix is not None and mix.version != self._version:
+            self._setups.clear()
+            self._lora_structs.clear()
+            self._merged.clear()
+            self._merge_bufs = {k: v for k, v in self._merge_bufs.items() if k[3] in mix.merge_slots}
+            self._version = mix.version
+
+    def premerge(self, slot: int) -> None:
+        """Merge a merge=True adapter's weight copies now rather than in the first step that runs it (X-LoRA
+        calls this in the call that freezes its mix)."""
+        self._sync()
+        if self.mix is not None and slot in self.mix.merge_slots and self._merge_fits(slot):
+            for i, field, wrapper in self.loras:
+                if (i, field) in self.float_parts:
+                    self._merged_proj(i, field, wrapper, slot)
+
+    @staticmethod
+    def _adapter_state(mix: AdapterMix | None) -> tuple | None:
+        """What the adapter columns of a step depend on: ("slot", slot) (-1: none) or ("weights", shape);
+        None when this step cannot take the mix (several rows)."""
+        if mix is None:
+            return ("slot", -1)
+        w = mix.weights
+        if w is not None:
+            return ("weights", tuple(w.shape)) if w.shape[0] == 1 and w.dim() in (2, 3) else None
+        if mix.rows is not None:
+            return ("slot", int(mix.rows[0])) if mix.rows.numel() == 1 else None
+        return ("slot", -1 if mix.slot is None else mix.slot)
+
+    def _use(self, setup: "_Setup") -> None:
+        self.layers, self.step.layers = setup.layers, ctypes.addressof(setup.layers)
+        self.step.cold_bits, self.step.cold_bs, self.step.cold_max_blocks = setup.cold
+        self.step.scratch, self.step.max_len = setup.scratch.data_ptr(), setup.max_len
+        self.step.lora_h = setup.lora_h.data_ptr()
+        self.step.paged = None if setup.paged is None else ctypes.addressof(setup.paged)
+        self.step.q = None if setup.q is None else setup.q.data_ptr()
+        self.kv, self._setup = setup.kv_ref(), setup  # the step's cache, held while it is the current one
+
+    def _make_setup(self, kv: DenseKVCache | PagedStepView, state: tuple) -> "_Setup | None":
+        if len(kv.keys) != len(self.base_layers) or len(kv.values) != len(self.base_layers):
             raise NotStackable("the cache has another number of layers")
+        if isinstance(kv, PagedStepView):
+            setup = self._paged_setup(kv)
+            return setup if self._set_adapters(setup, state) else None
         shape = (1, self.kv_heads, kv.max_len, self.head_dim)
         for k, v in zip(kv.keys, kv.values):
             if any(t.shape != shape or t.dtype != self.dtype or not t.is_cpu or not t.is_contiguous() for t in (k, v)):
                 raise NotStackable("the cache is not one contiguous sequence of the step's dtype")
-        for i, (k, v) in enumerate(zip(kv.keys, kv.values)):
-            self.layers[i].keys, self.layers[i].values = k.data_ptr(), v.data_ptr()
+        layers = (Layer * len(self.base_layers))()
+        ctypes.memmove(layers, self.base_layers, ctypes.sizeof(layers))
         two_tier = isinstance(kv, TwoTierDenseKVCache)
-        for i in range(len(self.layers)):  # a two-tier cache's codes; the counts are the step's
-            self.layers[i].cold = ColdTier.of(kv.codes[i], 0, 0) if two_tier else ColdTier()
-        tier = self.layers[0].cold
-        self.step.cold_bits = kv.quant.bits if two_tier else 0
-        self.step.cold_bs, self.step.cold_max_blocks = tier.bs, tier.max_blocks
+        for i, (k, v) in enumerate(zip(kv.keys, kv.values)):
+            layers[i].keys, layers[i].values = k.data_ptr(), v.data_ptr()
+            layers[i].cold = ColdTier.of(kv.codes[i], 0, 0) if two_tier else ColdTier()  # counts: the step's
+        tier = layers[0].cold
         groups = self.heads // self.kv_heads
-        self.scratch = torch.empty(self.kv_heads * ((groups + 1) * self.head_dim + kv.max_len), dtype=torch.float32)
-        self.step.scratch, self.step.max_len = self.scratch.data_ptr(), kv.max_len
-        self.kv, self.keys, self.values = kv, list(kv.keys), list(kv.values)
+        scratch = torch.empty(self.kv_heads * ((groups + 1) * self.head_dim + kv.max_len), dtype=torch.float32)
+        setup = _Setup(kv, layers, (kv.quant.bits if two_tier else 0, tier.bs, tier.max_blocks), scratch)
+        return setup if self._set_adapters(setup, state) else None
 
-    # adapters -------------------------------------------------------------------------------------------------
-    def select_adapter(self) -> bool:
-        """Point each adapted projection at the adapter the mix names for this step (one sequence: one slot);
-        False when the mix is not one slot (per-row weights: X-LoRA), which the module path runs."""
-        mix = self.mix
-        if mix is None:
+    def _paged_setup(self, view: PagedStepView) -> "_Setup":
+        """The layers pointed at a paged cache's blocks (and cold pool); each step then sets its row (set_row)."""
+        _, block_size, kv_heads, head_dim = view.keys[0].shape
+        if (kv_heads, head_dim) != (self.kv_heads, self.head_dim) or self.heads // kv_heads * max(
+                head_dim, block_size) > 8192:  # paged.c's bounds
+            raise NotStackable("the paged cache's heads or block size do not fit the kernel")
+        for k, v in zip(view.keys, view.values):
+            if any(t.shape != view.keys[0].shape or t.dtype != self.dtype or not t.is_cpu or not t.is_contiguous()
+                   for t in (k, v)):
+                raise NotStackable("the paged cache is not of the step's dtype, contiguous, on the CPU")
+        layers = (Layer * len(self.base_layers))()
+        ctypes.memmove(layers, self.base_layers, ctypes.sizeof(layers))
+        for i, (k, v) in enumerate(zip(view.keys, view.values)):
+            layers[i].keys, layers[i].values = k.data_ptr(), v.data_ptr()
+            cold = view.cold[i] if view.cold is not None else None
+            layers[i].cold = ColdTier(*(t.data_ptr() for t in cold), 0, 0, 0, 0) if cold else ColdTier()
+        setup = _Setup(view, layers, (0, 0, 0), torch.empty(head_dim, dtype=torch.float32))
+        setup.row = (ctypes.c_int64 * 3)(0, 0, 0)  # the row's sequence and token (0), then its n_cold
+        setup.length = (ctypes.c_int64 * 1)(0)
+        setup.paged = PagedDecode(seqs=ctypes.addressof(setup.row), tokens=ctypes.addressof(setup.row),
+                                  lens=ctypes.addressof(setup.length), rows=1, H=self.heads, KV=kv_heads, D=head_dim,
+                                  bs=block_size, bf16=int(self.dtype == torch.bfloat16), bits=view.bits)
+        setup.q = torch.empty(self.heads * head_dim, dtype=self.dtype)
+        return setup
+
+    def set_row(self, view: PagedStepView) -> None:
+        """This step's table, length, cold count and slot (a paged setup, the current one)."""
+        setup = self._setup
+        setup.view, setup.table = view, view.table  # kept: C reads the table during the step
+        setup.paged.tables, setup.paged.table_stride = view.table.data_ptr(), view.table.numel()
+        setup.length[0], setup.row[2], self.step.slot = view.length, view.n_cold, view.slot
+        setup.paged.n_cold = ctypes.addressof(setup.row) + 16 if view.n_cold else None
+        self.kv = view
+
+    def _set_adapters(self, setup: "_Setup", state: tuple) -> bool:
+        """Point each adapted Proj of the setup's layers at its columns for `state`: one slot's (merged into
+        copies of the weights for a merge slot), or every slot's, each column reading its weight from
+        setup.scales at setup.scale_index of a row of weights [S] or [L, S] (flattened)."""
+        kind, value = state
+        slot = value if kind == "slot" else None
+        if slot == -1:
             return True
-        if mix.weights is not None or (mix.rows is not None and mix.rows.numel() != 1):
-            return False
-        slot = mix.slot if mix.slot is not None else (int(mix.rows[0]) if mix.rows is not None else -1)
-        state = (slot, mix.version)
-        if state == self._lora_state:
-            return True
-        if self._lora_state is None or self._lora_state[1] != mix.version:
-            self._lora_structs.clear()  # adapters were added or removed: their matrices may have changed
-        largest = 0
+        merged = slot is not None and slot in self.mix.merge_slots and self._merge_fits(slot)
+        found = []  # (layer, field, its columns)
         for i, field, wrapper in self.loras:
+            if merged and (i, field) in self.float_parts:
+                proj = self._merged_proj(i, field, wrapper, slot)
+                if proj is not None:
+                    setattr(setup.layers[i], field, proj)
+                continue
             entry = self._lora_struct(wrapper, slot)
-            getattr(self.layers[i], field).lora = None if entry is None else ctypes.addressof(entry[0])
-            largest = max(largest, 0 if entry is None else entry[0].r)
-        if largest > self.lora_h.numel():
-            self.lora_h = torch.empty(largest, dtype=torch.float32)
-        self.step.lora_h = self.lora_h.data_ptr()
-        self._lora_state = state
+            if entry is not None:
+                found.append((i, field, entry))
+        if kind == "weights":
+            index, S = [], value[-1]
+            for _, _, (_, cols) in found:
+                if len(value) == 3 and bool((cols.layer < 0).any()):
+                    return False  # a segment without its layer index: the module path says why
+                index.append(cols.layer * S + cols.slot if len(value) == 3 else cols.slot)
+            setup.scale_index = torch.cat(index) if index else torch.zeros(0, dtype=torch.long)
+            setup.scales = torch.empty(setup.scale_index.numel())
+        offset, largest = 0, 0
+        for i, field, (lora, _) in found:
+            if setup.scales is not None:  # a Lora per setup: its scale pointer is the setup's
+                lora = Lora(lora.A, lora.Bt, lora.r, lora.lo, lora.hi, setup.scales.data_ptr() + 4 * offset)
+                setup.keep.append(lora)
+            getattr(setup.layers[i], field).lora = ctypes.addressof(lora)
+            offset, largest = offset + lora.r, max(largest, lora.r)
+        setup.lora_h = torch.empty(max(largest, 1))
         return True
 
-    def _lora_struct(self, wrapper: LoraLinear, slot: int) -> tuple[Lora, Tensor, Tensor] | None:
+    def _lora_struct(self, wrapper: LoraLinear, slot: int | None) -> tuple[Lora, StackColumns] | None:
         key = (id(wrapper), slot)
         if key not in self._lora_structs:
-            matrices = wrapper.slot_matrices(slot) if slot >= 0 else None
-            if matrices is None:
-                self._lora_structs[key] = None
-            else:
-                A, B = matrices  # [r, in], [out, r] fp32, contiguous
-                self._lora_structs[key] = (Lora(A.data_ptr(), B.data_ptr(), A.shape[0]), A, B)
+            cols = wrapper.stack_columns(slot)
+            self._lora_structs[key] = None if cols is None else (
+                Lora(cols.A.data_ptr(), cols.Bt.data_ptr(), cols.A.shape[0], cols.lo.data_ptr(), cols.hi.data_ptr(),
+                     None), cols)
         return self._lora_structs[key]
+
+    def _merge_fits(self, slot: int) -> bool:
+        """Whether copies of the float weights a merge slot's adapter touches fit MERGE_LIMIT."""
+        size = sum(w.numel() * w.element_size() for i, field, wrapper in self.loras
+                   if (i, field) in self.float_parts and slot in wrapper.entries
+                   for w in self.float_parts[(i, field)][0])
+        return size <= MERGE_LIMIT
+
+    def _merged_proj(self, i: int, field: str, wrapper: LoraLinear, slot: int) -> Proj | None:
+        """The float projection (layer i, field) with the slot's adapter merged into copies of its weights:
+        W + scaling B A, accumulated in fp32 and rounded once to the dtype (None: the adapter leaves it
+        alone). Costs rank x weights multiply-adds (a few ms for the built-in model), once per sequence."""
+        key = (i, field, slot)
+        if key not in self._merged:
+            segments = wrapper.entries.get(slot)
+            if not segments:
+                self._merged[key] = None
+            else:
+                weights, biases, gated = self.float_parts[(i, field)]
+                merged, row = [], 0
+                for p, w in enumerate(weights):  # each part (q, k, v; gate, up), plus the segments reaching its rows
+                    end, work, out = row, *self._merge_buffers(i, field, p, slot, w)
+                    end += w.shape[0]
+                    reach = [(m, max(row, off), min(end, off + wrapper.splits[seg]), off) for seg, m in segments.items()
+                             for off in [wrapper.offsets[seg]] if max(row, off) < min(end, off + wrapper.splits[seg])]
+                    if len(reach) == 1 and reach[0][1:3] == (row, end) and w.dtype == torch.float32:
+                        m, a, b, off = reach[0]  # one segment covers the part: W + s B A in one pass over W
+                        torch.addmm(w, m.B[a - off:b - off], m.A, alpha=m.scaling, out=work)
+                    else:
+                        work.copy_(w)
+                        for m, a, b, off in reach:
+                            work[a - row:b - row].addmm_(m.B[a - off:b - off], m.A, alpha=m.scaling)
+                    if out is not work:
+                        out.copy_(work)
+                    merged.append(out)
+                    row = end
+                keep: list = []
+                self._merged[key] = (self._float_proj(merged, biases, gated, keep), keep)
+        entry = self._merged[key]
+        return None if entry is None else entry[0]
+
+    def _merge_buffers(self, i: int, field: str, part: int, slot: int, w: Tensor) -> tuple[Tensor, Tensor]:
+        """(fp32 work, result in the dtype) for one merged part, kept from sequence to sequence: a slot's
+        next merge (X-LoRA's next frozen mix) writes the same memory instead of faulting in fresh pages,
+        which took longer than the merge's arithmetic."""
+        key = (i, field, part, slot)
+        bufs = self._merge_bufs.get(key)
+        if bufs is None or bufs[0].shape != w.shape:
+            with torch.inference_mode(False):  # normal tensors: the next merge may run outside inference mode
+                work = torch.empty(w.shape, dtype=torch.float32)
+                bufs = self._merge_bufs[key] = (work, work if self.dtype == torch.float32 else torch.empty_like(w))
+        return bufs
 
     # running it ---------------------------------------------------------------------------------------------
     def __call__(self, x: Tensor, cos: Tensor, sin: Tensor, position: int) -> Tensor:
         """x [1, 1, hidden] (the embedding, updated in place) -> final-normed hidden states [1, 1, hidden]."""
-        if position >= self.kv.max_len:
+        paged = isinstance(self.kv, PagedStepView)
+        if paged and position != self.kv.length - 1:
+            raise ValueError(f"position {position} is not the paged step's last ({self.kv.length - 1})")
+        if not paged and position >= self.kv.max_len:
             raise ValueError(f"position {position} does not fit a cache of max_len {self.kv.max_len}")
         out = torch.empty_like(x)
-        self.step.cold_tokens = getattr(self.kv, "settled", 0)  # tokens read from codes (two-tier caches)
+        self.step.cold_tokens = 0 if paged else getattr(self.kv, "settled", 0)  # tokens read from codes (two-tier)
         status = self._fn(ctypes.byref(self.step), x.data_ptr(), cos.data_ptr(), sin.data_ptr(), cos.shape[-1],
                           position, out.data_ptr())
         if status != 0:
             raise RuntimeError(f"rk_decode_step failed in layer {-status - 1} at position {position}")
         return out
+
+
+class _Setup:
+    """One (cache, adapter state) a step may run with: a copy of the layer array pointing at the cache and
+    the adapters' columns, and what those pointers need alive."""
+
+    def __init__(self, kv: DenseKVCache | PagedStepView, layers, cold: tuple[int, int, int], scratch: Tensor) -> None:
+        self.layers, self.cold, self.scratch = layers, cold, scratch
+        self.max_len = 0 if isinstance(kv, PagedStepView) else kv.max_len
+        self.paged: PagedDecode | None = None  # a paged cache's: the row set per step (StackPlan.set_row)
+        self.q: Tensor | None = None  # a paged cache's rotated queries
+        self.view = kv if isinstance(kv, PagedStepView) else None  # the paged step last set
+        # weak: a finished generation's cache goes with its backend, not kept alive by the plan (a new
+        # LLM.generate makes a new cache); its setup then never matches and is dropped with the next new one.
+        # A paged cache is the engine's for its life: the setup names its latest step's view.
+        self.kv_ref = weakref.ref(kv) if self.view is None else (lambda: self.view)
+        self.key_refs, self.value_refs = [weakref.ref(t) for t in kv.keys], [weakref.ref(t) for t in kv.values]
+        self.lora_h = torch.empty(1)  # step.c's A x, as long as the largest rank set
+        self.scales: Tensor | None = None  # weights: each column's weight this step (lora_t.scale)
+        self.scale_index: Tensor | None = None  # weights: each column's index into the flattened row of weights
+        self.keep: list = []
+
+    def holds(self, kv: DenseKVCache | PagedStepView) -> bool:
+        """Whether the setup points at `kv`'s tensors (the ones it holds now)."""
+        same = (kv.keys is self.view.keys if isinstance(kv, PagedStepView) and self.view is not None
+                else kv is self.kv_ref())
+        return (same and all(map(operator.is_, kv.keys, map(operator.call, self.key_refs)))
+                and all(map(operator.is_, kv.values, map(operator.call, self.value_refs))))
+
+
+def _cache_id(kv: DenseKVCache | PagedStepView) -> int:
+    """A cache's identity: a paged step's view is new every step, its keys list is the cache's own."""
+    return id(kv.keys) if isinstance(kv, PagedStepView) else id(kv)
 
 
 def _get(layer: nn.Module, name: str) -> nn.Module | None:
@@ -356,33 +594,48 @@ class KernelDecoderModel(DecoderModel):
     _stack_failed: tuple | None = None  # (kv, dtype) a layout was refused for: not retried every step
 
     def forward(self, input_ids: Tensor, positions: Tensor, kv=None) -> Tensor:
-        stack = self._usable_stack(input_ids, kv)
+        target = self._target(input_ids, kv)  # the dense cache, or a paged single-sequence step
+        stack = self._usable_stack(input_ids, target)
         if stack is None:
             hidden = super().forward(input_ids, positions, kv)
-            if self._wants_stack(input_ids, kv, hidden.dtype):
-                self._lay_out(kv, hidden.dtype)  # the step above built every module's plan
+            if self._wants_stack(input_ids, target, hidden.dtype):
+                self._lay_out(target, hidden.dtype)  # the step above built every module's plan
             return hidden
         x = self.embed_tokens(input_ids)  # [1, 1, hidden], a new tensor: the step updates it in place
         if self.embedding_multiplier != 1.0:
             x = x * torch.tensor(self.embedding_multiplier, dtype=x.dtype)
         cos, sin = self.rotary_emb(positions, x.dtype)  # [1, 1, rot]
-        if isinstance(kv, TwoTierDenseKVCache):
+        if isinstance(target, TwoTierDenseKVCache):
             kv.settle(int(positions))  # the blocks leaving the hot window turn cold before the step reads them
         with stack.lock:  # one step at a time: the work rows and the bound cache are the plan's
-            if not stack.select_adapter():  # per-row adapter weights (X-LoRA): the module path
-                return super().forward(input_ids, positions, kv)
-            if not stack.bound_to(kv):
-                try:
-                    stack.bind(kv)
-                except NotStackable:
-                    self._stack_failed = (id(kv), stack.dtype)
+            try:
+                if not stack.configure(target):  # several rows of adapter weights (X-LoRA batches): the module path
                     return super().forward(input_ids, positions, kv)
+            except NotStackable:
+                self._stack_failed = (_cache_id(target), stack.dtype)
+                return super().forward(input_ids, positions, kv)
             return stack(x.contiguous(), cos.contiguous(), sin.contiguous(), int(positions))
 
+    def prepare_adapter(self, slot: int) -> None:
+        """Do now what the first one-call step with adapter `slot` would do first (merge a merge=True one)."""
+        stack = self._stack
+        if stack is not None and stack.valid():
+            with stack.lock:
+                stack.premerge(slot)
+
+    @staticmethod
+    def _target(input_ids: Tensor, kv) -> DenseKVCache | PagedStepView | None:
+        """What a one-call step would run on: a DenseKVCache, or the view of a paged cache's step that is one
+        sequence decoding one token (native_server's PagedKVStep.decode_view; None for any other step)."""
+        if isinstance(kv, DenseKVCache):
+            return kv
+        view = getattr(kv, "decode_view", None)
+        return view() if view is not None and input_ids.shape == (1, 1) else None
+
     def _wants_stack(self, input_ids: Tensor, kv, dtype: torch.dtype) -> bool:
-        return (self.stack_enabled and isinstance(kv, DenseKVCache) and input_ids.shape == (1, 1)
+        return (self.stack_enabled and isinstance(kv, (DenseKVCache, PagedStepView)) and input_ids.shape == (1, 1)
                 and dtype in DTYPES and not input_ids.is_cuda and not torch.is_grad_enabled()
-                and self._stack_failed != (id(kv), dtype))
+                and self._stack_failed != (_cache_id(kv), dtype))
 
     def _usable_stack(self, input_ids: Tensor, kv) -> StackPlan | None:
         stack = self._stack
@@ -393,11 +646,11 @@ class KernelDecoderModel(DecoderModel):
             return None
         return stack
 
-    def _lay_out(self, kv: DenseKVCache, dtype: torch.dtype) -> None:
+    def _lay_out(self, kv: DenseKVCache | PagedStepView, dtype: torch.dtype) -> None:
         try:
             self._stack = StackPlan(self, self.kernels, dtype, kv)
         except NotStackable:
-            self._stack, self._stack_failed = None, (id(kv), dtype)
+            self._stack, self._stack_failed = None, (_cache_id(kv), dtype)
 
     def _apply(self, fn, recurse: bool = True):
         self._stack = None  # .to() and friends: lay out again from the moved tensors

@@ -39,6 +39,7 @@ from torch import nn
 
 from ..kernels import CpuKernels, cpu_kernels
 from ..models.layers import MLP, Attention, RMSNorm
+from ..models.skeleton import skeleton
 from ..models.transformer import CausalLM, DecoderModel
 from .layers import KernelAttention, KernelMLP, KernelRMSNorm
 from .linears import FusedLinear, KernelLinear, quantized_types
@@ -83,7 +84,8 @@ def use_cpu_kernels(model: nn.Module, kernels: CpuKernels) -> int:
     swaps = [(parent, name, child) for parent in model.modules() for name, child in parent.named_children()
              if type(child) is nn.Linear and id(child) not in inside]
     for parent, name, old in swaps:
-        new = KernelLinear(old.in_features, old.out_features, bias=old.bias is not None, device="meta")
+        with skeleton():  # its parameters are old's
+            new = KernelLinear(old.in_features, old.out_features, bias=old.bias is not None)
         new.weight, new.bias, new.kernels = old.weight, old.bias, kernels
         setattr(parent, name, new)
     for f in fused:

@@ -43,8 +43,10 @@ from torch import Tensor
 from ..hub.resolve import cache_root
 
 HERE = Path(__file__).parent
-SOURCES = [HERE / "linear.c", HERE / "blas.c", HERE / "decode.c", HERE / "pool.c", HERE / "quant.c", HERE / "qtile.c", HERE / "step.c"]
-HEADERS = [HERE / "linear.h", HERE / "pool.h", HERE / "quant.h"]
+SOURCES = [HERE / "linear.c", HERE / "blas.c", HERE / "decode.c", HERE / "pool.c", HERE / "quant.c", HERE / "qtile.c", HERE / "step.c",
+           HERE / "paged.c"]
+HEADERS = [HERE / "attend.h", HERE / "linear.h", HERE / "paged.h", HERE / "pool.h", HERE / "quant.h",
+           HERE / "vmath.h"]
 FLAGS = ["-O3", "-ffp-contract=off", "-shared", "-fPIC", "-pthread"]  # no contraction: torch rounds each op
 # Macros for an A/B build of the kernels (benchmarks: `ruvllm:int8+DQ_ROWS8=4`), e.g. "Q_ROWS8=4 Q_PREFETCH=1024"
 FLAGS += [f"-D{d}" for d in os.environ.get("RUVLLM_KERNEL_DEFINES", "").split()]
@@ -94,11 +96,16 @@ class CpuKernels:
         lib.rk_qlinear_parts.argtypes = [p, i, i, p, p, i, i64, i64, i, p]
         lib.rk_qlinear_parts.restype = i
         lib.rk_quant_tile_rows.restype = i64
+        lib.rk_gate.argtypes = [p, p, i, i64, i64]
+        lib.rk_gate.restype = i
         lib.rk_quantize_rtn.argtypes = [p, i, i64, i64, i, i64, i, p, p, p]
         lib.rk_quantize_rtn.restype = i
         # step.c (driven by py_engine.cpu.stack): a whole decode step of the decoder stack
         lib.rk_decode_step.argtypes = [p, p, p, p, i64, i64, p]
         lib.rk_decode_step.restype = i
+        # paged.c (driven by py_engine.kernels.paged): the server's paged decode attention
+        lib.rk_paged_decode.argtypes = [p]
+        lib.rk_paged_decode.restype = i
         self.blas = _torch_blas()
         if self.blas is not None:
             lib.rk_use_blas(*self.blas)
@@ -149,6 +156,19 @@ class CpuKernels:
         if status != 0:
             raise RuntimeError(f"rk_linear_gated failed ({status}) for x {tuple(x.shape)}, weights {(n, k)}")
         return y
+
+    def silu_gate(self, y: Tensor) -> Tensor:
+        """F.silu(gate) * up for y [..., 2 N] = cat(gate, up), fp32 or bf16 (rounded as torch does in bf16), on
+        the pool: a SiLU MLP's hidden layer in prefill, after one gate/up product."""
+        if y.dtype not in (torch.float32, torch.bfloat16) or not y.is_cpu or y.shape[-1] % 2:
+            raise ValueError(f"silu_gate takes [..., 2 N] float32/bfloat16 on the CPU, not {y.dtype} {tuple(y.shape)}")
+        y = y.contiguous()
+        n = y.shape[-1] // 2
+        out = torch.empty(*y.shape[:-1], n, dtype=y.dtype)
+        if out.numel() and self.lib.rk_gate(y.data_ptr(), out.data_ptr(), y.dtype == torch.bfloat16,
+                                            y.numel() // (2 * n), n) != 0:
+            raise RuntimeError(f"rk_gate failed for {tuple(y.shape)}")
+        return out
 
     def rms_norm(self, x: Tensor, weight: Tensor, eps: float, unit_offset: bool) -> Tensor:
         """layers.RMSNorm's forward for x [..., dim] of weight's dtype (fp32 or bf16)."""

@@ -1,4 +1,5 @@
 /* Prefill products on the sgemm that torch's own library exports (see linear.h). */
+#include <immintrin.h>
 #include <stdlib.h>
 
 #include "linear.h"
@@ -38,7 +39,12 @@ int blas_rows(const linear_t *a, int64_t n0, int64_t n1) {
   if (a->w_bf16) { /* widen this chunk's rows: O(rows K), against the product's O(M rows K) */
     float *wf = scratch(0, rows * K);
     if (!wf) return -1;
-    for (int64_t i = 0; i < rows * K; ++i) wf[i] = load1(a->w, 1, n0 * K + i);
+    const uint16_t *wb = (const uint16_t *)a->w + n0 * K;
+    int64_t i = 0;
+    for (; i + 8 <= rows * K; i += 8) /* a bf16 is an fp32's top half */
+      _mm256_storeu_ps(wf + i, _mm256_castsi256_ps(_mm256_slli_epi32(
+                                   _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(wb + i))), 16)));
+    for (; i < rows * K; ++i) wf[i] = load1(wb, 1, i);
     w = wf;
   }
   /* Straight into y when it is fp32 and has no bias to add; else through a buffer. */

@@ -12,33 +12,9 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "attend.h"
+#include "paged.h"
 #include "pool.h"
-
-static inline float ld(const void *p, int bf16, int64_t i) {
-  if (!bf16) return ((const float *)p)[i];
-  uint32_t u = (uint32_t)((const uint16_t *)p)[i] << 16;
-  float f;
-  memcpy(&f, &u, 4);
-  return f;
-}
-static inline float r(float f, int bf16) { /* the value torch would hold in the tensor's dtype */
-  if (!bf16) return f;
-  uint32_t u;
-  memcpy(&u, &f, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return f;
-  u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u; /* round to nearest even */
-  memcpy(&f, &u, 4);
-  return f;
-}
-static inline void st(void *p, int bf16, int64_t i, float v) {
-  if (!bf16) {
-    ((float *)p)[i] = v;
-    return;
-  }
-  uint32_t u;
-  memcpy(&u, &v, 4);
-  ((uint16_t *)p)[i] = (u & 0x7fffffffu) > 0x7f800000u ? 0x7fc0 : (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-}
 
 /* RMSNorm over the last dim of x [rows, dim], as layers.RMSNorm: Llama casts
  * x / rms to the dtype, then multiplies by w; Gemma multiplies by (1 + w) in fp32. */
@@ -95,34 +71,6 @@ static void rope(const attend_t *a, const void *src, int64_t off, float *dst) {
   }
 }
 
-static inline __m256 load8(const void *p, int bf16, int64_t i) { /* a bf16 is an fp32's top half */
-  if (!bf16) return _mm256_loadu_ps((const float *)p + i);
-  __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)p + i));
-  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-}
-
-static inline float dot(const float *q, const void *k, int bf16, int64_t n) {
-  __m256 acc = _mm256_setzero_ps();
-  for (int64_t i = 0; i < n; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), load8(k, bf16, i), acc);
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
-}
-
-static inline __m256 codes8(const uint8_t *c, int bits, int64_t i) { /* codes i..i+7 as floats */
-  if (bits == 8) return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(c + i))));
-  uint32_t x;
-  memcpy(&x, c + i / 2, 4); /* 8 nibbles: code j is (x >> 4 j) & 15 */
-  const __m256i sh = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28);
-  return _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32((int)x), sh), _mm256_set1_epi32(15)));
-}
-
-static inline float hsum(__m256 acc) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
-}
-
 /* Scores of query qh against the cold tokens start..cold->tokens - 1 of KV head g: q . (code * scale + zero)
  * summed as (q * scale) . code + q . zero, the products by block (qs: D floats of scratch). */
 static void cold_scores(const attend_t *a, const float *qh, int64_t g, int64_t start, float *qs, float *scores) {
@@ -143,9 +91,7 @@ static void cold_scores(const attend_t *a, const float *qh, int64_t g, int64_t s
       qz = hsum(z);
     }
     const uint8_t *code = c->kc + ((g * c->max_blocks + block) * c->bs + s % c->bs) * packed;
-    __m256 acc = _mm256_setzero_ps();
-    for (int64_t i = 0; i < D; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(qs + i), codes8(code, (int)c->bits, i), acc);
-    scores[s - start] = hsum(acc) + qz;
+    scores[s - start] = cold_dot(qs, code, (int)c->bits, D) + qz;
   }
 }
 
@@ -156,10 +102,8 @@ static void cold_values(const attend_t *a, int64_t g, int64_t start, const float
   float zsum = 0.f;
   for (int64_t s = start; s < c->tokens; ++s) {
     const int64_t row = g * a->max_len + s;
-    const __m256 w = _mm256_set1_ps(p[s - start] * c->vs[row]);
     zsum += p[s - start] * c->vz[row];
-    for (int64_t i = 0; i < D; i += 8)
-      _mm256_store_ps(acc + i, _mm256_fmadd_ps(w, codes8(c->vc + row * packed, (int)c->bits, i), _mm256_load_ps(acc + i)));
+    cold_axpy(acc, p[s - start] * c->vs[row], c->vc + row * packed, (int)c->bits, D);
   }
   for (int64_t i = 0; i < D; ++i) acc[i] += zsum;
 }
@@ -201,9 +145,7 @@ static void attend_head(const void *context, int64_t g) {
       cold_values(a, g, a->start, scores, acc);
     }
     for (int64_t s = n_cold; s < n; ++s) {
-      __m256 p = _mm256_set1_ps(scores[s] / sum);
-      for (int64_t i = 0; i < D; i += 8)
-        _mm256_store_ps(acc + i, _mm256_fmadd_ps(p, load8(values, a->bf16, s * D + i), _mm256_load_ps(acc + i)));
+      axpy(acc, scores[s] / sum, (const char *)values + s * D * esz, a->bf16, D);
     }
     for (int64_t i = 0; i < D; ++i) st(a->out, a->bf16, (g * G + h) * D + i, acc[i]);
   }
@@ -222,6 +164,32 @@ int rk_attend_one(const void *qkv, const void *cos, const void *sin, void *keys,
                 cold};
   pool_run(KV, attend_head, &a, sizeof a);
   return 0;
+}
+
+/* One token of one sequence over a paged cache (the server's single-stream step, step.c): rope, the
+ * new key and value written at `slot` of p's caches (TorchPagedAttention.write's layout), the rotated
+ * queries stored in q (H * D of the dtype, what torch's tensor would hold), then paged.c's attention
+ * over p's one row. scratch: D floats. */
+int rk_paged_attend_one(const void *qkv, const void *cos, const void *sin, int64_t rot, int64_t slot, void *q,
+                        float *scratch, paged_t *p) {
+  const int64_t H = p->H, KV = p->KV, D = p->D;
+  if (D % 8 || KV < 1 || H % KV || rot > D || rot % 2 || p->rows != 1 || slot < 0) return -1;
+  attend_t a = {0};
+  a.qkv = qkv, a.cos = cos, a.sin = sin, a.H = H, a.KV = KV, a.D = D, a.rot = rot, a.bf16 = p->bf16;
+  for (int64_t g = 0; g < KV; ++g) {
+    rope(&a, qkv, (H + g) * D, scratch);
+    const int64_t row = (slot * KV + g) * D;
+    for (int64_t i = 0; i < D; ++i) {
+      st((void *)p->keys, p->bf16, row + i, scratch[i]);
+      st((void *)p->values, p->bf16, row + i, ld(qkv, p->bf16, (H + KV + g) * D + i));
+    }
+  }
+  for (int64_t h = 0; h < H; ++h) {
+    rope(&a, qkv, h * D, scratch);
+    for (int64_t i = 0; i < D; ++i) st(q, p->bf16, h * D + i, scratch[i]);
+  }
+  p->q = q, p->q_token_stride = H * D, p->q_head_stride = D;
+  return rk_paged_decode(p);
 }
 
 /* torch.argmax of n fp32 values: the first index of the largest, or of the first NaN (torch

@@ -14,7 +14,11 @@
  * - Prefill runs MKL's sgemm per chunk when torch ships one (blas.c).
  *
  * Arithmetic: fp32 products and sums; a bf16 output is rounded once, after
- * the bias is added, as torch's bf16 addmm does. x, w, bias and y are each
+ * the bias is added, as torch's bf16 addmm does. In the avx512-bf16 build,
+ * bf16 x against bf16 weights below the sgemm's rows (decode, batches) runs
+ * vdpbf16ps: 32 products a step from the stored halves, no widening (the
+ * products of two bf16 are exact in fp32; the sums are fp32 in another order;
+ * subnormal bf16 inputs count as zero, as the instruction does). x, w, bias and y are each
  * fp32 or bf16. Requires K % 8 == 0; the Python side checks.
  */
 #include <immintrin.h>
@@ -36,8 +40,13 @@
 #define NR 3              /* w rows per tile: 12 accumulators + 3 weights + 1 x = 16 ymm registers */
 
 #define MAX_PARTS 8
+#ifndef BLAS_MIN_ROWS
 #define BLAS_MIN_ROWS 16     /* from this many rows of x (prefill), sgemm when there is one */
+#endif
 #define BLAS_CHUNKS 2        /* chunks per thread for sgemm: 2 measured faster than 4 or 8 (its own blocking) */
+#ifndef BLAS_WIDE_FLOATS
+#define BLAS_WIDE_FLOATS (1 << 18) /* bf16 weights widened per sgemm chunk: 1 MB stays in L2 (as quant.h's Q_MAX_DEQUANT) */
+#endif
 
 typedef struct {
   int n_parts;
@@ -130,9 +139,96 @@ static inline __attribute__((always_inline)) void tile(const linear_t *a, int64_
     for (int j = 0; j < nr; ++j) store(a, m0 + i, n0 + j, hsum(acc[i][j]));
 }
 
+#if defined(__AVX512BF16__) && defined(__AVX512BW__)
+#define HAVE_DPBF16 1
+/* 32 bf16 from p + i, the ones past `left` (< 32) zero. */
+static inline __m512bh load32bh(const uint16_t *p, int64_t i, int64_t left) {
+  if (left >= 32) return (__m512bh)_mm512_loadu_si512((const void *)(p + i));
+  return (__m512bh)_mm512_maskz_loadu_epi16((__mmask32)((1u << left) - 1u), p + i);
+}
+
+/* vdpbf16ps adds two products per fp32 lane. Each dot product below runs four chains over the whole blocks
+ * of 128 (block c mod 4 into chain c: the instruction's latency hidden), adds them as (0 + 1) + (2 + 3), then
+ * takes the rest 32 at a time and sums the lanes: the same operations for one row (decode) as in a tile
+ * (batches), so a row of a batch gets the value it gets alone. */
+#define MR_B 2 /* x rows per tile: 4 chains x MR_B x NR_B accumulators */
+#define NR_B 3
+
+/* Rows m0.. (mr <= MR_B) of bf16 x against rows n0.. (nr <= NR_B) of bf16 w. */
+static inline __attribute__((always_inline)) void tile_bf16(const linear_t *a, int64_t m0, int mr, int64_t n0, int nr) {
+  const int64_t K = a->K;
+  const uint16_t *x = a->xb + m0 * K, *w = (const uint16_t *)a->w + n0 * K;
+  __m512 acc[4][MR_B][NR_B];
+  __m512bh wv[NR_B];
+  for (int c = 0; c < 4; ++c)
+    for (int i = 0; i < mr; ++i)
+      for (int j = 0; j < nr; ++j) acc[c][i][j] = _mm512_setzero_ps();
+  int64_t k = 0;
+  for (; k + 128 <= K; k += 128)
+    for (int c = 0; c < 4; ++c) {
+      for (int j = 0; j < nr; ++j) wv[j] = load32bh(w + j * K, k + 32 * c, 32);
+      for (int i = 0; i < mr; ++i) {
+        const __m512bh xv = load32bh(x + i * K, k + 32 * c, 32);
+        for (int j = 0; j < nr; ++j) acc[c][i][j] = _mm512_dpbf16_ps(acc[c][i][j], wv[j], xv);
+      }
+    }
+  for (int i = 0; i < mr; ++i)
+    for (int j = 0; j < nr; ++j)
+      acc[0][i][j] = _mm512_add_ps(_mm512_add_ps(acc[0][i][j], acc[1][i][j]), _mm512_add_ps(acc[2][i][j], acc[3][i][j]));
+  for (; k < K; k += 32) {
+    for (int j = 0; j < nr; ++j) wv[j] = load32bh(w + j * K, k, K - k);
+    for (int i = 0; i < mr; ++i) {
+      const __m512bh xv = load32bh(x + i * K, k, K - k);
+      for (int j = 0; j < nr; ++j) acc[0][i][j] = _mm512_dpbf16_ps(acc[0][i][j], wv[j], xv);
+    }
+  }
+  for (int i = 0; i < mr; ++i)
+    for (int j = 0; j < nr; ++j) store(a, m0 + i, n0 + j, _mm512_reduce_add_ps(acc[0][i][j]));
+}
+
+/* Row 0 of x against row n of w (decode): tile_bf16's arithmetic for one pair. */
+static float dot_row_bf16(const linear_t *a, int64_t n) {
+  const int64_t K = a->K;
+  const uint16_t *w = (const uint16_t *)a->w + n * K, *x = a->xb;
+  __m512 s0 = _mm512_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+  int64_t k = 0;
+  for (; k + 128 <= K; k += 128) {
+    s0 = _mm512_dpbf16_ps(s0, load32bh(w, k, 32), load32bh(x, k, 32));
+    s1 = _mm512_dpbf16_ps(s1, load32bh(w, k + 32, 32), load32bh(x, k + 32, 32));
+    s2 = _mm512_dpbf16_ps(s2, load32bh(w, k + 64, 32), load32bh(x, k + 64, 32));
+    s3 = _mm512_dpbf16_ps(s3, load32bh(w, k + 96, 32), load32bh(x, k + 96, 32));
+  }
+  s0 = _mm512_add_ps(_mm512_add_ps(s0, s1), _mm512_add_ps(s2, s3));
+  for (; k < K; k += 32) s0 = _mm512_dpbf16_ps(s0, load32bh(w, k, K - k), load32bh(x, k, K - k));
+  return _mm512_reduce_add_ps(s0);
+}
+
+static void bf16_rows(const linear_t *a, int64_t n0, int64_t n1) {
+  if (a->M == 1) {
+    for (int64_t n = n0; n < n1; ++n) store(a, 0, n, dot_row_bf16(a, n));
+    return;
+  }
+  for (int64_t n = n0; n < n1; n += NR_B) {
+    const int nr = n1 - n < NR_B ? (int)(n1 - n) : NR_B;
+    int64_t m = 0;
+    if (nr == NR_B)
+      for (; m + MR_B <= a->M; m += MR_B) tile_bf16(a, m, MR_B, n, NR_B);
+    for (; m < a->M; m += MR_B) tile_bf16(a, m, a->M - m < MR_B ? (int)(a->M - m) : MR_B, n, nr);
+  }
+}
+#else
+#define HAVE_DPBF16 0
+static float dot_row_bf16(const linear_t *a, int64_t n) { return dot_row(a, n); }
+static void bf16_rows(const linear_t *a, int64_t n0, int64_t n1) { (void)a, (void)n0, (void)n1; }
+#endif
+
 static void run_part_chunk(const linear_t *a, int64_t c) {
   int64_t n0 = c * a->rows_per_chunk, n1 = n0 + a->rows_per_chunk;
   if (n1 > a->N) n1 = a->N;
+  if (a->xb) {
+    bf16_rows(a, n0, n1);
+    return;
+  }
   if (a->M == 1) {
     for (int64_t n = n0; n < n1; ++n) store(a, 0, n, dot_row(a, n));
     return;
@@ -174,6 +270,12 @@ static const float *prepare_x(const void *x, int x_bf16, int64_t M, int64_t K, i
     capacity = buffer ? M * K : 0;
     if (!buffer) return NULL;
   }
+  if (!perm) { /* bf16 x for sgemm (prefill): widened 8 a step on the caller's thread */
+    int64_t i = 0;
+    for (; i + 8 <= M * K; i += 8) _mm256_storeu_ps(buffer + i, load8(x, 1, i));
+    for (; i < M * K; ++i) buffer[i] = load1(x, 1, i);
+    return buffer;
+  }
   static const int order[16] = {0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 12, 13, 14, 15};
   for (int64_t i = 0; i < M * K; i += 16)
     for (int j = 0; j < 16 && i + j < M * K; ++j)
@@ -188,20 +290,23 @@ int rk_linear_parts(const void *x, int x_bf16, int n_parts, const void *const *w
                     void *y, int y_bf16, int64_t M, int64_t K) {
   if (M < 1 || K < 8 || K % 8 || n_parts < 1 || n_parts > MAX_PARTS) return -1;
   const int blas = M >= BLAS_MIN_ROWS && blas_available();
-  const int perm = w_bf16 && K % 16 == 0 && !blas; /* sgemm reads x in order */
-  const float *xf = prepare_x(x, x_bf16, M, K, perm);
-  if (!xf) return -2;
+  const int dp = HAVE_DPBF16 && w_bf16 && x_bf16 && !blas; /* vdpbf16ps on x as it is */
+  const int perm = w_bf16 && K % 16 == 0 && !blas && !dp; /* sgemm reads x in order */
+  const float *xf = dp ? NULL : prepare_x(x, x_bf16, M, K, perm);
+  if (!xf && !dp) return -2;
   parts_t job = {.n_parts = n_parts};
   int64_t ldy = 0;
   for (int p = 0; p < n_parts; ++p) ldy += ns[p];
   int64_t rows = chunk_rows(ldy, K * (w_bf16 ? 2 : 4));
   if (blas) rows = ldy / (BLAS_CHUNKS * pool_threads()) + 1;
+  if (blas && w_bf16 && rows * K > BLAS_WIDE_FLOATS) rows = BLAS_WIDE_FLOATS / K;
   rows = rows < NR ? NR : (rows + NR - 1) / NR * NR;
   int64_t column = 0;
   for (int p = 0; p < n_parts; ++p) {
     if (ns[p] < 1) return -1;
     char *y_part = (char *)y + column * (y_bf16 ? 2 : 4);
-    job.part[p] = (linear_t){xf, ws[p], biases[p], y_part, perm, w_bf16, bias_bf16, y_bf16, M, ns[p], K, ldy, rows};
+    job.part[p] = (linear_t){xf, ws[p], biases[p], y_part, perm, w_bf16, bias_bf16, y_bf16, M, ns[p], K, ldy, rows,
+                             dp ? (const uint16_t *)x : NULL};
     job.first_chunk[p + 1] = job.first_chunk[p] + (ns[p] + rows - 1) / rows;
     column += ns[p];
   }
@@ -226,8 +331,8 @@ static void run_gated_chunk(const void *context, int64_t c) {
   if (n1 > g->N) n1 = g->N;
   const int bf = g->y_bf16;
   for (int64_t n = n0; n < n1; ++n) {
-    float gv = dot_row(g, n) + (g->bias ? load1(g->bias, g->bias_bf16, n) : 0.f);
-    float uv = dot_row(u, n) + (u->bias ? load1(u->bias, u->bias_bf16, n) : 0.f);
+    float gv = (g->xb ? dot_row_bf16(g, n) : dot_row(g, n)) + (g->bias ? load1(g->bias, g->bias_bf16, n) : 0.f);
+    float uv = (u->xb ? dot_row_bf16(u, n) : dot_row(u, n)) + (u->bias ? load1(u->bias, u->bias_bf16, n) : 0.f);
     float gr = rounded(gv, bf), ur = rounded(uv, bf);
     float act = rounded(gr / (1.f + expf(-gr)), bf); /* F.silu in fp32, stored in the dtype */
     put(g, 0, n, act * ur);
@@ -239,12 +344,14 @@ static void run_gated_chunk(const void *context, int64_t c) {
 int rk_linear_gated(const void *x, int x_bf16, const void *w_gate, const void *w_up, int w_bf16,
                     const void *b_gate, const void *b_up, int bias_bf16, void *y, int y_bf16, int64_t N, int64_t K) {
   if (N < 1 || K < 8 || K % 8) return -1;
-  const int perm = w_bf16 && K % 16 == 0;
-  const float *xf = prepare_x(x, x_bf16, 1, K, perm);
-  if (!xf) return -2;
+  const int dp = HAVE_DPBF16 && w_bf16 && x_bf16;
+  const int perm = w_bf16 && K % 16 == 0 && !dp;
+  const float *xf = dp ? NULL : prepare_x(x, x_bf16, 1, K, perm);
+  if (!xf && !dp) return -2;
+  const uint16_t *xb = dp ? x : NULL;
   int64_t rows = chunk_rows(N, 2 * K * (w_bf16 ? 2 : 4));
-  gated_t a = {{xf, w_gate, b_gate, y, perm, w_bf16, bias_bf16, y_bf16, 1, N, K, N, rows},
-               {xf, w_up, b_up, y, perm, w_bf16, bias_bf16, y_bf16, 1, N, K, N, rows}};
+  gated_t a = {{xf, w_gate, b_gate, y, perm, w_bf16, bias_bf16, y_bf16, 1, N, K, N, rows, xb},
+               {xf, w_up, b_up, y, perm, w_bf16, bias_bf16, y_bf16, 1, N, K, N, rows, xb}};
   pool_run((N + rows - 1) / rows, run_gated_chunk, &a, sizeof a);
   return 0;
 }

@@ -9,6 +9,7 @@ typedef struct {
   void *y; /* this part's first column */
   int perm, w_bf16, bias_bf16, y_bf16;
   int64_t M, N, K, ldy, rows_per_chunk; /* ldy: elements between rows of y */
+  const uint16_t *xb; /* x itself when it and w are bf16 and the build has AVX-512 BF16 (vdpbf16ps), else NULL */
 } linear_t;
 
 static inline float load1(const void *p, int bf16, int64_t i) {

@@ -36,6 +36,7 @@
 #include "pool.h"
 
 #include "quant.h"
+#include "vmath.h"
 
 /* 32 codes of a sub-block as unsigned bytes (4-bit) against 32 int8 of x: 8 int32 sums. */
 static inline __m256i dot4(const uint8_t *c, const int8_t *x) {
@@ -167,10 +168,42 @@ static inline __attribute__((always_inline)) void rows2f(const qjob_t *j, const 
 }
 
 /* Rows r0..r1 of W as fp32 [rows, K], exactly (q - z) * s as QuantizedWeight.dequantize; with no zero
- * points (zeros NULL: a float offset per group, llama.cpp's Q4_1) exactly s * c - mins, i.e. d * q + m. */
+ * points (zeros NULL: a float offset per group, llama.cpp's Q4_1) exactly s * c - mins, i.e. d * q + m.
+ * AVX-512 builds: 16 values a step, stored in place (the same operations per value). */
 static void dequantize_rows(const qmat_t *w, int64_t r0, int64_t r1, int64_t K, float *out) {
-  const int64_t nb = nb_of(w), rb = row_bytes(w);
+  const int64_t rb = row_bytes(w);
   const float offset = w->bits4 ? 0.f : 128.f;
+#ifdef __AVX512F__
+  for (int64_t n = r0; n < r1; ++n) {
+    const uint8_t *c = w->codes + n * rb;
+    float *o = out + (n - r0) * K;
+    for (int64_t g = 0; g < w->ng; ++g) {
+      const __m512 z = _mm512_set1_ps(w->zeros ? (float)w->zeros[n * w->ng + g] - offset : 0.f);
+      const __m512 s = _mm512_set1_ps(w->scales[n * w->ng + g]);
+      const __m512 mn = _mm512_set1_ps(!w->zeros && w->mins ? w->mins[n * w->ng + g] : 0.f);
+      for (int64_t b = g * w->spg; b < (g + 1) * w->spg; ++b) {
+        __m512i q[2];
+        if (w->bits4) {
+          const __m128i raw = _mm_loadu_si128((const __m128i *)(c + b * 16)), low = _mm_set1_epi8(0x0f);
+          q[0] = _mm512_cvtepu8_epi32(_mm_and_si128(raw, low));
+          q[1] = _mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(raw, 4), low));
+        } else {
+          q[0] = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(c + b * 32)));
+          q[1] = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(c + b * 32 + 16)));
+        }
+        for (int h = 0; h < 2; ++h) {
+          const int64_t k0 = b * 32 + 16 * h;
+          if (k0 >= K) break;
+          __m512 v = _mm512_mul_ps(_mm512_sub_ps(_mm512_cvtepi32_ps(q[h]), z), s);
+          if (!w->zeros) v = _mm512_sub_ps(v, mn);
+          if (k0 + 16 <= K) _mm512_storeu_ps(o + k0, v);
+          else _mm512_mask_storeu_ps(o + k0, (__mmask16)((1u << (K - k0)) - 1u), v);
+        }
+      }
+    }
+  }
+#else
+  const int64_t nb = nb_of(w);
   for (int64_t n = r0; n < r1; ++n) {
     const uint8_t *c = w->codes + n * rb;
     float *o = out + (n - r0) * K;
@@ -198,6 +231,7 @@ static void dequantize_rows(const qmat_t *w, int64_t r0, int64_t r1, int64_t K, 
       if (take > 0) memcpy(o + k0, tmp, (size_t)take * 4);
     }
   }
+#endif
 }
 
 static float *q_scratch(int64_t n) {
@@ -220,7 +254,7 @@ static void run_qpart_chunk(const qjob_t *j, const qpart_t *a, int64_t c) {
       dequantize_rows(&a->w, n0, n1, j->K, wf);
       const int ybytes = j->y_bf16 ? 2 : 4, bbytes = a->w.bias_bf16 ? 2 : 4;
       linear_t l = {j->xf, wf, a->w.bias ? (const char *)a->w.bias + n0 * bbytes : NULL,
-                    (char *)a->y + n0 * ybytes, 0, 0, a->w.bias_bf16, j->y_bf16, j->M, n1 - n0, j->K, j->ldy, 0};
+                    (char *)a->y + n0 * ybytes, 0, 0, a->w.bias_bf16, j->y_bf16, j->M, n1 - n0, j->K, j->ldy, 0, NULL};
       if (blas_rows(&l, 0, n1 - n0) == 0) return;
     }
   }
@@ -390,22 +424,6 @@ static inline float as_stored(float v, int bf16) { /* the value a bf16 tensor wo
   return load1(&h, 1, 0);
 }
 
-/* e^x for 8 floats (Cephes' expf as in avx_mathfun: ~1 ulp), clamped to fp32's range. */
-static inline __m256 exp8(__m256 x) {
-  x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-88.3762626647949f)), _mm256_set1_ps(88.3762626647949f));
-  __m256 fx = _mm256_floor_ps(_mm256_add_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                                            _mm256_set1_ps(0.5f)));
-  x = _mm256_sub_ps(x, _mm256_mul_ps(fx, _mm256_set1_ps(0.693359375f)));
-  x = _mm256_sub_ps(x, _mm256_mul_ps(fx, _mm256_set1_ps(-2.12194440e-4f)));
-  const float c[6] = {1.9875691500e-4f, 1.3981999507e-3f, 8.3334519073e-3f, 4.1665795894e-2f,
-                      1.6666665459e-1f, 5.0000001201e-1f};
-  __m256 y = _mm256_set1_ps(c[0]);
-  for (int i = 1; i < 6; ++i) y = _mm256_add_ps(_mm256_mul_ps(y, x), _mm256_set1_ps(c[i]));
-  y = _mm256_add_ps(_mm256_add_ps(_mm256_mul_ps(y, _mm256_mul_ps(x, x)), x), _mm256_set1_ps(1.f));
-  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(fx), _mm256_set1_epi32(127)), 23);
-  return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
-}
-
 static inline __m256 stored8(__m256 v, int bf16) { /* what a bf16 tensor would hold (round to nearest even) */
   if (!bf16) return v;
   const __m256i u = _mm256_castps_si256(v);
@@ -441,6 +459,31 @@ static void gate(const void *y, void *gated, int bf16, int64_t M, int64_t N) {
       else ((float *)gated)[m * N + n] = v;
     }
   }
+}
+
+typedef struct {
+  const void *y;
+  void *gated;
+  int bf16;
+  int64_t M, N, rows;
+} gate_t;
+
+static void gate_chunk(const void *context, int64_t c) {
+  const gate_t *a = context;
+  const int64_t m0 = c * a->rows, m1 = m0 + a->rows < a->M ? m0 + a->rows : a->M;
+  const int64_t in = a->bf16 ? 2 : 4;
+  gate((const char *)a->y + m0 * 2 * a->N * in, (char *)a->gated + m0 * a->N * in, a->bf16, m1 - m0, a->N);
+}
+
+/* gated [M, N] = silu(y[:, :N]) * y[:, N:] for y [M, 2N] (fp32 or bf16: the dtype's roundings, as gate()),
+ * rows split over the pool: in a 128-token prefill torch's single-threaded silu and product took ~7% of the CPU. */
+int rk_gate(const void *y, void *gated, int bf16, int64_t M, int64_t N) {
+  if (M < 1 || N < 1) return -1;
+  gate_t a = {y, gated, bf16, M, N, 0};
+  a.rows = 16384 / N + 1; /* ~64 KB of output a chunk */
+  if (a.rows >= M) gate(y, gated, bf16, M, N); /* decode: no pool wake-up for one chunk */
+  else pool_run((M + a.rows - 1) / a.rows, gate_chunk, &a, sizeof a);
+  return 0;
 }
 
 /* As rk_qlinear_parts, then, when gated is not NULL (two parts of equal N: gate and up),
@@ -509,7 +552,7 @@ int rk_qlinear_parts(const void *x, int x_bf16, int n_parts, const qmat_t *parts
     column += w->N;
   }
   pool_run(job.first_chunk[n_parts], run_qchunk, &job, sizeof job);
-  if (gated) gate(y, gated, y_bf16, M, parts[0].N);
+  if (gated) return rk_gate(y, gated, y_bf16, M, parts[0].N);
   return 0;
 }
 

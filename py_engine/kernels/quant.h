@@ -18,7 +18,11 @@
 #endif
 #define Q_MIN_CHUNK_BYTES 32768
 #define Q_MAX_CHUNK_BYTES 524288
-#define Q_MAX_DEQUANT (1 << 21) /* fp32 values of dequantized rows per sgemm chunk (8 MB) */
+/* fp32 values of dequantized rows per sgemm chunk: 1 MB, so the buffer sgemm reads stays in L2 (linear.c's
+ * BLAS_CHUNK_FLOATS says why; 8 MB chunks were ~1.3x slower per core here) */
+#ifndef Q_MAX_DEQUANT
+#define Q_MAX_DEQUANT (1 << 18)
+#endif
 /* Weight rows per pass over x in decode (even: the exact path takes them in pairs); measured
  * in cache on one core: 4 rows 1.19x faster than 2 for 4-bit codes, 2 rows 1.01-1.06x faster for 8-bit. */
 #ifndef Q_ROWS4

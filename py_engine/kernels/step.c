@@ -13,17 +13,21 @@
  * the result is bit for bit the per-module path's (py_engine/cpu/stack.py; tests/test_cpu_stack.py checks it).
  * The residual adds round to the dtype as torch's `x + y` does.
  *
- * A projection may carry one LoRA adapter (lora_t, set per step by stack.py for
- * the adapter the sequence uses): y += B (A x), computed in fp32 and rounded to
- * the dtype as the torch path's `y + delta` does. A gated gate/up projection
- * with LoRA computes gate and up unfused into `wide`, adds the delta to both, then
- * the SiLU product, since the delta must land before the activation.
+ * A projection may carry LoRA columns (lora_t, set per step by stack.py: the
+ * adapter the sequence uses, or every loaded adapter's columns weighted by this
+ * token's X-LoRA scalings): y += B (s * (A x)), computed in fp32 (AVX2 dot
+ * products for A x, column updates for B) and rounded to the dtype as the torch
+ * path's `y + delta` does. A gated gate/up projection with LoRA computes gate and
+ * up unfused into `wide`, adds the delta to both, then the SiLU product, since
+ * the delta must land before the activation.
  */
+#include <immintrin.h>
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
 
 #include "linear.h"
+#include "paged.h"
 
 int rk_qlinear_parts(const void *x, int x_bf16, int n_parts, const void *parts, void *y, int y_bf16, int64_t M,
                      int64_t K, int mode, void *gated);
@@ -42,10 +46,14 @@ typedef struct { /* decode.c's: the cold tier of one layer (two-tier KV cache) *
 int rk_attend_one(const void *qkv, const void *cos, const void *sin, void *keys, void *values, void *out, int64_t H,
                   int64_t KV, int64_t D, int64_t rot, int64_t pos, int64_t start, int64_t max_len, float scale,
                   float softcap, int bf16, float *scratch, const cold_t *cold);
+int rk_paged_attend_one(const void *qkv, const void *cos, const void *sin, int64_t rot, int64_t slot, void *q,
+                        float *scratch, paged_t *p);
 
-typedef struct { /* one adapter on one projection: A [r, in], B [rows, r] with the scaling folded in, fp32 */
-  const float *A, *B;
+typedef struct { /* LoRA columns on one projection, fp32: A [r, in], Bt = B^T [r, out] with the scaling folded in */
+  const float *A, *Bt;
   int64_t r;
+  const int64_t *lo, *hi; /* column j reaches rows lo[j]..hi[j] of y (a fused projection's segment) */
+  const float *scale;     /* NULL, or column j's weight for this step (X-LoRA: y += B (scale * (A x))) */
 } lora_t;
 
 typedef struct { /* one projection, as py_engine/cpu/stack.py's Proj */
@@ -75,7 +83,14 @@ typedef struct {
   void *h, *qkv, *attn, *wide, *act, *tmp; /* work rows of the dtype (wide: 2 inter) */
   float *scratch;                          /* rk_attend_one's */
   float *lora_h;                           /* [the largest r of the adapters set]: A x */
+  float *lora_x, *lora_d;                  /* [the widest input] x in fp32, [the widest output] the delta */
   int64_t cold_tokens, cold_bits, cold_bs, cold_max_blocks; /* two-tier cache: tokens read from codes (0: none) */
+  /* A paged cache (the server's single-stream step) instead of the dense one: its one row's table, length
+   * and cold count, H, KV, D, bs, bf16 and bits; each layer's keys, values, window, scale, softcap and cold
+   * pool (the cold_t's six pointers, in the ColdPool's layout) are filled in per layer. NULL: dense. */
+  const paged_t *paged;
+  void *q;      /* paged: the rotated queries, H * D of the dtype */
+  int64_t slot; /* paged: where the new key and value go */
 } step_t;
 
 static inline float rounded(float v, int bf16) { /* the value a tensor of the dtype would hold */
@@ -89,20 +104,77 @@ static inline void put1(void *y, int bf16, int64_t i, float v) {
   else ((float *)y)[i] = v;
 }
 
-/* y[n] += B (A x) for x of k values: the LoRA delta, rounded to the dtype, then the sum rounded. */
-static void lora_add(const lora_t *q, const void *x, int64_t k, void *y, int64_t n, int bf16, float *h) {
+static inline float hsum8(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+
+static float dot_f32(const float *a, const float *x, int64_t k) { /* four accumulators hide the FMA latency */
+  __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+  int64_t i = 0;
+  for (; i + 32 <= k; i += 32) {
+    s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(x + i), s0);
+    s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(x + i + 8), s1);
+    s2 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 16), _mm256_loadu_ps(x + i + 16), s2);
+    s3 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 24), _mm256_loadu_ps(x + i + 24), s3);
+  }
+  for (; i + 8 <= k; i += 8) s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(x + i), s0);
+  float acc = hsum8(_mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)));
+  for (; i < k; ++i) acc += a[i] * x[i];
+  return acc;
+}
+
+/* y[n] += B (scale * (A x)) for x of k values: the LoRA delta in fp32, rounded to the dtype, then the
+ * sum rounded (h = A x is rounded to the dtype first, and again after the scale, as torch's h.mul_). */
+static void lora_add(const step_t *s, const lora_t *q, const void *x, int64_t k, void *y, int64_t n, int bf16) {
+  float *h = s->lora_h, *d = s->lora_d;
+  const float *xf = x;
+  if (bf16) {
+    for (int64_t i = 0; i < k; ++i) s->lora_x[i] = load1(x, 1, i);
+    xf = s->lora_x;
+  }
   for (int64_t j = 0; j < q->r; ++j) {
-    const float *a = q->A + j * k;
-    float acc = 0.f;
-    for (int64_t i = 0; i < k; ++i) acc += a[i] * load1(x, bf16, i);
-    h[j] = rounded(acc, bf16);
+    h[j] = rounded(dot_f32(q->A + j * k, xf, k), bf16);
+    if (q->scale) h[j] = rounded(h[j] * q->scale[j], bf16);
   }
-  for (int64_t o = 0; o < n; ++o) {
-    const float *b = q->B + o * q->r;
-    float acc = 0.f;
-    for (int64_t j = 0; j < q->r; ++j) acc += b[j] * h[j];
-    put1(y, bf16, o, load1(y, bf16, o) + rounded(acc, bf16));
+  memset(d, 0, (size_t)n * sizeof(float));
+  for (int64_t j0 = 0, j1; j0 < q->r; j0 = j1) { /* a run of columns with the same rows (one segment) */
+    const int64_t lo = q->lo[j0], hi = q->hi[j0];
+    for (j1 = j0 + 1; j1 < q->r && q->lo[j1] == lo && q->hi[j1] == hi; ++j1) {}
+    int64_t o = lo;
+    for (; o + 32 <= hi; o += 32) { /* 32 rows of the delta stay in registers over the run's columns */
+      __m256 a0 = _mm256_loadu_ps(d + o), a1 = _mm256_loadu_ps(d + o + 8), a2 = _mm256_loadu_ps(d + o + 16),
+             a3 = _mm256_loadu_ps(d + o + 24);
+      for (int64_t j = j0; j < j1; ++j) {
+        if (h[j] == 0.f) continue; /* a column of weight 0 (top-k X-LoRA, another adapter's) adds nothing */
+        const __m256 hj = _mm256_set1_ps(h[j]);
+        const float *b = q->Bt + j * n + o;
+        a0 = _mm256_fmadd_ps(hj, _mm256_loadu_ps(b), a0);
+        a1 = _mm256_fmadd_ps(hj, _mm256_loadu_ps(b + 8), a1);
+        a2 = _mm256_fmadd_ps(hj, _mm256_loadu_ps(b + 16), a2);
+        a3 = _mm256_fmadd_ps(hj, _mm256_loadu_ps(b + 24), a3);
+      }
+      _mm256_storeu_ps(d + o, a0), _mm256_storeu_ps(d + o + 8, a1);
+      _mm256_storeu_ps(d + o + 16, a2), _mm256_storeu_ps(d + o + 24, a3);
+    }
+    for (; o + 8 <= hi; o += 8) {
+      __m256 a = _mm256_loadu_ps(d + o);
+      for (int64_t j = j0; j < j1; ++j)
+        if (h[j] != 0.f) a = _mm256_fmadd_ps(_mm256_set1_ps(h[j]), _mm256_loadu_ps(q->Bt + j * n + o), a);
+      _mm256_storeu_ps(d + o, a);
+    }
+    for (; o < hi; ++o)
+      for (int64_t j = j0; j < j1; ++j) d[o] += h[j] * q->Bt[j * n + o];
   }
+  if (!bf16) {
+    float *yf = y;
+    int64_t o = 0;
+    for (; o + 8 <= n; o += 8) _mm256_storeu_ps(yf + o, _mm256_add_ps(_mm256_loadu_ps(yf + o), _mm256_loadu_ps(d + o)));
+    for (; o < n; ++o) yf[o] += d[o];
+    return;
+  }
+  for (int64_t o = 0; o < n; ++o) put1(y, bf16, o, load1(y, bf16, o) + rounded(d[o], bf16));
 }
 
 /* gate/up with an adapter: wide [2 out] = gate | up (the delta added), y = silu(gate) * up with torch's roundings */
@@ -111,7 +183,7 @@ static int project_gated_lora(const step_t *s, const proj_t *p, const void *x, i
   int status = p->quant ? rk_qlinear_parts(x, b, p->n_parts, p->parts, s->wide, b, 1, k, p->mode, NULL)
                         : rk_linear_parts(x, b, 2, p->parts, b, p->biases, b, p->ns, s->wide, b, 1, k);
   if (status != 0) return status;
-  lora_add(p->lora, x, k, s->wide, 2 * p->out, b, s->lora_h);
+  lora_add(s, p->lora, x, k, s->wide, 2 * p->out, b);
   for (int64_t n = 0; n < p->out; ++n) {
     const float g = load1(s->wide, b, n), u = load1(s->wide, b, p->out + n);
     put1(y, b, n, rounded(g / (1.f + expf(-g)), b) * u);
@@ -126,7 +198,7 @@ static int project(const step_t *s, const proj_t *p, const void *x, int64_t k, v
     if (p->gated) return project_gated_lora(s, p, x, k, y);
     const proj_t plain = {p->parts, p->biases, p->ns, p->quant, p->n_parts, p->mode, 0, p->out, NULL};
     const int status = project(s, &plain, x, k, y);
-    if (status == 0) lora_add(p->lora, x, k, y, p->out, b, s->lora_h);
+    if (status == 0) lora_add(s, p->lora, x, k, y, p->out, b);
     return status;
   }
   if (p->quant) return rk_qlinear_parts(x, b, p->n_parts, p->parts, p->gated ? s->wide : y, b, 1, k, p->mode,
@@ -155,11 +227,19 @@ int rk_decode_step(const step_t *s, void *x, const void *cos, const void *sin, i
     cold_t cold = L->cold;
     cold.tokens = s->cold_tokens, cold.bits = s->cold_bits, cold.bs = s->cold_bs, cold.max_blocks = s->cold_max_blocks;
     rk_rms_norm(x, L->norm_attn, s->h, 1, s->hidden, s->eps, s->unit_offset, b);
-    if (project(s, &L->qkv, s->h, s->hidden, s->qkv) != 0
-        || rk_attend_one(s->qkv, cos, sin, L->keys, L->values, s->attn, s->H, s->KV, s->D, rot, pos, start,
-                         s->max_len, L->scale, L->softcap, b, s->scratch, s->cold_tokens ? &cold : NULL) != 0
-        || project(s, &L->o, s->attn, s->H * s->D, s->tmp) != 0)
-      return (int)-(1 + l);
+    if (project(s, &L->qkv, s->h, s->hidden, s->qkv) != 0) return (int)-(1 + l);
+    int status;
+    if (s->paged) {
+      paged_t p = *s->paged;
+      p.out = s->attn, p.keys = L->keys, p.values = L->values, p.window = L->window, p.scale = L->scale;
+      p.softcap = L->softcap, p.kc = L->cold.kc, p.vc = L->cold.vc, p.ks = L->cold.ks, p.kz = L->cold.kz;
+      p.vs = L->cold.vs, p.vz = L->cold.vz;
+      status = rk_paged_attend_one(s->qkv, cos, sin, rot, s->slot, s->q, s->scratch, &p);
+    } else {
+      status = rk_attend_one(s->qkv, cos, sin, L->keys, L->values, s->attn, s->H, s->KV, s->D, rot, pos, start,
+                             s->max_len, L->scale, L->softcap, b, s->scratch, s->cold_tokens ? &cold : NULL);
+    }
+    if (status != 0 || project(s, &L->o, s->attn, s->H * s->D, s->tmp) != 0) return (int)-(1 + l);
     add_into(x, s->tmp, s->hidden, b);
     rk_rms_norm(x, L->norm_mlp, s->h, 1, s->hidden, s->eps, s->unit_offset, b);
     if (project(s, &L->gate_up, s->h, s->hidden, s->act) != 0 || project(s, &L->down, s->act, s->inter, s->tmp) != 0)

@@ -90,7 +90,7 @@ def perplexity(model: Any, ids: Sequence[int], window: int, stride: int | None =
             kv = None
             if kv_quant is not None and kv_quant.enabled:
                 from .kv_cache import DenseKVCache
-                kv = DenseKVCache.allocate(model.config, rows.shape[0], length, model.model.embed_tokens.weight.dtype,
+                kv = DenseKVCache.allocate(model.config, rows.shape[0], length, model.model.norm.weight.dtype,
                                            device, layers=getattr(model, "kv_layers", None), quant=kv_quant)
             logits = model(rows, positions, kv, logit_indices=scored)  # [B, length - offset, V]
             targets = rows[:, offset:]  # [B, length - offset]

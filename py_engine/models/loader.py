@@ -26,6 +26,7 @@ from torch import Tensor, nn
 from ..config import ModelConfig
 from .errors import ModelLoadError
 from .safetensors_io import SafetensorsError, SafetensorsFile
+from .skeleton import skeleton
 from .transformer import CausalLM
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -138,7 +139,7 @@ def load_model(path: str | Path, dtype: str | torch.dtype = "auto", device: str 
     folder = Path(path)
     config = ModelConfig.from_file(folder)
     torch_dtype = resolve_dtype(dtype, config)
-    with torch.device("meta"):
+    with skeleton():  # shapes only: the weights come from the checkpoint
         model = CausalLM(config)
     checkpoint = _open_checkpoint(folder, model, dequantize)
     consumed = _install_quantized(folder, model, checkpoint, device)
@@ -152,6 +153,8 @@ def load_model(path: str | Path, dtype: str | torch.dtype = "auto", device: str 
             checkpoint.release(name)
     if isinstance(model.lm_head, nn.Linear):  # a quantized head is its own tensor
         model.tie_weights()
+    if not isinstance(model.model.embed_tokens, nn.Embedding):  # rows gathered from codes (a GGUF's, quant/embedding.py)
+        model.model.embed_tokens.dtype = torch_dtype
     return model.eval().requires_grad_(False), config
 
 

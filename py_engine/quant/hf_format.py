@@ -43,6 +43,7 @@ import torch
 from torch import Tensor, nn
 
 from .config import QuantConfig
+from .embedding import QuantEmbedding
 from .hf_packing import from_awq, from_gptq, groups_of, to_awq, to_gptq
 from .linear import QuantLinear, original_order
 from .rtn import QuantizedWeight
@@ -88,10 +89,13 @@ def _matches(q: QuantizedWeight, bits: int, group: int) -> bool:
 
 def _quantized_modules(model: nn.Module) -> dict[str, QuantLinear]:
     found = {}
+    tables = [name for name, m in model.named_modules() if isinstance(m, QuantEmbedding)]
     for name, module in model.named_modules():
+        if any(name.startswith(t + ".") for t in tables):  # an untied QuantEmbedding's codes: written as floats
+            continue
         if isinstance(module, QuantLinear) and not module.per_row:  # per_row: W8A8, int8 activations too
             found[name] = module
-        elif hasattr(module, "qweight") and not isinstance(module, nn.Embedding):
+        elif hasattr(module, "qweight") and not isinstance(module, (nn.Embedding, QuantEmbedding)):
             raise QuantFormatError(f"{name} is a {type(module).__name__}: only weight-only QuantLinear layers "
                                    "fit the GPTQ and AWQ layouts")
     if not found:
@@ -109,6 +113,9 @@ def _float_tensors(model: nn.Module, skip: set[str], dtype: torch.dtype) -> dict
     seen: set[int] = set()
     for name, module in model.named_modules():
         if name in skip or any(name.startswith(s + ".") for s in skip):
+            continue
+        if isinstance(module, QuantEmbedding):  # the rows it gathers: the head's (tied) or its own codes
+            out[f"{name}.weight"] = module.rows.dequantize().to("cpu", dtype)
             continue
         if isinstance(module, nn.Embedding) and isinstance(getattr(module, "qweight", None), QuantizedWeight):
             out[f"{name}.weight"] = module.qweight.dequantize().to(dtype)

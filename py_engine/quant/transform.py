@@ -26,8 +26,10 @@ from typing import Iterator
 import torch
 from torch import Tensor, nn
 
+from ..models.memory import trim_heap
 from .config import QuantConfig
-from .kernels import quantize_rtn_native
+from .embedding import install_quant_embedding
+from .kernels import PackedWeight, quantize_rtn_native
 from .linear import QuantLinear, W8A8Linear
 from .mapped import MappedPages
 from .rtn import QuantizedWeight, quantize_rtn
@@ -76,15 +78,19 @@ def quantize_model(model: nn.Module, qconfig: QuantConfig, *, model_dir: str | P
         linear = targets.get(name)
         if linear is None:
             raise KeyError(f"{qconfig.method} returned a weight for {name!r}, not a Linear of the decoder blocks")
-        layer = (W8A8Linear if qconfig.method == "smoothquant" else QuantLinear)(weight, linear.bias)
+        if qconfig.method == "smoothquant":
+            layer = W8A8Linear(weight, linear.bias)
+        else:  # the weight is dropped below: its 8-bit codes are packed in place
+            layer = QuantLinear(weight, linear.bias, consume=True)
         before, after = before + _nbytes(linear), after + layer.nbytes
         _replace(model, name, layer.to(linear.weight.device))
         pages.release(linear.weight)
         swapped += 1
         del weight, layer  # the unpacked codes: holding every layer's added ~0.4 GB to the 0.5B model's peak
+        trim_heap()  # and their freed heap pages (models/memory.py)
     head = _quantize_head(model, qconfig, pages)
     if head is not None:
-        before, after, swapped = before + head[0], after + head[1], swapped + 1
+        before, after, swapped = before + head[0], after + head[1], swapped + head[2]
     return QuantReport(qconfig.describe(), swapped, before, after, time.perf_counter() - start, _peak_rss_mb())
 
 
@@ -166,20 +172,64 @@ def _calibrated_weights(model: nn.Module, qconfig: QuantConfig, calibration: Ten
     return {name: rtn(linear.weight, 8, None, True) for name, linear in block_linears(model).items()}
 
 
-def _quantize_head(model: nn.Module, qconfig: QuantConfig, pages: MappedPages) -> tuple[int, int] | None:
-    """The LM head to int8 per channel (or 4-bit groups); a tied embedding keeps its float table."""
+def _quantize_head(model: nn.Module, qconfig: QuantConfig, pages: MappedPages) -> tuple[int, int, int] | None:
+    """The LM head to int8 per channel (or 4-bit groups), and the embedding with it: a tied one gathers its
+    rows from the head's codes, an untied one is quantized the same way (py_engine.quant.embedding), so no
+    float table stays. Returns (bytes before, bytes after, modules swapped)."""
     head = getattr(model, "lm_head", None)
     if qconfig.lm_head_bits is None or type(head) is not nn.Linear:
         return None
-    if qconfig.lm_head_bits == 8:
-        weight = rtn(head.weight, 8, None, True, pages=pages)
-    else:
-        weight = rtn(head.weight, 4, qconfig.group_size or 128, False, pages=pages)
-    layer = QuantLinear(weight, head.bias, consume=True).to(head.weight.device)
-    del weight
+    embedding = getattr(getattr(model, "model", None), "embed_tokens", None)
+    tied = type(embedding) is nn.Embedding and head.weight is embedding.weight
+    layer = _quantized_table(head.weight, head.bias, qconfig, pages)
     model.lm_head = layer  # CausalLM.tie_weights ties only a float head
-    pages.release(head.weight)  # tied: the embedding gathers its float rows from the file again
-    return _nbytes(head), layer.nbytes
+    before, after, swapped = _nbytes(head), layer.nbytes, 1
+    if tied:
+        install_quant_embedding(model, layer, tied=True)
+    elif type(embedding) is nn.Embedding:
+        table = _quantized_table(embedding.weight, None, qconfig, pages)
+        if install_quant_embedding(model, table, tied=False) is not None:
+            before, after, swapped = before + _nbytes(embedding), after + table.nbytes, 2
+    return before, after, swapped
+
+
+def _quantized_table(weight: Tensor, bias: Tensor | None, qconfig: QuantConfig, pages: MappedPages) -> QuantLinear:
+    """An LM head's (or an embedding's) [V, hidden] table as lm_head_bits say; its mapped float pages given back."""
+    if qconfig.lm_head_bits == 8:
+        packed = rtn_packed(weight, 8, None, True, pages=pages)
+    else:
+        packed = rtn_packed(weight, 4, qconfig.group_size or 128, False, pages=pages)
+    layer = QuantLinear(packed, bias).to(weight.device)
+    pages.release(weight)
+    trim_heap()
+    return layer
+
+
+def rtn_packed(weight: Tensor, bits: int, block_size: int | None, symmetric: bool, chunk: int = 1 << 22,
+               pages: MappedPages | None = None) -> PackedWeight:
+    """PackedWeight.pack(rtn(...)), packed a block of ~4M values at a time: the unpacked byte-a-code
+    codes of a large table (130 MB for Qwen2.5-0.5B's head) never exist whole."""
+    n, k = weight.shape
+    rows = max(1, chunk // max(k, 1))
+    codes = scales = zeros = None
+    layout = (0, 0)  # block size, sub-blocks per group
+    for i in range(0, n, rows):
+        q = rtn(weight[i:i + rows], bits, block_size, symmetric, chunk, pages)
+        part = PackedWeight.pack(q, consume=True)
+        del q
+        if rows >= n:
+            return part
+        if codes is None:
+            codes, scales, zeros = (torch.empty(n, t.shape[1], dtype=t.dtype)
+                                    for t in (part.codes, part.scales, part.zero_points))
+        for whole, piece in zip((codes, scales, zeros), (part.codes, part.scales, part.zero_points)):
+            whole[i:i + rows].copy_(piece)
+        layout = (part.block_size, part.spg)
+        del part
+    offset = 128 if bits == 8 else 0
+    z = zeros.float() - offset  # PackedWeight.pack's mins, over the whole table
+    mins = None if not z.any() else (scales * z).contiguous()
+    return PackedWeight(codes, scales, zeros, mins, bits, layout[0], k, symmetric, layout[1])
 
 
 def _replace(model: nn.Module, name: str, module: nn.Module) -> None:

@@ -32,7 +32,7 @@ PREFILL = 5
 
 
 def _decode(model, ids):
-    kv = DenseKVCache.allocate(model.config, 1, ids.shape[1], dtype=model.model.embed_tokens.weight.dtype)
+    kv = DenseKVCache.allocate(model.config, 1, ids.shape[1], dtype=model.model.norm.weight.dtype)
     out = [model(ids[:, :PREFILL], positions(0, PREFILL), kv)]
     for t in range(PREFILL, ids.shape[1]):
         out.append(model(ids[:, t:t + 1], positions(t, t + 1), kv))
@@ -111,10 +111,11 @@ def test_quantized_base_with_adapter_equals_peft_on_dequantized_base(family, qua
     model, manager = _adapted(folder, quantization=quantization)
     dequantized = copy.deepcopy(hf)  # transformers' model with the weights the quantizer kept
     state = {f"{name}.weight": m.qweight.dequantize().float() for name, m in model.named_modules()
-             if isinstance(m, QuantLinear)}
+             if isinstance(m, QuantLinear)}  # an untied embedding's own codes too (model.embed_tokens.table)
     fused = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
     hf_names = dict(dequantized.named_parameters())
     for name, w in state.items():  # our fused parts are qkv_proj[.base].parts.N: transformers' q/k/v_proj
+        name = name.replace("embed_tokens.table.", "embed_tokens.")
         parent, _, leaf = name.replace(".base.", ".").replace(".parts.", ".").removesuffix(".weight").rpartition(".")
         if leaf.isdigit():
             stem, _, fused_name = parent.rpartition(".")
@@ -168,3 +169,26 @@ def test_gguf_q4_base_with_adapter_equals_peft_on_its_float_import(tmp_path, cal
     assert (fast - slow).abs().max().item() < 1e-5
     assert (fast - base_fast).abs().max().item() > 0.1, "the adapter changes the logits"
     assert diff < max(2 * base_tol, 1e-4), f"{diff:.3g} against peft (base alone {base_tol:.3g})"
+
+
+def test_stack_setups_keep_no_finished_cache(family, calls):
+    """The one-call step keeps a setup per (cache, adapter) it met, but not the caches themselves: LLM.generate
+    makes a new cache per call, and a finished one must be freed (the plan holds the current one only)."""
+    import gc
+    import weakref
+
+    folder, _ = family
+    model, manager = _adapted(folder)
+    ids, refs = prompt(9), []
+    for name in ("a", "b", None, "a", "b"):
+        manager.set_adapter_mix(name)
+        kv = DenseKVCache.allocate(model.config, 1, ids.shape[1])
+        with torch.no_grad():
+            model(ids[:, :PREFILL], positions(0, PREFILL), kv)
+            for t in range(PREFILL, ids.shape[1]):
+                model(ids[:, t:t + 1], positions(t, t + 1), kv)
+        refs.append(weakref.ref(kv))
+        del kv
+    gc.collect()
+    assert calls["n"] > 0
+    assert sum(r() is not None for r in refs) <= 1, "finished caches are kept alive"

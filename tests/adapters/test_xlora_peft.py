@@ -19,6 +19,7 @@ pytest.importorskip("peft", reason="peft is in the [test] extra: pip install -e 
 from tests.adapters.xlora_cases import peft_step, save_experts, xlora_model  # noqa: E402
 from py_engine.adapters.xlora import load_xlora, select_scalings  # noqa: E402
 from py_engine.cpu.transforms import optimize_for_cpu  # noqa: E402
+from py_engine.kernels import cpu_kernels  # noqa: E402
 from py_engine.models import DenseKVCache, load_model, longrope_switch_length  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("torch_one_thread")
@@ -40,6 +41,7 @@ CONFIGS = {
 # A spread of families, each with every config: llama (biases, llama3 rope), qwen3 (q/k norms, tied
 # head), phi3 (fused qkv / gate_up, LongRoPE), gemma2 (sandwich norms, soft-capping, sliding window).
 PARITY_FAMILIES = ("llama3-rope", "qwen3", "phi3-longrope", "gemma2")
+STACK_FAMILIES = ("llama3-rope", "phi3-longrope")  # the ones the CPU's one-call decode step takes
 
 
 @pytest.fixture(scope="module", params=PARITY_FAMILIES)
@@ -50,8 +52,13 @@ def family(request, tmp_path_factory):
     return request.param, folder, save_experts(hf, folder, cfg["model_type"])
 
 
-def load(folder, xlora_dir, optimize: bool = False, **kwargs):
-    model, _ = load_model(folder / "base", dtype="float32")
+def load(folder, xlora_dir, optimize: bool = False, dtype: str = "float32", quantization=None, **kwargs):
+    model, _ = load_model(folder / "base", dtype=dtype)
+    if quantization is not None:
+        from py_engine.quant.config import QuantConfig
+        from py_engine.quant.transform import quantize_model
+
+        quantize_model(model, QuantConfig.from_options(quantization), progress=False)
     if optimize:
         optimize_for_cpu(model)
     return load_xlora(model, xlora_dir, **kwargs)
@@ -76,8 +83,10 @@ def test_logits_and_scalings_match_peft(family, name, tmp_path):
 
 
 @pytest.mark.parametrize("name", ["depth2-layerwise", "depth2-topk-temperature"])
-def test_cached_decode_matches_peft_recompute(family, name, tmp_path):
-    """Every step of a cached decode against peft's no-cache recompute of the whole sequence; greedy."""
+def test_cached_decode_matches_peft_recompute(family, name, tmp_path, calls):
+    """Every step of a cached decode against peft's no-cache recompute of the whole sequence; greedy. On
+    the families the one-call decode step takes, both passes of every decode step run there (step.c with
+    each column weighted by the token's scalings)."""
     fam, folder, experts = family
     peft_model = xlora_model(folder / "base", experts, seed=1, **CONFIGS[name])
     peft_model.save_pretrained(str(tmp_path / "xlora"))
@@ -101,6 +110,8 @@ def test_cached_decode_matches_peft_recompute(family, name, tmp_path):
             else:
                 logits = model(torch.tensor([ids[-1:]]), positions(n - 1, n), kv, last_only=True)
     assert worst < TOL, f"{fam}/{name}: cached decode differs from peft's recompute by {worst:.3g}"
+    if fam in STACK_FAMILIES and cpu_kernels() is not None:
+        assert calls["n"] >= 2 * (STEPS - 2), "both passes of each decode step are one C call"
 
 
 def test_non_granular_freezes_scalings_after_k_calls(family, tmp_path):
@@ -131,3 +142,43 @@ def test_non_granular_freezes_scalings_after_k_calls(family, tmp_path):
                         model.last_scalings, model.xlora_config))):
                     direct = model.lm(torch.tensor([ids[t:t + 1]]), positions(t, t + 1), scratch)
                 assert (logits - direct).abs().max().item() < TOL
+
+
+@pytest.mark.parametrize("layerwise, dtype", [(False, "float32"), (True, "float32"), (True, "bfloat16"), (True, "int8")])
+def test_non_granular_decode_in_the_c_step_equals_module_path(family, layerwise, dtype, tmp_path, calls):
+    """Non-granular on the CPU-optimized model: the granular calls run both passes in step.c, and once frozen
+    the folded mix runs merged into copies of the float weights, one C call a token; every logit within 1e-5
+    of the module path (the folded adapter unmerged), which the test above ties to the weights path. In
+    bfloat16 the merged weights are rounded once to bf16, as peft's merge_and_unload rounds them. An int8
+    base is not merged: step.c adds the folded mix's columns (its experts' ranks summed) after the int8 products
+    (llama: a quantized Phi-3 [2 I, H] gate_up does not take the one-call step at all)."""
+    fam, folder, experts = family
+    if fam not in STACK_FAMILIES or cpu_kernels() is None:
+        pytest.skip("the one-call decode step does not take this family (qk-norm, sandwich norms) or no kernels")
+    name = "depth2-layerwise" if layerwise else "depth2-topk-temperature"
+    xlora_model(folder / "base", experts, **CONFIGS[name]).save_pretrained(str(tmp_path / "xlora"))
+    if dtype == "int8" and fam == "phi3-longrope":
+        pytest.skip("a quantized Phi-3 [2 I, H] gate_up does not take the one-call step")
+    quantization = dtype if dtype == "int8" else None
+    dtype = "float32" if quantization else dtype
+    model = load(folder, tmp_path / "xlora", optimize=True, dtype=dtype, quantization=quantization, non_granular=3)
+    ids = prompt(14)[0].tolist()
+    runs = []
+    for stack in (True, False):
+        model.lm.model.stack_enabled = stack
+        kv = DenseKVCache.allocate(model.config, 1, 32, dtype=getattr(torch, dtype), layers=model.kv_layers)
+        calls["n"] = 0
+        with torch.no_grad():
+            out = [model(torch.tensor([ids[:5]]), positions(0, 5), kv)[:, -1]]
+            out += [model(torch.tensor([ids[t:t + 1]]), positions(t, t + 1), kv)[:, -1] for t in range(5, len(ids))]
+        runs.append((torch.cat(out), calls["n"]))
+    (fast, n_fast), (slow, n_slow) = runs
+    assert n_slow == 0
+    worst = (fast - slow).abs().max().item()
+    assert worst < (TOL if dtype == "float32" else 0.1), fam
+    stack = model.lm.model._stack
+    assert n_fast == 2 * 2 + (len(ids) - 5 - 2) - 1, "granular calls: two C calls; frozen: one"
+    if quantization:  # nothing merged: the frozen mix's columns on every adapted projection
+        assert not stack._merged and all(getattr(stack.layers[i], f).lora for i, f, _ in stack.loras)
+    else:
+        assert stack._merged and all(e is not None for e in stack._merged.values()), "the frozen mix ran merged"

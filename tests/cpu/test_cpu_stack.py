@@ -47,7 +47,7 @@ def _model(folder, dtype="float32", quantization=None):
 
 def decode_logits(model, ids, prefill):
     """Prefill, then one token at a time into a dense cache of the activations' dtype: [1, T, V]."""
-    kv = DenseKVCache.allocate(model.config, 1, ids.shape[1], dtype=model.model.embed_tokens.weight.dtype)
+    kv = DenseKVCache.allocate(model.config, 1, ids.shape[1], dtype=model.model.norm.weight.dtype)
     out = [model(ids[:, :prefill], positions(0, prefill), kv)]
     for t in range(prefill, ids.shape[1]):
         out.append(model(ids[:, t:t + 1], positions(t, t + 1), kv))

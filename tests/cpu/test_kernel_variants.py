@@ -82,14 +82,35 @@ def test_quantized_kernels_match_the_reference(kernels, layout, rows):
 
 @needs_kernels
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("rows", [1, 9])
-def test_linear_matches_torch(kernels, dtype, rows):
+@pytest.mark.parametrize("rows", [1, 3, 9, 40])
+@pytest.mark.parametrize("k", [200, 384])  # 200: a tail of 8 past whole blocks of 32 (vdpbf16ps' masked loads)
+def test_linear_matches_torch(kernels, dtype, rows, k):
+    """bf16 x and weights below the sgemm's rows run vdpbf16ps in the avx512-bf16 build; the rest widen."""
     g = torch.Generator().manual_seed(3)
-    w, b = torch.randn(96, 128, generator=g).to(dtype), torch.randn(96, generator=g).to(dtype)
-    x = torch.randn(rows, 128, generator=g).to(dtype)
+    w, b = torch.randn(96, k, generator=g).to(dtype), torch.randn(96, generator=g).to(dtype)
+    x = torch.randn(rows, k, generator=g).to(dtype)
     expected = F.linear(x.float(), w.float(), b.float())
     tolerance = dict(rtol=2 ** -7, atol=2e-2) if dtype == torch.bfloat16 else dict(rtol=1e-5, atol=1e-4)
-    torch.testing.assert_close(kernels.linear(x, w, b).float(), expected, **tolerance)
+    got = kernels.linear(x, w, b)
+    torch.testing.assert_close(got.float(), expected, **tolerance)
+    if dtype == torch.bfloat16 and kernels.variant == "avx512-bf16" and 1 < rows < 16:  # vdpbf16ps tiles
+        assert torch.equal(got, torch.cat([kernels.linear(x[i:i + 1], w, b) for i in range(rows)]))
+    parts = kernels.linear_parts(x, [w[:40], w[40:]], [b[:40], None])
+    torch.testing.assert_close(parts.float(), F.linear(x.float(), w.float(), torch.cat([b[:40], 0 * b[40:]]).float()),
+                               **tolerance)
+
+
+@needs_kernels
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gated_linear_matches_torch(kernels, dtype):
+    g = torch.Generator().manual_seed(4)
+    w_gate, w_up = (torch.randn(72, 200, generator=g).to(dtype) for _ in range(2))
+    b_gate, b_up = (torch.randn(72, generator=g).to(dtype) for _ in range(2))
+    x = torch.randn(1, 1, 200, generator=g).to(dtype)
+    expected = F.silu(F.linear(x, w_gate, b_gate)) * F.linear(x, w_up, b_up)  # torch's roundings in the dtype
+    tolerance = dict(rtol=2 ** -6, atol=3e-2) if dtype == torch.bfloat16 else dict(rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(kernels.linear_gated(x, w_gate, w_up, b_gate, b_up).float(), expected.float(),
+                               **tolerance)
 
 
 def test_best_variant_follows_the_flags():
@@ -117,3 +138,16 @@ def test_the_best_variant_is_loaded_and_reported():
     assert report["variant"] == "avx2" and report["forced"] == "avx2"
     assert report["available"] == [name for name in VARIANTS if variant_fits(name)]
     assert "avx2" in report["cpu_flags"]
+
+
+@needs_kernels
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_silu_gate_matches_torch(kernels, dtype):
+    """The prefill MLP's hidden layer on the pool (rk_gate): F.silu(gate) * up with torch's roundings."""
+    y = (torch.randn(37, 2 * 100, generator=torch.Generator().manual_seed(5)) * 4).to(dtype)
+    gate, up = y.chunk(2, dim=-1)
+    expected = F.silu(gate) * up
+    tolerance = dict(rtol=2 ** -7, atol=1e-2) if dtype == torch.bfloat16 else dict(rtol=1e-6, atol=1e-6)
+    got = kernels.silu_gate(y)
+    assert got.dtype == dtype and got.shape == expected.shape
+    torch.testing.assert_close(got.float(), expected.float(), **tolerance)

@@ -8,7 +8,9 @@ by its dequantized codes (and an untied float head holding the head's):
   built-in model;
 - greedy tokens through the LLM machinery equal the oracle's;
 - the decode path with int8 activations stays close to the oracle;
-- a tied embedding keeps its float table, tie_weights() keeps the quantized head;
+- the embedding gathers dequantized rows (py_engine.quant.embedding): a tied one the head's, an untied one
+  its own int8 codes; no float table is left, and the logits stay within the int8 tolerance of the model
+  with its float table; tie_weights() keeps the quantized head;
 - the calibrated methods are dispatched with the interface awq/gptq/smoothquant provide.
 """
 from __future__ import annotations
@@ -30,19 +32,24 @@ from py_engine.backends.torch import TorchBackend  # noqa: E402
 from py_engine.models import DenseKVCache, load_model  # noqa: E402
 from py_engine.cpu.transforms import FusedLinear, optimize_for_cpu  # noqa: E402
 from py_engine.quant.config import QuantConfig  # noqa: E402
+from py_engine.quant.embedding import QuantEmbedding  # noqa: E402
 from py_engine.quant.linear import QuantLinear, W8A8Linear, set_int8_activations  # noqa: E402
 from py_engine.quant.transform import block_linears, quantize_model  # noqa: E402
 from tests.requires import kernels_missing  # noqa: E402
 
 
 def make_oracle(oracle: nn.Module, quantized: nn.Module) -> nn.Module:
-    """oracle (the float model, loaded again) with the quantized model's dequantized weights."""
+    """oracle (the float model, loaded again) with the quantized model's dequantized weights (the embedding's
+    table too: the rows a QuantEmbedding gathers)."""
     layers = dict(quantized.named_modules())
     for name, module in list(oracle.named_modules()):
         q = layers.get(name)
+        if isinstance(q, QuantEmbedding):
+            module.weight = nn.Parameter(q.rows.dequantize(), requires_grad=False)  # unties a tied table
+            continue
         if not isinstance(q, QuantLinear):
             continue
-        if name == "lm_head":  # untie: the embedding keeps its float table
+        if name == "lm_head":  # untie: the head gets its own dequantized weight
             head = nn.Linear(q.in_features, q.out_features, bias=False)
             head.weight = nn.Parameter(q.dequantize(), requires_grad=False)
             oracle.lm_head = head
@@ -70,11 +77,12 @@ def tiny(tmp_path_factory):
 @pytest.mark.parametrize("method", ["int8", "int4"])
 def test_tiny_model_equals_dequantized_oracle(tiny, method):
     model, _ = load_model(tiny, dtype="float32")
-    embedding = model.model.embed_tokens.weight.detach().clone()
     report = quantize_model(model, QuantConfig.from_options(method, group_size=32 if method == "int4" else None),
                             progress=False)
     assert report.layers == 2 * 7 + 1 and report.bytes_after < report.bytes_before / 3
-    assert isinstance(model.lm_head, QuantLinear) and torch.equal(model.model.embed_tokens.weight, embedding)
+    embedding = model.model.embed_tokens  # tied: the head's rows, no float table left
+    assert isinstance(model.lm_head, QuantLinear) and isinstance(embedding, QuantEmbedding) and embedding.tied
+    assert embedding.rows is model.lm_head and not list(embedding.parameters())
     model.tie_weights()  # a quantized head is not re-tied to the float table
     assert isinstance(model.lm_head, QuantLinear) and not hasattr(model.lm_head, "weight")
     oracle = make_oracle(load_model(tiny, dtype="float32")[0], model)

@@ -14,6 +14,7 @@ import os
 import pytest
 import torch
 
+from native_server.cuda_graphs import DecodeGraphs
 from native_server.engine import LLMEngine
 from native_server.kv_cache import kv_bytes_per_block
 from native_server.paged_attention import TorchPagedAttention, backend_for
@@ -70,12 +71,33 @@ def test_prefix_hits_preemption_and_forks_give_the_oracle_backends_tokens(model_
 
 
 def test_the_two_tier_kv_cache_gives_the_oracle_backends_tokens(model_dir, corpus):
-    """int4 KV, 8 hot tokens: Triton writes the hot blocks and attends while none is cold; the torch path
-    (native_server/cold_attention.py) reads the cold ones on both engines."""
+    """int4 KV, 8 hot tokens: the Triton kernels read the cold blocks (attend_cold) of decode rows and
+    prompt chunks, and quantize on the fly the blocks of a chunk its later queries read cold; the oracle
+    engine runs the torch path (cold_attention.py) for all of it.
+    Steps where every sequence decodes go through the CUDA-graph inputs (cold counts in the static buffer),
+    run eagerly here (capture=False); test_cuda_graph_decode_steps_with_int4_kv captures them on a GPU."""
     batch = [(f"r{i}", p, mixed_params(i)) for i, p in enumerate(prompts(corpus, 4, seed=2, lengths=(2, 30)))]
-    eng = same_outputs(model_dir, batch, block_size=4, max_num_batched_tokens=16, kv_cache_dtype="int4",
-                       kv_hot_tokens=8)
-    assert eng.block_manager.num_demoted > 0
+    kwargs = dict(block_size=4, max_num_batched_tokens=16, kv_cache_dtype="int4", kv_hot_tokens=8)
+    oracle, triton = engine(model_dir, "torch", **kwargs), engine(model_dir, "triton", **kwargs)
+    graphs = triton.runner.graphs = DecodeGraphs(triton.model, triton.kv, 4, triton.max_model_len, capture=False)
+    cold_rows = {"eager": 0, "graph": 0, "fake": 0}  # decode rows that read cold blocks, by path; fake steps
+    attend_cold, graph_run = triton.kv.backend.attend_cold, graphs.run
+
+    def counting(q, key_cache, value_cache, pool, layer, meta, *args):
+        if layer == 0 and meta.cold_blocks is not None:
+            cold_rows["eager"] += sum(meta.cold_blocks[i] > 0 for i in meta.decode_seqs.tolist())
+        out = attend_cold(q, key_cache, value_cache, pool, layer, meta, *args)
+        cold_rows["fake"] += layer == 0 and meta.kernel_inputs.fake and not meta.kernel_inputs.torch_chunks
+        return out
+
+    def counting_run(ids, positions, tables, cold_blocks):
+        cold_rows["graph"] += sum(c > 0 for c in cold_blocks)
+        return graph_run(ids, positions, tables, cold_blocks)
+
+    triton.kv.backend.attend_cold, graphs.run = counting, counting_run
+    assert run(triton, batch) == run(oracle, batch)
+    assert_all_blocks_free(triton)
+    assert triton.block_manager.num_demoted > 0 and min(cold_rows.values()) > 0
 
 
 @pytest.mark.parametrize("family", sorted(SLIDING))
@@ -87,9 +109,12 @@ def test_sliding_window_and_softcap_families_give_the_oracle_backends_tokens(tmp
 
 
 def test_backend_choice_and_its_errors(monkeypatch):
-    assert backend_for("cpu", "auto").name == "torch"  # auto is Triton on CUDA only
+    from py_engine.kernels import cpu_kernels
+
+    on_cpu = "cpu" if cpu_kernels() is not None else "torch"  # auto: Triton on CUDA, the C kernels on the CPU
+    assert backend_for("cpu", "auto").name == on_cpu
     assert backend_for("cpu", "torch").name == "torch"
-    with pytest.raises(ValueError, match="not one of auto, torch, triton"):
+    with pytest.raises(ValueError, match="not one of auto, torch, triton, cpu"):
         backend_for("cpu", "cutlass")
     if not ON_GPU:
         assert backend_for("cpu", "triton").name == "triton"  # the interpreter
@@ -102,7 +127,7 @@ def test_backend_choice_and_its_errors(monkeypatch):
     monkeypatch.setattr("importlib.util.find_spec", lambda name, *a: None)
     with pytest.raises(ValueError, match="triton is not installed"):
         backend_for(DEVICE, "triton")
-    assert backend_for(DEVICE, "auto").name == "torch"  # auto falls back, with a warning
+    assert backend_for(DEVICE, "auto").name == ("torch" if ON_GPU else on_cpu)  # auto falls back, with a warning
 
 
 def test_the_serve_command_takes_the_backend_and_eager_flags():
@@ -130,4 +155,21 @@ def test_cuda_graph_decode_steps_give_the_eager_tokens(model_dir, corpus):
     graphs.runner.graphs.run = lambda *a: replays.append(len(a[0])) or original(*a)
     assert run(graphs, batch) == run(eager, batch)
     assert replays and max(replays) > 1  # decode steps of several sizes went through the graphs
+    assert_all_blocks_free(graphs)
+
+
+@pytest.mark.skipif(not ON_GPU, reason="GPU: CUDA graphs need a CUDA GPU")
+@pytest.mark.parametrize("kv_cache_dtype", ["int8", "int4"])
+def test_cuda_graph_decode_steps_with_int8_int4_kv_give_the_eager_tokens(model_dir, corpus, kv_cache_dtype):
+    """The captured kernel reads cold blocks through the cold counts of the static buffer."""
+    batch = [(f"r{i}", p, mixed_params(i)) for i, p in enumerate(prompts(corpus, 21, seed=2, lengths=(2, 40)))]
+    kwargs = dict(block_size=4, kv_cache_dtype=kv_cache_dtype, kv_hot_tokens=8)
+    eager = engine(model_dir, "triton", **kwargs)
+    graphs = engine(model_dir, "triton", cuda_graphs=True, max_num_seqs=24, **kwargs)
+    assert eager.runner.graphs is None and graphs.runner.graphs is not None
+    cold = []
+    original = graphs.runner.graphs.run
+    graphs.runner.graphs.run = lambda *a: cold.append(sum(c > 0 for c in a[3])) or original(*a)
+    assert run(graphs, batch) == run(eager, batch)
+    assert sum(cold) > 0 and graphs.block_manager.num_demoted > 0
     assert_all_blocks_free(graphs)

@@ -15,6 +15,7 @@ import torch
 from safetensors.torch import save_file
 
 from py_engine.config import ModelConfig
+from py_engine.models.skeleton import skeleton
 from py_engine.models.transformer import CausalLM
 
 from .checkpoint import GGUFCheckpoint
@@ -30,7 +31,7 @@ def import_gguf(path: str | Path, out_dir: str | Path, dtype: str = "auto", prog
         raise ValueError(f"--out {out} exists and is not a folder")
     out.mkdir(parents=True, exist_ok=True)
     config = write_metadata(gguf, out)
-    with torch.device("meta"):
+    with skeleton():
         model = CausalLM(ModelConfig.from_dict(config))
     checkpoint = GGUFCheckpoint(gguf, config, model, dequantize=True)
     torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[

@@ -19,7 +19,9 @@ import numpy as np
 import torch
 from torch import nn
 
+from py_engine.quant.embedding import install_quant_embedding
 from py_engine.quant.linear import QuantLinear
+from py_engine.quant.mapped import MappedPages
 from py_engine.quant.kernels import PackedWeight
 from py_engine.quant.rtn import QuantizedWeight
 
@@ -82,25 +84,82 @@ def gguf_packed(t: GGUFTensor, rows: np.ndarray | None = None) -> PackedWeight:
                         t.type_name != "Q4_1", 1, offsets)
 
 
+CHUNK_ROWS = 8192  # rows copied at a time before their mapped pages are given back
+
+
+def packed_from_file(t: GGUFTensor, rows: np.ndarray | None, pages: MappedPages) -> PackedWeight:
+    """gguf_packed(t, rows), with t's mapped pages given back as they are copied: a chunk of rows at a time,
+    so the file's pages of a large table (the 151936 x 896 Q8_0 token_embd: 144 MB) never sit beside its copy."""
+    data = np.asarray(t.data)
+    n = t.shape[0]
+    if rows is not None or n <= CHUNK_ROWS or data.ndim != 2 or data.shape[0] != n:
+        packed = gguf_packed(t, rows)
+        release(pages, t)
+        return packed
+    out: PackedWeight | None = None
+    names = ("codes", "scales", "zero_points", "mins", "offsets")
+    for r in range(0, n, CHUNK_ROWS):
+        piece = GGUFTensor(t.name, t.type_name, (min(n, r + CHUNK_ROWS) - r, t.shape[1]), data[r:r + CHUNK_ROWS], 0)
+        part = gguf_packed(piece)
+        release(pages, piece)
+        if out is None:  # the whole tensor's arrays, filled chunk by chunk
+            empty = lambda x: None if x is None else torch.empty(n, x.shape[1], dtype=x.dtype)  # noqa: E731
+            out = PackedWeight(*(empty(getattr(part, f)) for f in names[:4]), part.bits, part.block_size,
+                               part.in_features, part.symmetric, part.spg, empty(part.offsets))
+        for f in names:
+            whole = getattr(out, f)
+            if whole is not None:
+                whole[r:r + CHUNK_ROWS].copy_(getattr(part, f))
+    assert out is not None
+    return out
+
+
 def install_native(checkpoint, model: nn.Module, device) -> set[str]:
-    """Swap each nn.Linear whose GGUF tensor is Q4_0 / Q4_1 / Q8_0 for a QuantLinear over its codes; a tied
-    head gets the embedding table's codes (the embedding itself gathers from its dequantized rows)."""
+    """Swap each nn.Linear whose GGUF tensor is Q4_0 / Q4_1 / Q8_0 for a QuantLinear over its codes, and a
+    token_embd of those types for a QuantEmbedding (py_engine.quant.embedding) that dequantizes the rows of
+    each step, as llama.cpp does: over the head's codes when tied (one copy of the table), else its own."""
     gguf, config = checkpoint.gguf, checkpoint.config
     consumed: set[str] = set()
+    tied = bool(config.get("tie_word_embeddings"))
+    pages = MappedPages()  # the file's blocks are copied once into the kernels' layout, then given back
     for name, module in list(model.named_modules()):
         if type(module) is not nn.Linear:
             continue
         hf = f"{name}.weight"
         tensor_name = checkpoint.names.get(hf)
-        if tensor_name is None and name == "lm_head" and config.get("tie_word_embeddings"):
+        if tensor_name is None and name == "lm_head" and tied:
             tensor_name = checkpoint.names.get("model.embed_tokens.weight")
         t = gguf.tensors.get(tensor_name) if tensor_name else None
         if t is None or t.type_name not in NATIVE_TYPES:
             continue
-        q = gguf_packed(t, row_order(gguf, tensor_name, config))
+        q = packed_from_file(t, row_order(gguf, tensor_name, config), pages)
         bias = None if module.bias is None else torch.empty(module.out_features, device="meta")
         parent, _, leaf = name.rpartition(".")
         setattr(model.get_submodule(parent) if parent else model, leaf, QuantLinear(q, bias))
         if hf in checkpoint.names:
             consumed.add(hf)
+    consumed |= _install_embedding(checkpoint, model, tied, pages)
     return consumed
+
+
+def release(pages: MappedPages, t: GGUFTensor) -> None:
+    """Drop the mapped pages of t's bytes (copied): they would stay resident beside the copy while the file
+    is mapped (the Q4_0 Qwen2.5-0.5B file held 336 MB so). A later read maps the file's bytes in again."""
+    data = np.asarray(t.data)
+    if data.flags.c_contiguous and data.flags.writeable:  # a copy-on-write view: torch can wrap it
+        pages.release(torch.from_numpy(data.reshape(-1)))
+
+
+def _install_embedding(checkpoint, model: nn.Module, tied: bool, pages: MappedPages) -> set[str]:
+    """The QuantEmbedding for a Q4_0 / Q4_1 / Q8_0 token_embd; the names it took."""
+    name = "model.embed_tokens.weight"
+    tensor_name = checkpoint.names.get(name)
+    t = checkpoint.gguf.tensors.get(tensor_name) if tensor_name else None
+    if t is None or t.type_name not in NATIVE_TYPES:
+        return set()
+    if tied and isinstance(model.lm_head, QuantLinear):
+        table = model.lm_head
+    else:
+        tied, table = False, QuantLinear(packed_from_file(t, None, pages))
+    # its rows' dtype is the loader's, set once the float parameters are in (models/loader.py)
+    return {name} if install_quant_embedding(model, table, tied) is not None else set()

@@ -91,7 +91,12 @@ def _read(path: Path):
     """gguf.GGUFReader over path, with its failures as one error naming the file (and tensor)."""
     import gguf
 
+    from .arrays import build_fields
+
     class CheckedReader(gguf.GGUFReader):
+        def _build_fields(self, offs: int, count: int) -> int:  # arrays without a view per entry (arrays.py)
+            return build_fields(self, offs, count)
+
         def _build_tensors(self, start_offs: int, fields: list) -> None:  # noqa: D401 (the reader's hook)
             _check_tensor_infos(path, self, start_offs, fields)
             super()._build_tensors(start_offs, fields)

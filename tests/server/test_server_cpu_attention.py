@@ -1,0 +1,204 @@
+"""The C paged decode (CpuPagedAttention, py_engine/kernels/paged.c) against the torch oracle.
+
+Same inputs through both: random scattered block tables, GQA, sliding
+windows and softcapping, block sizes 4/16/32, fp32 and bf16 caches, hot-only
+and hot + cold (int8/int4) tables, decode rows mixed with a prompt chunk.
+The oracle is TorchPagedAttention (hot) and cold_attention.attend (cold
+blocks dequantized in torch), each run on the same metadata.
+"""
+from __future__ import annotations
+
+import random
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from native_server import cold_attention
+from native_server.kv_cache import ColdPool
+from native_server.paged_attention import PagedMetadata, TorchPagedAttention, backend_for, decode_kv_positions
+from py_engine.kernels import cpu_kernels
+from py_engine.models import AttentionSpec
+from py_engine.models.kv_quant import KVQuantConfig
+
+KERNELS = cpu_kernels()
+pytestmark = pytest.mark.skipif(KERNELS is None, reason="hardware: the CPU kernels need x86-64 Linux with AVX2")
+SPECS = {"full": AttentionSpec(0.25), "window": AttentionSpec(0.2, sliding_window=23),
+         "window-softcap": AttentionSpec(0.3, sliding_window=40, softcap=2.0)}
+# dtype -> (atol, rtol): fp32 differs only in summation order (~3e-7 seen); bf16: about one ulp of the output
+TOLERANCE = {torch.float32: (1e-5, 1e-5), torch.bfloat16: (8e-3, 8e-3)}
+
+
+def metadata(shapes, tables, block_size, cold_counts=None) -> PagedMetadata:
+    """shapes: (context already cached, new tokens) per sequence; tables: block ids per sequence."""
+    news = [n for _, n in shapes]
+    query_start = [0]
+    for n in news:
+        query_start.append(query_start[-1] + n)
+    lens = [c + n for c, n in shapes]
+    positions = torch.cat([torch.arange(c, c + n) for c, n in shapes])
+    width = max(map(len, tables))
+    table = torch.tensor([t + [0] * (width - len(t)) for t in tables])
+    decode = [i for i, n in enumerate(news) if n == 1]
+    return PagedMetadata(
+        slot_mapping=torch.zeros(len(positions), dtype=torch.long), positions=positions, query_start=query_start,
+        context_lens=lens, block_tables=table, decode_seqs=torch.tensor(decode, dtype=torch.long),
+        decode_tokens=torch.tensor([query_start[i] for i in decode], dtype=torch.long),
+        decode_kv_positions=decode_kv_positions(torch.tensor(lens)[decode], block_size),
+        prefill_seqs=[i for i, n in enumerate(news) if n > 1], cold_blocks=cold_counts)
+
+
+def random_step(block_size, dtype, heads=8, kv_heads=2, head_dim=16, bits=None, seed=0):
+    """A batch of decode rows (and one prompt chunk) over a random paged cache, with cold blocks if bits."""
+    gen = torch.Generator().manual_seed(seed)
+    rng = random.Random(seed)
+    shapes = [(rng.randrange(0, 90), 1) for _ in range(6)] + [(0, 1), (17, 5), (block_size * 3 - 1, 1)]
+    num_blocks = sum(-(-(c + n) // block_size) for c, n in shapes) + 3
+    key_cache = torch.randn(num_blocks, block_size, kv_heads, head_dim, generator=gen).to(dtype)
+    value_cache = torch.randn(num_blocks, block_size, kv_heads, head_dim, generator=gen).to(dtype)
+    hot_ids, cold_ids = list(range(num_blocks)), list(range(num_blocks))
+    rng.shuffle(hot_ids)
+    rng.shuffle(cold_ids)
+    tables, counts = [], []
+    cold = None
+    if bits:
+        config = SimpleNamespace(num_key_value_heads=kv_heads, head_dim=head_dim, num_hidden_layers=2)
+        cold = ColdPool(config, num_blocks, KVQuantConfig("int8" if bits == 8 else "int4", block_size, block_size),
+                        "cpu")
+    for c, n in shapes:
+        blocks = -(-(c + n) // block_size)
+        # decode rows: any whole blocks before the query's own may be cold; the prompt chunk stays hot
+        n_cold = rng.randrange(0, (c + n - 1) // block_size + 1) if bits and n == 1 else 0
+        ids = [cold_ids.pop() for _ in range(n_cold)] + [hot_ids.pop() for _ in range(blocks - n_cold)]
+        tables.append(ids)
+        counts.append(n_cold)
+    if cold is not None:
+        for layer in range(2):
+            ids = torch.tensor(range(num_blocks))
+            k = torch.randn(num_blocks, block_size, kv_heads, head_dim, generator=gen) * 2 + 0.5
+            v = torch.randn(num_blocks, block_size, kv_heads, head_dim, generator=gen)
+            cold.store(layer, ids, k.to(dtype), v.to(dtype))
+    meta = metadata(shapes, tables, block_size, counts if bits else None)
+    q = torch.randn(heads, len(meta.positions), head_dim, generator=gen).to(dtype).transpose(0, 1)  # [N, H, D], strided
+    return q, key_cache, value_cache, meta, cold
+
+
+def check(got, want, meta, dtype):
+    atol, rtol = TOLERANCE[dtype]
+    torch.testing.assert_close(got.float(), want.float(), atol=atol, rtol=rtol)
+
+
+def test_auto_picks_the_c_backend_on_the_cpu():
+    assert backend_for("cpu").name == "cpu"
+    assert backend_for("cpu", "torch").name == "torch"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("block_size", [4, 16, 32])
+@pytest.mark.parametrize("spec", list(SPECS), ids=list(SPECS))
+def test_hot_blocks_equal_the_torch_backend(dtype, block_size, spec):
+    q, key_cache, value_cache, meta, _ = random_step(block_size, dtype, seed=block_size)
+    backend = backend_for("cpu")
+    want = TorchPagedAttention().attend(q, key_cache, value_cache, meta, SPECS[spec])
+    got = backend.attend(q, key_cache, value_cache, backend.prepare(meta), SPECS[spec])
+    check(got, want, meta, dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("bits", [8, 4], ids=["int8", "int4"])
+@pytest.mark.parametrize("block_size", [4, 16])
+@pytest.mark.parametrize("spec", list(SPECS), ids=list(SPECS))
+def test_cold_blocks_equal_torch_dequantization(dtype, bits, block_size, spec):
+    q, key_cache, value_cache, meta, cold = random_step(block_size, dtype, bits=bits, seed=bits + block_size)
+    assert any(meta.cold_blocks)
+    quant = KVQuantConfig("int8" if bits == 8 else "int4", block_size, block_size)
+    backend = backend_for("cpu")
+    for layer in range(2):
+        want = cold_attention.attend(q, key_cache, value_cache, cold, layer, meta, SPECS[spec], quant)
+        got = backend.attend_cold(q, key_cache, value_cache, cold, layer, backend.prepare(meta), SPECS[spec], quant)
+        check(got, want, meta, dtype)
+
+
+def test_wider_heads_and_a_single_kv_head():
+    """head_dim 64 (Qwen2.5-0.5B's), 14 heads over 2 KV heads, and multi-query (1 KV head)."""
+    for heads, kv_heads in [(14, 2), (4, 1)]:
+        q, key_cache, value_cache, meta, cold = random_step(16, torch.float32, heads, kv_heads, 64, bits=4, seed=3)
+        quant = KVQuantConfig("int4", 16, 16)
+        backend = backend_for("cpu")
+        want = cold_attention.attend(q, key_cache, value_cache, cold, 0, meta, SPECS["full"], quant)
+        got = backend.attend_cold(q, key_cache, value_cache, cold, 0, backend.prepare(meta), SPECS["full"], quant)
+        check(got, want, meta, torch.float32)
+
+
+def test_shapes_the_kernel_refuses_take_the_torch_path():
+    """head_dim 12 is not a multiple of 8: the backend answers through torch, with the same result."""
+    q, key_cache, value_cache, meta, _ = random_step(4, torch.float32, head_dim=12)
+    backend = backend_for("cpu")
+    want = TorchPagedAttention().attend(q, key_cache, value_cache, meta, SPECS["window"])
+    got = backend.attend(q, key_cache, value_cache, backend.prepare(meta), SPECS["window"])
+    torch.testing.assert_close(got, want)
+
+
+@pytest.mark.parametrize("kv_cache_dtype,dtype", [("auto", "float32"), ("int4", "float32"), ("int4", "bfloat16")])
+def test_a_single_stream_runs_as_one_c_call_and_equals_the_dense_engine(model_dir, kv_cache_dtype, dtype):
+    """One sequence decoding alone takes the one-call stack (rk_decode_step) over the paged cache, hot and cold
+    blocks; its greedy tokens equal the per-module path's (stack off: the same kernels call by call) and, in
+    fp32, the dense LLM's (same KV settings) and the torch backend's."""
+    from native_server.engine import LLMEngine
+    from py_engine.backends.torch import LLM
+    from py_engine.cpu.stack import StackPlan
+    from py_engine.sampling_params import SamplingParams
+
+    kv = dict(kv_cache_dtype=kv_cache_dtype, kv_hot_tokens=16)
+    prompt = list(range(5, 35))
+    params = SamplingParams.greedy(max_tokens=60)  # 90 positions: blocks turn cold from position 31 (int4)
+
+    def tokens(backend: str, stack: bool = True) -> tuple[list[int], int]:
+        eng = LLMEngine(str(model_dir), device="cpu", dtype=dtype, attention_backend=backend, **kv)
+        calls = []
+        original = StackPlan.__call__
+
+        def counted(plan, *args):
+            calls.append(plan.kv.n_cold if hasattr(plan.kv, "n_cold") else None)
+            return original(plan, *args)
+
+        eng.model.model.stack_enabled = stack
+        StackPlan.__call__ = counted
+        try:
+            eng.add_request("r", prompt, params)
+            out = []
+            while eng.has_unfinished_requests():
+                for o in eng.step():
+                    out += o.outputs[0].token_ids
+        finally:
+            StackPlan.__call__ = original
+        return out, calls
+
+    got, calls = tokens("cpu")
+    assert len(calls) >= 55  # every decode step after the first
+    assert all(c is not None for c in calls)  # on a paged view, not a dense cache
+    if kv_cache_dtype == "int4":
+        assert max(calls) >= 3  # steps that read cold blocks
+    assert got == tokens("cpu", stack=False)[0]
+    if dtype == "float32":  # bf16 roundings differ in order between the dense and paged kernels and torch's
+        dense = LLM(str(model_dir), device="cpu", dtype=dtype, **kv).generate(prompt, params)
+        assert got == dense.token_ids == tokens("torch")[0]
+
+
+@pytest.mark.parametrize("variant", ["avx2", "avx512", "avx512-vnni", "avx512-bf16"])
+def test_every_kernel_variant_equals_the_oracle(variant):
+    """Each instruction-set build of the kernels (py_engine.kernels.VARIANTS) runs the same paged decode."""
+    from native_server.cpu_attention import CpuPagedAttention
+    from py_engine.kernels import kernel_variant, variant_fits
+
+    if not variant_fits(variant):
+        pytest.skip(f"hardware: this CPU lacks the {variant} instructions")
+    kernels = kernel_variant(variant)
+    assert kernels is not None, f"the {variant} variant did not build"
+    backend = CpuPagedAttention(kernels)
+    for dtype, bits in [(torch.float32, 4), (torch.bfloat16, 8)]:
+        q, key_cache, value_cache, meta, cold = random_step(16, dtype, bits=bits, seed=7)
+        quant = KVQuantConfig("int8" if bits == 8 else "int4", 16, 16)
+        want = cold_attention.attend(q, key_cache, value_cache, cold, 1, meta, SPECS["window"], quant)
+        got = backend.attend_cold(q, key_cache, value_cache, cold, 1, backend.prepare(meta), SPECS["window"], quant)
+        check(got, want, meta, dtype)
