@@ -151,3 +151,22 @@ def test_silu_gate_matches_torch(kernels, dtype):
     got = kernels.silu_gate(y)
     assert got.dtype == dtype and got.shape == expected.shape
     torch.testing.assert_close(got.float(), expected.float(), **tolerance)
+
+
+@needs_kernels
+@pytest.mark.parametrize("layout", [c for c in LAYOUTS if c[1] == 32], ids=lambda c: f"{c[0]}bit-g{c[1]}{'-q4_1' if c[3] else ''}{'-sym' if c[2] else ''}")
+def test_batched_tiles_over_row_blocks(kernels, layout):
+    """K = 2048: qtile.c's 512-bit tiles take x in blocks of 8 rows (16 KB of int8 x), so 21 rows run
+    as blocks of 8, 8 and 5 against each chunk of W; every row still equals itself alone."""
+    bits, group, symmetric, offsets = layout
+    n, k, rows = 40, 2048, 21
+    if rows >= kernels.int8_rows:
+        pytest.skip("no MKL sgemm threshold below 22 rows in this build")
+    q = weights(bits, group, symmetric, n, k, offsets)
+    packed = PackedWeight.pack(q)
+    x = torch.randn(rows, k, generator=torch.Generator().manual_seed(5))
+    got = QuantPlan(kernels, [packed], [None], QuantPlan.INT8_BLOCKS)(x)
+    xr = fake_quantize_blocks(x, packed.sub_blocks * 32)
+    torch.testing.assert_close(got, F.linear(xr, q.dequantize()), rtol=1e-5, atol=2e-4)
+    alone = torch.cat([QuantPlan(kernels, [packed], [None], QuantPlan.INT8_BLOCKS)(x[i:i + 1]) for i in range(rows)])
+    assert torch.equal(got, alone)
