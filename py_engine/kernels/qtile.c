@@ -125,12 +125,13 @@ static void tiles_of(const qjob_t *j, const qpart_t *a, int64_t n, int full, int
 #define Z_X 4
 #endif
 
-static inline __m512 halves(float a, float b, int bits4) { /* a for sub-block b's lanes, b for b + 1's */
-  if (bits4) {
-    const __m256 h = _mm256_set_m128(_mm_set1_ps(b), _mm_set1_ps(a));
-    return _mm512_castpd_ps(_mm512_broadcast_f64x4(_mm256_castps_pd(h)));
-  }
-  return _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_set1_ps(a)), _mm256_set1_ps(b), 1);
+/* Two consecutive floats p[0], p[1] as a vector with p[0] in sub-block b's lanes and p[1] in b + 1's:
+ * one 8-byte broadcast load and one permute (setting the halves from scalars took four to five). */
+static inline __m512 pair_of(const float *p, int bits4) {
+  const __m512 ab = _mm512_castsi512_ps(_mm512_broadcastq_epi64(_mm_loadl_epi64((const __m128i *)p)));
+  const __m512i idx = bits4 ? _mm512_set_epi32(1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0)
+                            : _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+  return _mm512_permutexvar_ps(idx, ab);
 }
 
 static inline __m512i zdot(__m512i u, __m512i s) { /* udot, 512 bits */
@@ -173,19 +174,17 @@ static inline __attribute__((always_inline)) void ztile(const qjob_t *j, const q
       for (int r = 0; r < nr; ++r) _mm_prefetch((const char *)c + r * rb + b * bb + Q_PREFETCH, Q_HINT);
     __m512i wu[4], ws[4];
     __m512 sc[4];
-    const int64_t g0 = b / w->spg, g1 = (b + 1) / w->spg;
     for (int r = 0; r < nr; ++r) {
       const uint8_t *cr = c + r * rb + b * bb;
       if (bits4) {
-        const __m256i raw = _mm256_loadu_si256((const __m256i *)cr);
-        const __m512i both = _mm512_inserti64x4(_mm512_castsi256_si512(raw), _mm256_srli_epi16(raw, 4), 1);
-        wu[r] = _mm512_and_si512(both, low);
+        const __m512i both = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)cr));
+        wu[r] = _mm512_and_si512(_mm512_mask_srli_epi16(both, 0xffff0000u, both, 4), low); /* [low | high] */
       } else {
         ws[r] = _mm512_loadu_si512((const void *)cr);
         wu[r] = _mm512_abs_epi8(ws[r]);
       }
       const float *sr = w->scales + (n + r) * w->ng;
-      sc[r] = halves(sr[g0], sr[g1], bits4);
+      sc[r] = pair_of(sr + b, bits4); /* spg == 1 (ztile_fits): groups b, b + 1 */
     }
     for (int m = 0; m < mt; ++m) {
       const __m512i xv = _mm512_loadu_si512((const void *)(qx + m * nb * 32 + b * 32));
@@ -194,7 +193,7 @@ static inline __attribute__((always_inline)) void ztile(const qjob_t *j, const q
         d = _mm512_castpd_ps(_mm512_broadcast_f64x4(_mm256_castps_pd(_mm256_loadu_ps(j->dxp + (m0 + m) * nb * 4 + b * 4))));
       } else {
         const float *dm = j->dx + (m0 + m) * nb + b;
-        d = halves(dm[0], dm[1], 0);
+        d = pair_of(dm, 0);
       }
       for (int r = 0; r < nr; ++r) {
         /* x with w's sign where w < 0 (|w| carries the magnitude); zero where w is zero, as _mm256_sign_epi8 */
