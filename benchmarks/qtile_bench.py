@@ -1,11 +1,12 @@
 """The batched integer GEMM (qtile.c) against dequantize + MKL sgemm, per rows of x.
 
     python benchmarks/qtile_bench.py [--rows 1,4,16,32,64,128] [--rounds 3] [--threads 1]
-        [--variant NAME=DEFINES ...] [--out benchmarks/results/qtile_bench.json]
+        [--variant NAME[@TREE]=DEFINES ...] [--out benchmarks/results/qtile_bench.json]
 
 Each variant is the kernels built with RUVLLM_KERNEL_DEFINES=DEFINES (e.g. `Q_TILE_ROWS=1000000`
 routes every batch to the integer tiles, `Q_TILE_ROWS=2` every batch of 2+ rows to sgemm), run in
-its own process; the variants alternate round by round and the best round counts. Shapes: gate/up
+its own process, with py_engine from TREE when given (another checkout, e.g. `git archive main`
+unpacked: old against new); the variants alternate round by round and the best round counts. Shapes: gate/up
 4864x896 and down 896x4864 (Qwen2.5-0.5B), int4 groups of 32 (Q4_0's layout) and int8 groups of 32
 (Q8_0's). GFLOP/s-equivalent = 2 * rows * N * K / time. The JSON records the CPU's flags.
 """
@@ -23,12 +24,12 @@ SHAPES = [(4864, 896), (896, 4864)]
 DEFAULT_VARIANTS = ["routed=", "tiles=Q_TILE_ROWS=1000000", "sgemm=Q_TILE_ROWS=2"]
 
 
-def child(rows: list[int], threads: int) -> None:
+def child(rows: list[int], threads: int, root: str) -> None:
     import statistics
 
     import torch
 
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    sys.path.insert(0, root)
     from py_engine.kernels import cpu_kernels
     from py_engine.quant.linear import QuantLinear
     from py_engine.quant.transform import rtn
@@ -62,23 +63,25 @@ def main() -> None:
     p.add_argument("--variant", action="append", help="NAME=DEFINES (space-separated -D names)")
     p.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results" / "qtile_bench.json")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--root", default=str(Path(__file__).resolve().parent.parent), help=argparse.SUPPRESS)
     args = p.parse_args()
     rows = [int(r) for r in args.rows.split(",")]
     if args.child:
-        child(rows, args.threads)
+        child(rows, args.threads, args.root)
         return
     variants = [v.split("=", 1) for v in (args.variant or DEFAULT_VARIANTS)]
     best: dict[str, dict[str, float]] = {name: {} for name, _ in variants}
     for _ in range(args.rounds):
         for name, defines in variants:
+            root = name.split("@", 1)[1] if "@" in name else str(Path(__file__).resolve().parent.parent)
             env = dict(os.environ, RUVLLM_KERNEL_DEFINES=defines, OMP_NUM_THREADS="1")
             res = subprocess.run([sys.executable, __file__, "--child", "--rows", args.rows,
-                                  "--threads", str(args.threads)], env=env, check=True,
+                                  "--threads", str(args.threads), "--root", root], env=env, check=True,
                                  capture_output=True, text=True)
             for key, v in json.loads(res.stdout.strip().splitlines()[-1]).items():
                 best[name][key] = max(best[name].get(key, 0.0), v)
     keys = list(next(iter(best.values())))
-    print(f"{'GFLOP/s-equivalent':34s}" + "".join(f"{name:>12s}" for name, _ in variants))
+    print(f"{'GFLOP/s-equivalent':34s}" + "".join(f"{name.split('@')[0]:>12s}" for name, _ in variants))
     for key in keys:
         print(f"{key:34s}" + "".join(f"{best[name][key]:12.1f}" for name, _ in variants))
     flags = next((line.split(":", 1)[1].split() for line in open("/proc/cpuinfo") if line.startswith("flags")), [])
