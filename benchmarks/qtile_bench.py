@@ -8,7 +8,7 @@ routes every batch to the integer tiles, `Q_TILE_ROWS=2` every batch of 2+ rows 
 its own process, with py_engine from TREE when given (another checkout, e.g. `git archive main`
 unpacked: old against new); the variants alternate round by round and the best round counts. Shapes: gate/up
 4864x896 and down 896x4864 (Qwen2.5-0.5B), int4 groups of 32 (Q4_0's layout) and int8 groups of 32
-(Q8_0's). GFLOP/s-equivalent = 2 * rows * N * K / time. The JSON records the CPU's flags.
+(Q8_0's), then int4 g128 and per-channel int8 (`ruvllm quantize`'s defaults). GFLOP/s-equivalent = 2 * rows * N * K / time. The JSON records the CPU's flags.
 """
 from __future__ import annotations
 
@@ -21,6 +21,8 @@ import time
 from pathlib import Path
 
 SHAPES = [(4864, 896), (896, 4864)]
+# Q4_0 / Q8_0's layouts (GGUF imports), then `ruvllm quantize`'s defaults: int4 g128 asymmetric, int8 per channel
+LAYOUTS = [("int4 g32", 4, 32, False), ("int8 g32", 8, 32, True), ("int4 g128", 4, 128, False), ("int8 pc", 8, None, True)]
 DEFAULT_VARIANTS = ["routed=", "tiles=Q_TILE_ROWS=1000000", "sgemm=Q_TILE_ROWS=2"]
 
 
@@ -40,8 +42,8 @@ def child(rows: list[int], threads: int, root: str) -> None:
     out = {}
     for n, k in SHAPES:
         w = torch.randn(n, k, generator=g) * 0.02
-        for bits in (4, 8):
-            layer = QuantLinear.from_weight(rtn(w, bits, 32, bits == 8))
+        for name, bits, group, symmetric in LAYOUTS:
+            layer = QuantLinear.from_weight(rtn(w, bits, group, symmetric))
             for m in rows:
                 x = torch.randn(m, k, generator=g)
                 with torch.inference_mode():
@@ -51,7 +53,7 @@ def child(rows: list[int], threads: int, root: str) -> None:
                         t = time.perf_counter()
                         layer(x)
                         times.append(time.perf_counter() - t)
-                out[f"int{bits} {n}x{k} rows {m}"] = 2 * m * n * k / statistics.median(times) / 1e9
+                out[f"{name} {n}x{k} rows {m}"] = 2 * m * n * k / statistics.median(times) / 1e9
     print(json.dumps(out))
 
 

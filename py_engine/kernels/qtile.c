@@ -7,10 +7,20 @@
  * The 256-bit tile's arithmetic is rows_q's step for step (per sub-block: int32 dot, converted,
  * times the x block's d into the group's sum; per group: times s; then the mins term), so a row
  * of a batch gets the value it would get alone, bit for bit. AVX-512 builds take two sub-blocks a
- * step (ztile) and scale each by d * s, for one sub-block a group (ztile_fits: then one row takes
- * it too, so rows still do not depend on their batch). Measured per core (CPU time, shared
- * 2-vCPU Xeon, 4864x896 and 896x4864, 16 rows): ztile 1.3-1.6x the 256-bit tile for groups of 32
- * (Q4_0, Q8_0); for groups of 128 the same in batches and 1.4x slower for one row.
+ * step (ztile) and scale each by d * s, for the layouts ztile_fits names (then one row takes it too,
+ * so rows still do not depend on their batch).
+ *
+ * ztile's costs (benchmarks/qtile_bench.py, 1 thread, shared 2-vCPU Xeon with AVX-512 VNNI, GFLOP/s-
+ * equivalent at 16 rows, 4864x896 / 896x4864): int4 g32 62 / 49 before, 94-101 / 112-126 after; int8
+ * g32 76 / 82 before, 87-95 / 104-111 after; int4 g128 (now ztile) 86 / 89 before, 100 / 127 after.
+ * What it took: (1) x in row blocks of Z_XBYTES that stay in L1 (all of a 128-row x per tile of W
+ * ran from L2: 128 rows were 30% slower than 16); (2) the mins term (asymmetric groups) as a 16-wide
+ * dot over groups after the loop (the scalar loop per output cost as much as the dot products);
+ * (3) scales and x's d as one broadcast load + permute per step, int4 unpacked from one broadcast
+ * load; (4) VNNI: 8-bit codes fed to vpdpbusd as unsigned bytes, 128 * sum(x) taken off after the
+ * loop (no sign moved onto x per row pair). The inner step is now vpdpbusd, convert, d * s, FMA
+ * per row pair: the per-sub-block float scaling, not the integer dot, bounds it, which is why
+ * dequantize + MKL sgemm still wins from ~64 rows on 4864x896 (Q_TILE_ROWS stays 32).
  */
 #include "quant.h"
 
@@ -166,7 +176,7 @@ static inline float zmins(const float *mr, const float *xg, int64_t ng) {
 }
 
 static inline __attribute__((always_inline)) void ztile(const qjob_t *j, const qpart_t *a, int64_t m0, const int mt,
-                                                         int64_t n, const int nr, const int bits4) {
+                                                         int64_t n, const int nr, const int bits4, const int uns) {
   const qmat_t *w = &a->w;
   const int64_t nb = nb_of(w), rb = row_bytes(w), bb = bits4 ? 16 : 32;
   const uint8_t *c = w->codes + n * rb;
@@ -175,7 +185,9 @@ static inline __attribute__((always_inline)) void ztile(const qjob_t *j, const q
   __m512 acc[Z_X][4];
   for (int m = 0; m < mt; ++m)
     for (int r = 0; r < nr; ++r) acc[m][r] = _mm512_setzero_ps();
-  for (int64_t b = 0; b < nb; b += 2) {
+  const int64_t spg = w->spg; /* 1, or even (ztile_fits): sub-blocks b, b + 1 share group g */
+  for (int64_t b = 0, g = 0, left = spg; b < nb; b += 2) {
+    if (spg > 1 && (left -= 2) < 0) { ++g; left = spg - 2; }
     if (bits4 ? !(b & 3) : 1)
       for (int r = 0; r < nr; ++r) _mm_prefetch((const char *)c + r * rb + b * bb + Q_PREFETCH, Q_HINT);
     __m512i wu[4], ws[4];
@@ -187,18 +199,18 @@ static inline __attribute__((always_inline)) void ztile(const qjob_t *j, const q
         const __m512i both = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)cr));
         wu[r] = _mm512_and_si512(_mm512_mask_srli_epi16(both, 0xffff0000u, both, 4), low); /* [low | high] */
       } else {
-#if Z_UNSIGNED8
+        if (uns) {
         /* the stored codes c - 128 back to c (u8): Σ c q = Σ (c - 128) q + 128 Σ q, the second term
          * taken off after the loop from x's per-sub-block sums (xs); this saves moving w's sign onto x
          * (four instructions) for every row of x. Only with VNNI: maddubs' int16 pairs would saturate. */
         wu[r] = _mm512_xor_si512(_mm512_loadu_si512((const void *)cr), _mm512_set1_epi8((char)0x80));
-#else
+        } else {
         ws[r] = _mm512_loadu_si512((const void *)cr);
         wu[r] = _mm512_abs_epi8(ws[r]);
-#endif
+        }
       }
       const float *sr = w->scales + (n + r) * w->ng;
-      sc[r] = pair_of(sr + b, bits4); /* spg == 1 (ztile_fits): groups b, b + 1 */
+      sc[r] = spg == 1 ? pair_of(sr + b, bits4) : _mm512_set1_ps(sr[g]); /* groups b, b + 1; or g for both */
     }
     for (int m = 0; m < mt; ++m) {
       const __m512i xv = _mm512_loadu_si512((const void *)(qx + m * nb * 32 + b * 32));
@@ -210,13 +222,9 @@ static inline __attribute__((always_inline)) void ztile(const qjob_t *j, const q
         d = pair_of(dm, 0);
       }
       for (int r = 0; r < nr; ++r) {
-#if Z_UNSIGNED8
-        const __m512i xs = xv;
-#else
-        /* x with w's sign where w < 0 (|w| carries the magnitude); zero where w is zero, as _mm256_sign_epi8 */
-        const __m512i xs = bits4 ? xv : _mm512_mask_sub_epi8(_mm512_maskz_mov_epi8(_mm512_test_epi8_mask(ws[r], ws[r]), xv),
+        /* else x with w's sign where w < 0 (|w| carries the magnitude); zero where w is zero, as _mm256_sign_epi8 */
+        const __m512i xs = bits4 || uns ? xv : _mm512_mask_sub_epi8(_mm512_maskz_mov_epi8(_mm512_test_epi8_mask(ws[r], ws[r]), xv),
                                                              _mm512_movepi8_mask(ws[r]), _mm512_setzero_si512(), xv);
-#endif
         const __m512i p = zdot(wu[r], xs);
         acc[m][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(d, sc[r]), acc[m][r]);
       }
@@ -226,17 +234,17 @@ static inline __attribute__((always_inline)) void ztile(const qjob_t *j, const q
     for (int r = 0; r < nr; ++r) {
       float y = hsum16(acc[m][r]);
       if (w->mins && a->xg) y -= zmins(w->mins + (n + r) * w->ng, a->xg + (m0 + m) * w->ng, w->ng);
-      if (Z_UNSIGNED8 && !bits4) y -= 128.f * zmins(w->scales + (n + r) * w->ng, j->dx + (j->M + m0 + m) * nb, nb);
+      if (uns) y -= 128.f * zmins(w->scales + (n + r) * w->ng, j->dx + (j->M + m0 + m) * nb, nb);
       put_q(j, a, m0 + m, n + r, y);
     }
 }
 
-#define ZTILE_CASE(K, NR, BITS4) \
-  case K: ztile(j, a, m0, K < Z_X ? K : Z_X, n, NR, BITS4); break;
-#define ZTILE_CASES(NR, BITS4)                                                   \
-  switch (mt) {                                                                   \
-    ZTILE_CASE(1, NR, BITS4) ZTILE_CASE(2, NR, BITS4) ZTILE_CASE(3, NR, BITS4)    \
-    default: ztile(j, a, m0, Z_X, n, NR, BITS4); break;                           \
+#define ZTILE_CASE(K, NR, BITS4, UNS) \
+  case K: ztile(j, a, m0, K < Z_X ? K : Z_X, n, NR, BITS4, UNS); break;
+#define ZTILE_CASES(NR, BITS4, UNS)                                                          \
+  switch (mt) {                                                                              \
+    ZTILE_CASE(1, NR, BITS4, UNS) ZTILE_CASE(2, NR, BITS4, UNS) ZTILE_CASE(3, NR, BITS4, UNS) \
+    default: ztile(j, a, m0, Z_X, n, NR, BITS4, UNS); break;                                 \
   }
 
 #ifndef Z_XBYTES
@@ -258,9 +266,11 @@ static void ztiles(const qjob_t *j, const qpart_t *a, int64_t n0, int64_t n1) {
     for (int64_t m0 = b0; m0 < b1; m0 += Z_X) {
       const int mt = b1 - m0 < Z_X ? (int)(b1 - m0) : Z_X;
       if (bits4) {
-        if (full) { ZTILE_CASES(4, 1) } else { ZTILE_CASES(1, 1) }
+        if (full) { ZTILE_CASES(4, 1, 0) } else { ZTILE_CASES(1, 1, 0) }
+      } else if (Z_UNSIGNED8 && a->w.spg == 1) {
+        if (full) { ZTILE_CASES(2, 0, 1) } else { ZTILE_CASES(1, 0, 1) }
       } else {
-        if (full) { ZTILE_CASES(2, 0) } else { ZTILE_CASES(1, 0) }
+        if (full) { ZTILE_CASES(2, 0, 0) } else { ZTILE_CASES(1, 0, 0) }
       }
     }
     n += full ? full_rows : 1;

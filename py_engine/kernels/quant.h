@@ -116,10 +116,13 @@ static inline void put_q(const qjob_t *j, const qpart_t *a, int64_t m, int64_t n
 /* Whether qtile.c's 512-bit tiles take this matrix (for every count of rows, one included, so a row of a
  * batch gets the value it gets alone): AVX-512 builds, one sub-block a group (GGUF's Q4_0 / Q4_1 / Q8_0, RTN
  * groups of 32), an even count of sub-blocks. Measured per core, one row: 4-bit 0.24 vs rows_q's 0.31 ms,
- * 8-bit the same; groups of 128 were 1.4x slower there (no group sums), so they keep the 256-bit paths. */
+ * 8-bit the same. 4-bit groups of an even count of sub-blocks (RTN's g128) too: both sub-blocks of a
+ * step share the group's scale; one row as fast as rows_q, 16 rows 1.2-1.4x the 256-bit tile. 8-bit
+ * groups of several sub-blocks (per-channel int8) keep the 256-bit paths: one row was 5% slower here
+ * (benchmarks/qtile_bench.py). */
 static inline int ztile_fits(const qmat_t *w) {
 #ifdef __AVX512BW__
-  return w->spg == 1 && !(nb_of(w) & 1);
+  return (w->spg == 1 || (w->bits4 && !(w->spg & 1))) && !(nb_of(w) & 1);
 #else
   (void)w;
   return 0;
