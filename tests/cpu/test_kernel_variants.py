@@ -154,7 +154,7 @@ def test_silu_gate_matches_torch(kernels, dtype):
 
 
 @needs_kernels
-@pytest.mark.parametrize("layout", [c for c in LAYOUTS if c[1] == 32], ids=lambda c: f"{c[0]}bit-g{c[1]}{'-q4_1' if c[3] else ''}{'-sym' if c[2] else ''}")
+@pytest.mark.parametrize("layout", [c for c in LAYOUTS if c[1] == 32 or c[:2] == (4, 128)], ids=lambda c: f"{c[0]}bit-g{c[1]}{'-q4_1' if c[3] else ''}{'-sym' if c[2] else ''}")
 def test_batched_tiles_over_row_blocks(kernels, layout):
     """K = 2048: qtile.c's 512-bit tiles take x in blocks of 8 rows (16 KB of int8 x), so 21 rows run
     as blocks of 8, 8 and 5 against each chunk of W; every row still equals itself alone."""
