@@ -12,6 +12,7 @@ from __future__ import annotations
 import pytest
 
 from tests.model_cases import FAMILIES, positions, prompt, save_hf_model
+from tests.requires import kernels_missing
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -144,7 +145,15 @@ def test_non_granular_freezes_scalings_after_k_calls(family, tmp_path):
                 assert (logits - direct).abs().max().item() < TOL
 
 
-@pytest.mark.parametrize("layerwise, dtype", [(False, "float32"), (True, "float32"), (True, "bfloat16"), (True, "int8")])
+# The families the one-call step takes (qwen3's q/k norms and gemma2's sandwich norms keep the module path),
+# and not a quantized Phi-3, whose [2 I, H] gate_up does not take the one-call step at all.
+NON_GRANULAR_CASES = [(fam, layerwise, dtype) for fam in STACK_FAMILIES
+                      for layerwise, dtype in [(False, "float32"), (True, "float32"), (True, "bfloat16"), (True, "int8")]
+                      if not (fam == "phi3-longrope" and dtype == "int8")]
+
+
+@pytest.mark.skipif(cpu_kernels() is None, reason=str(kernels_missing()))
+@pytest.mark.parametrize("family, layerwise, dtype", NON_GRANULAR_CASES, indirect=["family"])
 def test_non_granular_decode_in_the_c_step_equals_module_path(family, layerwise, dtype, tmp_path, calls):
     """Non-granular on the CPU-optimized model: the granular calls run both passes in step.c, and once frozen
     the folded mix runs merged into copies of the float weights, one C call a token; every logit within 1e-5
@@ -153,12 +162,8 @@ def test_non_granular_decode_in_the_c_step_equals_module_path(family, layerwise,
     base is not merged: step.c adds the folded mix's columns (its experts' ranks summed) after the int8 products
     (llama: a quantized Phi-3 [2 I, H] gate_up does not take the one-call step at all)."""
     fam, folder, experts = family
-    if fam not in STACK_FAMILIES or cpu_kernels() is None:
-        pytest.skip("the one-call decode step does not take this family (qk-norm, sandwich norms) or no kernels")
     name = "depth2-layerwise" if layerwise else "depth2-topk-temperature"
     xlora_model(folder / "base", experts, **CONFIGS[name]).save_pretrained(str(tmp_path / "xlora"))
-    if dtype == "int8" and fam == "phi3-longrope":
-        pytest.skip("a quantized Phi-3 [2 I, H] gate_up does not take the one-call step")
     quantization = dtype if dtype == "int8" else None
     dtype = "float32" if quantization else dtype
     model = load(folder, tmp_path / "xlora", optimize=True, dtype=dtype, quantization=quantization, non_granular=3)
