@@ -86,10 +86,11 @@ def main() -> None:
     print(f"{'GFLOP/s-equivalent':34s}" + "".join(f"{name.split('@')[0]:>12s}" for name, _ in variants))
     for key in keys:
         print(f"{key:34s}" + "".join(f"{best[name][key]:12.1f}" for name, _ in variants))
-    flags = next((line.split(":", 1)[1].split() for line in open("/proc/cpuinfo") if line.startswith("flags")), [])
-    meta = {"threads": args.threads, "rounds": args.rounds, "variants": dict(variants), "loadavg": os.getloadavg(),
-            "cpu_flags": [f for f in flags if f.startswith(("avx", "fma", "amx"))],
-            "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from decode_speed import machine  # CPU model, ISA flags, the kernel variant, load average, commit
+
+    meta = {**machine(), "threads": args.threads, "rounds": args.rounds, "variants": dict(variants),
+            "loadavg_end": os.getloadavg(), "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"meta": meta, "gflops": best}, indent=1) + "\n")
     print(f"wrote {args.out}")

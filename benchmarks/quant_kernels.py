@@ -124,9 +124,10 @@ def main() -> None:
             for name, r in row["results"].items():
                 rate = f"{r['GB/s']:6.1f} GB/s" if rows == 1 else f"{r['GFLOP/s']:6.1f} GFLOP/s"
                 print(f"  {name:32s} {r['ms']:9.3f} ms  {rate}")
-    import os
-    meta = {"threads": args.threads, "torch": torch.__version__, "loadavg": os.getloadavg(),
-            "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from decode_speed import machine  # CPU model, ISA flags, the kernel variant, load average, commit
+
+    meta = {**machine(), "threads": args.threads, "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"meta": meta, "results": results}, indent=1) + "\n")
     print(f"wrote {args.out}")
