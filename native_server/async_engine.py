@@ -41,6 +41,7 @@ class AsyncEngine:
         self.on_fatal = on_fatal  # called on the event loop once the loop thread has died
         self.tokenizer, self.model_config = engine.tokenizer, engine.model_config
         self.max_model_len, self.model_name = engine.max_model_len, engine.model_name
+        self.max_num_batched_tokens = engine.max_num_batched_tokens
         self.eos_token_ids = engine.eos_token_ids
         self._inbox: queue.SimpleQueue[tuple] = queue.SimpleQueue()
         self._wake = threading.Event()

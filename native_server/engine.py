@@ -49,6 +49,19 @@ from py_engine.tokenizer import Tokenizer
 logger = logging.getLogger("ruvllm.server")
 
 
+# Tokens per step unless given. On CPU a step's activations should stay in the cores' L2: at 2048 rows
+# x alone [2048, 896] fp32 is 7 MB, read again for every 1 MB panel of dequantized weights, and the
+# elementwise ops stream from L3; 512 rows (llama.cpp's default micro-batch, vLLM's first chunked-prefill
+# default) cost ~7-10% less CPU per prompt token on Qwen2.5-0.5B Q4_0, and decode rows ride along with the
+# prompt chunks (benchmarks/server_profile.py).
+DEFAULT_BATCHED_TOKENS = {"cpu": 512}
+DEFAULT_BATCHED_TOKENS_OTHER = 2048
+
+
+def default_batched_tokens(device: torch.device) -> int:
+    return DEFAULT_BATCHED_TOKENS.get(device.type, DEFAULT_BATCHED_TOKENS_OTHER)
+
+
 @dataclass(eq=False)
 class _Request:
     request_id: str
@@ -67,7 +80,7 @@ class _Request:
 class LLMEngine:
     def __init__(self, model_path: str, *, dtype: str = "auto", device: str = "auto", block_size: int = 16,
                  kv_cache_memory: int | None = None, gpu_memory_fraction: float = 0.9, max_num_seqs: int = 64,
-                 max_num_batched_tokens: int = 2048, max_model_len: int | None = None, max_queue: int = 1024,
+                 max_num_batched_tokens: int | None = None, max_model_len: int | None = None, max_queue: int = 1024,
                  enable_prefix_caching: bool = True, model_name: str | None = None,
                  quantization: str | QuantConfig | None = None, optimize: bool = True,
                  attention_backend: str = "auto", cuda_graphs: bool = True,
@@ -79,7 +92,8 @@ class LLMEngine:
         (load_lora) even if none is given now. See native_server/lora.py. xlora: a peft X-LoRA folder
         applied to every request (py_engine/adapters/xlora.py); it takes no other adapters.
         kv_cache_dtype "int8" / "int4": the two-tier KV cache, kv_hot_tokens in the model's dtype
-        (py_engine/models/kv_quant.py, cold_attention.py)."""
+        (py_engine/models/kv_quant.py, cold_attention.py). max_num_batched_tokens: the tokens of one step
+        (None: default_batched_tokens for the device)."""
         if xlora is not None and (lora_modules or enable_lora):
             raise ValueError("--xlora applies its own LoRA experts to every request: it cannot be combined with "
                              "--lora-modules or --enable-runtime-lora")
@@ -90,6 +104,9 @@ class LLMEngine:
         path: Path = resolve_model(model_path)
         self.model_name = model_name or model_path
         self.device = torch.device(pick_device(device))
+        if max_num_batched_tokens is None:
+            max_num_batched_tokens = default_batched_tokens(self.device)
+        self.max_num_batched_tokens = max_num_batched_tokens
         # In-situ quantization (none by default) happens here, before the KV cache is sized from what is left.
         self.model, self.model_config, self.quant_report = load_quantized(path, quantization, dtype=dtype,
                                                                           device=self.device)
@@ -247,7 +264,8 @@ class LLMEngine:
         others go on.
         """
         try:
-            return self._step()
+            with self.runner.threads():
+                return self._step()
         finally:
             self._release_adapters()
 

@@ -8,10 +8,10 @@ sample a token this step; a prompt chunk in the middle does not).
 """
 from __future__ import annotations
 
-from contextlib import nullcontext
+from contextlib import contextmanager
 from dataclasses import dataclass
 from itertools import accumulate
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 from torch import Tensor
@@ -72,6 +72,23 @@ class ModelRunner:
         self.model, self.kv, self.graphs, self.adapters = model, kv, graphs, adapters
         self.device = kv.keys[0].device
         self.kernels = model_kernels(model)  # set when optimize_for_cpu put the CPU kernels under the model
+        self._threaded = False  # inside threads()
+
+    @contextmanager
+    def threads(self) -> Iterator[None]:
+        """A step's thread settings (kernel_step: torch on one thread, the CPU kernels' pool on torch's count),
+        re-entrant. The engine holds it over a whole step, so that building the inputs and sampling run their
+        small torch ops single-threaded too: on a busy machine a 2-thread OpenMP region there (the argmax of
+        16 rows of a 150k vocabulary, a repeat_interleave) waited ~8 ms a step for its second thread."""
+        if self.kernels is None or self._threaded:
+            yield
+            return
+        self._threaded = True
+        try:
+            with kernel_step(self.kernels):
+                yield
+        finally:
+            self._threaded = False
 
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput, block_tables: list[list[int]],
@@ -89,10 +106,10 @@ class ModelRunner:
             logits = self.graphs.run(ids, positions, block_tables, cold_blocks)
             if logits is not None:
                 return logits, list(range(len(out.seqs)))
-        inputs = prepare_inputs(out, block_tables, self.kv.block_size, self.device, cold_blocks)
-        if self.adapters is not None:
-            self.adapters.set_mix([s.lora for s in out.seqs], out.num_new_tokens, inputs.sampling)
-        with kernel_step(self.kernels) if self.kernels is not None else nullcontext():
+        with self.threads():
+            inputs = prepare_inputs(out, block_tables, self.kv.block_size, self.device, cold_blocks)
+            if self.adapters is not None:
+                self.adapters.set_mix([s.lora for s in out.seqs], out.num_new_tokens, inputs.sampling)
             if not inputs.sampling:  # only middle-of-prompt chunks: run for the KV, skip the LM head
                 self.model.model(inputs.input_ids, inputs.positions, self.kv.step(inputs.meta))
                 return torch.empty(0, self.model.config.vocab_size), []

@@ -77,8 +77,9 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="most requests waiting; beyond it new ones get a 503 (default 1024)")
     p.add_argument("--max-context", type=_positive, metavar="N",
                    help="context length in tokens (default: the model's max_position_embeddings)")
-    p.add_argument("--max-num-batched-tokens", type=_positive, default=2048, metavar="N",
-                   help="most tokens in one forward pass; longer prompts are prefilled in chunks (default 2048)")
+    p.add_argument("--max-num-batched-tokens", type=_positive, metavar="N",
+                   help="most tokens in one forward pass; longer prompts are prefilled in chunks (default 512 on "
+                        "CPU, 2048 on GPUs)")
     p.add_argument("--block-size", type=_positive, default=16, metavar="N", help="tokens per KV block (default 16)")
     p.add_argument("--kv-cache-memory", type=parse_size, metavar="BYTES",
                    help="memory for the KV cache, e.g. 512M (default: a share of free memory)")
@@ -174,7 +175,7 @@ def _log_configuration(args: argparse.Namespace, path: Path, engine: Any) -> Non
                 quant_config_from_args(args).describe())
     logger.info("KV cache: %d blocks of %d tokens = %d tokens; batch: %d sequences, %d tokens per step; "
                 "queue: %d", stats.kv_blocks_total, block_size, stats.kv_blocks_total * block_size,
-                args.max_concurrent, args.max_num_batched_tokens, args.max_queue)
+                args.max_concurrent, engine.max_num_batched_tokens, args.max_queue)
     if stats.kv_cold_blocks_total:
         logger.info("KV cache %s with %d hot tokens: %d hot blocks (%.0f bytes/token) + %d cold blocks (%.0f "
                     "bytes/token) = capacity %d tokens", args.kv_cache_dtype, args.kv_hot_tokens,

@@ -81,8 +81,8 @@ def add_benchmark_parser(subparsers: Any) -> argparse.ArgumentParser:
                         help="weights' dtype (auto: the checkpoint's)")
     engine.add_argument("--kv-cache-memory", type=parse_size, metavar="BYTES", help="KV cache size, e.g. 512M")
     engine.add_argument("--block-size", type=_count(1), default=16, metavar="N", help="tokens per KV block")
-    engine.add_argument("--max-num-batched-tokens", type=_count(1), default=2048, metavar="N",
-                        help="most tokens in one forward pass (default 2048)")
+    engine.add_argument("--max-num-batched-tokens", type=_count(1), metavar="N",
+                        help="most tokens in one forward pass (default 512 on CPU, 2048 on GPUs)")
     engine.add_argument("--no-prefix-caching", action="store_true", help="turn the prefix cache off")
     engine.add_argument("--cache-dir", metavar="DIR", help="model cache (default: $RUVLLM_CACHE_DIR or ~/.cache/ruvllm)")
     add_quantization_options(engine)
