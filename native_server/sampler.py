@@ -78,16 +78,16 @@ def sample(logits: Tensor, rows: Sequence[SamplingRow]) -> list[SampleOutput]:
     # Greedy with untouched logits: argmax of the float32 row is the reference's (float64 is exact).
     plain = [i for i, r in enumerate(rows) if r.params.is_greedy and not _edits_logits(r)]
     if len(plain) == len(rows):  # the common all-greedy batch: no row copies
-        tokens = logits.argmax(-1).cpu()
+        tokens = _argmax(logits)
     elif plain:
-        tokens[plain] = logits[plain].argmax(-1).cpu()
+        tokens[plain] = _argmax(logits[plain])
     rest = [i for i, r in enumerate(rows) if not (r.params.is_greedy and not _edits_logits(r))]
     if rest:
         x = apply_penalties(apply_masks(logits[rest].double(), [rows[i] for i in rest]), [rows[i] for i in rest])
         greedy = [j for j, i in enumerate(rest) if rows[i].params.is_greedy]
         drawn = [j for j, i in enumerate(rest) if not rows[i].params.is_greedy]
         if greedy:
-            tokens[[rest[j] for j in greedy]] = x[greedy].argmax(-1).cpu()
+            tokens[[rest[j] for j in greedy]] = _argmax(x[greedy])
         if drawn:
             tokens[[rest[j] for j in drawn]] = _draw_rows(x[drawn], [rows[rest[j]] for j in drawn]).cpu()
     out = []
@@ -95,6 +95,15 @@ def sample(logits: Tensor, rows: Sequence[SamplingRow]) -> list[SampleOutput]:
         k = row.params.logprobs
         out.append(SampleOutput(token) if k is None else with_logprobs(logits[i], token, k))
     return out
+
+
+def _argmax(x: Tensor) -> Tensor:
+    """x.argmax(-1) on the CPU: numpy's, ~10x faster than torch's on [16, 150k] float32 (0.6 vs 6.6 ms,
+    0.01 vs 0.3 ms for one row), with the same answer (the first index of the largest value; a NaN counts as
+    the largest in both)."""
+    if x.device.type == "cpu" and x.dtype in (torch.float32, torch.float64):
+        return torch.from_numpy(x.numpy().argmax(-1))
+    return x.argmax(-1).cpu()
 
 
 def apply_masks(x: Tensor, rows: Sequence[SamplingRow]) -> Tensor:

@@ -70,6 +70,18 @@ def test_greedy_takes_the_lowest_index_of_the_max():
     assert sample(logits[:1], [biased])[0].token_id == 3
 
 
+def test_greedy_batch_equals_the_reference_and_torch_argmax():
+    """The all-greedy batch takes numpy's argmax on the CPU: the reference's token on smooth and tied rows,
+    torch's argmax on rows with NaN and -inf (which the reference does not take)."""
+    logits = random_logits(torch.Generator().manual_seed(3), 8, 20000)
+    greedy = SamplingParams.greedy()
+    tokens = [s.token_id for s in sample(logits, [SamplingRow(greedy, None, [], [])] * 8)]
+    assert tokens == [sample_token(row.tolist(), greedy, None) for row in logits]
+    odd = torch.tensor([[1.0, float("nan"), 2.0, float("nan")], [float("-inf")] * 4, [0.0, -1.0, 7.0, 7.0]])
+    for x in (odd, odd.double()):
+        assert [s.token_id for s in sample(x, [SamplingRow(greedy, None, [], [])] * 3)] == x.argmax(-1).tolist()
+
+
 def test_seeded_streams_equal_the_reference_sampler():
     vocab, gen = 200, torch.Generator().manual_seed(3)
     params = [SamplingParams(seed=s, top_p=0.9, temperature=0.8, repetition_penalty=1.2) for s in range(6)]
