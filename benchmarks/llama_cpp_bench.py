@@ -19,7 +19,8 @@ new request from cancelling the one streaming.
 
 llama.cpp's own server (the real anchor: parallel slots, continuous batching):
 
-    python benchmarks/llama_cpp_bench.py --llama-cpp-bin /work/llama/build/bin --quant q4_0 --levels 1,16 --rounds 2
+    python benchmarks/llama_cpp_bench.py --llama-cpp-bin /work/llama/build/bin --quant q4_0 --levels 1,16 --rounds 2 \
+        [--gen-length 64] [--baseline DIR]
 
 runs `llama-server -np 16 -c 8192 -t 2` (a -DGGML_NATIVE=ON build) and `ruvllm serve`
 on the very same GGUF (f32, or q8_0 / q4_0 made by llama-quantize; ruvllm keeps
@@ -27,6 +28,8 @@ Q8_0 / Q4_0 codes as they are), alternating the two servers in each round on the
 same token-id prompts (`ignore_eos`), and reports output tok/s per level, the
 paired ratio ruvllm / llama-server per round, and each server's peak RSS (ruvllm's
 KV budget is 8192 fp32 positions, as llama-server's -c 8192; its default is 1 GiB).
+`--baseline DIR` adds `ruvllm serve` run from another source tree (old code vs new, same
+environment, alternating too). The issue's workload is prompt 128 + 64 generated (`--gen-length 64`).
 """
 from __future__ import annotations
 
@@ -171,9 +174,10 @@ def kv_bytes(tokens: int) -> int:
 
 def native_ab(bin_dir: Path, quant: str, levels: list[int], rounds: int, threads: int, prompt_len: int,
               gen_len: int, iterations: int, backends: list[str] | None = None, llama: bool = True,
-              ruvllm_flags: list[str] | None = None) -> dict[str, Any]:
-    """ruvllm serve (once per attention backend: `ruvllm:BACKEND`, or `ruvllm` for the default) and
-    llama-server on one GGUF, alternating (the order rotates each round), `rounds` times."""
+              ruvllm_flags: list[str] | None = None, baseline: Path | None = None) -> dict[str, Any]:
+    """ruvllm serve (once per attention backend: `ruvllm:BACKEND`, or `ruvllm` for the default), the same
+    served from another checkout (`ruvllm-baseline`: old code vs new, paired) and llama-server on one GGUF,
+    alternating (the order rotates each round), `rounds` times."""
     from decode_engines import gguf_file
     from server_bench import serve
 
@@ -181,6 +185,7 @@ def native_ab(bin_dir: Path, quant: str, levels: list[int], rounds: int, threads
     logs = REPO / "benchmarks" / ".cache" / "logs" / "llama_server"
     logs.mkdir(parents=True, exist_ok=True)
     kinds = [f"ruvllm:{b}" for b in backends] if backends else ["ruvllm"]
+    kinds += ["ruvllm-baseline"] if baseline is not None else []
     kinds += ["llama-server"] if llama else []
     runs = []
     for rnd in range(rounds):
@@ -191,7 +196,8 @@ def native_ab(bin_dir: Path, quant: str, levels: list[int], rounds: int, threads
                 backend = ["--attention-backend", kind.split(":")[1]] if ":" in kind else []
                 server = serve(str(gguf), "--max-concurrent", str(max(levels)), "--kv-cache-memory",
                                str(kv_bytes(CONTEXT)), "--max-context", str(CONTEXT), *backend, *(ruvllm_flags or []),
-                               log=logs / "ruvllm.log")
+                               log=logs / f"{kind.replace(':', '-')}.log",
+                               checkout=baseline if kind == "ruvllm-baseline" else None)
             else:
                 server = llama_server(bin_dir, gguf, threads, logs / "llama-server.log")
             with server as (url, process):
@@ -211,7 +217,8 @@ def native_ab(bin_dir: Path, quant: str, levels: list[int], rounds: int, threads
     rss = {kind: max(r["peak_rss_mib"] for r in runs if r["server"] == kind) for kind in kinds}
     if kinds == ["ruvllm", "llama-server"]:  # the report's earlier shape
         ratios = ratios["ruvllm / llama-server"]
-    return {"gguf": str(gguf), "quant": quant, "threads": threads, "ruvllm_flags": ruvllm_flags or [], "runs": runs,
+    return {"gguf": str(gguf), "quant": quant, "threads": threads, "ruvllm_flags": ruvllm_flags or [],
+            "baseline": str(baseline) if baseline is not None else None, "gen_length": gen_len, "runs": runs,
             "paired_ratio": ratios, "peak_rss_mib": rss}
 
 
@@ -230,6 +237,8 @@ def main() -> int:
     parser.add_argument("--ruvllm-backends", help="with --llama-cpp-bin: one ruvllm server per paged attention "
                         "backend, e.g. torch,cpu (before/after the C decode attention); default: serve's own")
     parser.add_argument("--no-llama-server", action="store_true", help="with --llama-cpp-bin: ruvllm servers only")
+    parser.add_argument("--baseline", type=Path, help="with --llama-cpp-bin: also serve from this ruvllm source tree "
+                        "(e.g. `git archive main | tar -x -C DIR`), alternating: old code vs new, paired")
     parser.add_argument("--ruvllm-flags", default="", help="more `ruvllm serve` flags, e.g. '--kv-cache-dtype int4'")
     parser.add_argument("--out", type=Path, help="the JSON report (default results/llama_server_QUANT.json)")
     args = parser.parse_args()
@@ -240,7 +249,7 @@ def main() -> int:
         backends = args.ruvllm_backends.split(",") if args.ruvllm_backends else None
         result = native_ab(args.llama_cpp_bin, args.quant, levels, args.rounds, args.threads, args.prompt_length,
                            args.gen_length, args.iterations, backends, not args.no_llama_server,
-                           args.ruvllm_flags.split())
+                           args.ruvllm_flags.split(), args.baseline)
         sys.path.insert(0, str(REPO / "benchmarks"))
         from decode_speed import machine
 

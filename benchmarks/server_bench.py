@@ -104,10 +104,14 @@ def plans(names: list[str]) -> dict[str, Plan]:
 
 # --- servers -----------------------------------------------------------------------------------------
 @contextlib.contextmanager
-def serve(model: str, *flags: str, log: Path) -> Iterator[tuple[str, subprocess.Popen]]:
-    """`ruvllm serve MODEL` on a free 127.0.0.1 port; yields (url, process), SIGTERM at the end."""
+def serve(model: str, *flags: str, log: Path, checkout: Path | None = None) -> Iterator[tuple[str, subprocess.Popen]]:
+    """`ruvllm serve MODEL` on a free 127.0.0.1 port; yields (url, process), SIGTERM at the end.
+    checkout: another source tree of ruvllm (e.g. `git archive main`) to serve with this environment's packages."""
     port = free_port()
-    command = [sys.executable, "-m", "ruvllm_cli", "serve", model, "--host", "127.0.0.1", "--port", str(port),
+    cli = ["-m", "ruvllm_cli"] if checkout is None else [
+        "-c", f"import sys; sys.path.insert(0, {str(Path(checkout).resolve())!r}); from ruvllm_cli.main import main; "
+              "sys.exit(main())"]
+    command = [sys.executable, *cli, "serve", model, "--host", "127.0.0.1", "--port", str(port),
                "--device", "cpu", "--dtype", "float32", "--log-level", "warning", *flags]
     url = f"http://127.0.0.1:{port}"
     with http_process(command, url, "/health", log, startup_s=STARTUP_S, stop_s=STOP_S) as process:
