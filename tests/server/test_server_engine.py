@@ -115,9 +115,24 @@ def test_the_cpu_kernels_run_under_the_paged_engine(model_dir, corpus):
     assert any(isinstance(m, KernelLinear) for m in fast.model.modules())
     assert not any(isinstance(m, KernelLinear) for m in plain.model.modules())
     batch = [(f"r{i}", p, SamplingParams.greedy(max_tokens=12)) for i, p in enumerate(prompts(corpus, 8, seed=5))]
-    threads = torch.get_num_threads()
-    assert run(fast, batch) == run(plain, batch)
-    assert torch.get_num_threads() == threads  # kernel_step gives torch its threads back
+    threads = torch.set_num_threads(2) or torch.get_num_threads()
+    seen = []  # torch's threads and the pool's while a step samples: one, and the step's two
+    sample = fast._sample
+    fast._sample = lambda *a: seen.append((torch.get_num_threads(), fast.runner.kernels.threads)) or sample(*a)
+    try:
+        assert run(fast, batch) == run(plain, batch)
+        assert torch.get_num_threads() == threads  # kernel_step gives torch its threads back
+    finally:
+        torch.set_num_threads(1)
+    assert seen and set(seen) == {(1, 2)}
+
+
+def test_the_step_budget_defaults_to_512_tokens_on_cpu(model_dir):
+    from native_server.engine import default_batched_tokens
+
+    assert engine(model_dir).scheduler.max_num_batched_tokens == 512
+    assert engine(model_dir, max_num_batched_tokens=40).scheduler.max_num_batched_tokens == 40
+    assert default_batched_tokens(torch.device("cuda")) == 2048
 
 
 SLIDING = {"mistral": {"sliding_window": 8},
