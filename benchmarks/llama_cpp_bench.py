@@ -157,10 +157,22 @@ def one_server(kind: str, url: str, process: subprocess.Popen, levels: list[int]
     run_level_sync(url, workload.prompts(2, VOCAB, "warmup"), gen_len, 1)
     rows = []
     for level in levels:
+        cpu = process_cpu_s(process.pid)
         timings = run_level_sync(url, workload.prompts(level * iterations, VOCAB, f"c{level}"), gen_len, level)
-        rows.append({"server": kind, "concurrency": level, **flatten(summarize(timings, level).to_dict())})
-        print(format_table(rows[-1:]), flush=True)
+        result = summarize(timings, level)
+        cpu = process_cpu_s(process.pid) - cpu  # the server's CPU time over the level: on a shared machine the
+        rows.append({"server": kind, "concurrency": level, **flatten(result.to_dict()), "server_cpu_s": cpu,
+                     "output_tok_per_cpu_s": result.output_tokens / cpu if cpu > 0 else None})  # steadier figure
+        print(format_table(rows[-1:]) + f"\n  server CPU {cpu:.2f} s, "
+              f"{rows[-1]['output_tok_per_cpu_s'] or float('nan'):.2f} output tok per CPU-s", flush=True)
     return {"rows": rows, "peak_rss_mib": peak_rss_mib(process.pid)}
+
+
+def process_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a running process, all its threads (/proc/PID/stat). llama-server's
+    threads spin while they wait, so compare this between ruvllm servers only."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def kv_bytes(tokens: int) -> int:
@@ -206,20 +218,25 @@ def native_ab(bin_dir: Path, quant: str, levels: list[int], rounds: int, threads
     # each pair of servers, A / B, per round; the median over rounds
     pairs = [(a, b) for i, a in enumerate(kinds) for b in kinds[i + 1:]]
     ratios: dict[str, dict[str, float]] = {}
+    cpu_ratios: dict[str, dict[str, float]] = {}  # output tokens per server CPU-second, ruvllm kinds only
     for level in levels:
         for a, b in pairs:
-            per_round = []
+            per_round, per_cpu = [], []
             for rnd in range(rounds):
-                tok = {r["server"]: next(x["output_throughput"] for x in r["rows"] if x["concurrency"] == level)
+                row = {r["server"]: next(x for x in r["rows"] if x["concurrency"] == level)
                        for r in runs if r["round"] == rnd}
-                per_round.append(tok[a] / tok[b])
+                per_round.append(row[a]["output_throughput"] / row[b]["output_throughput"])
+                if "llama-server" not in (a, b) and row[a]["output_tok_per_cpu_s"] and row[b]["output_tok_per_cpu_s"]:
+                    per_cpu.append(row[a]["output_tok_per_cpu_s"] / row[b]["output_tok_per_cpu_s"])
             ratios.setdefault(f"{a} / {b}", {})[f"c{level}"] = statistics.median(per_round)
+            if per_cpu:
+                cpu_ratios.setdefault(f"{a} / {b}", {})[f"c{level}"] = statistics.median(per_cpu)
     rss = {kind: max(r["peak_rss_mib"] for r in runs if r["server"] == kind) for kind in kinds}
     if kinds == ["ruvllm", "llama-server"]:  # the report's earlier shape
         ratios = ratios["ruvllm / llama-server"]
     return {"gguf": str(gguf), "quant": quant, "threads": threads, "ruvllm_flags": ruvllm_flags or [],
             "baseline": str(baseline) if baseline is not None else None, "gen_length": gen_len, "runs": runs,
-            "paired_ratio": ratios, "peak_rss_mib": rss}
+            "paired_ratio": ratios, "paired_ratio_per_cpu_s": cpu_ratios, "peak_rss_mib": rss}
 
 
 def main() -> int:
@@ -258,7 +275,8 @@ def main() -> int:
         out.write_text(json.dumps(result, indent=2, default=str))
         for run in result["runs"]:
             print(format_table(run["rows"]))
-        print(f"output tok/s ratios (paired, median over rounds): {result['paired_ratio']}; "
+        print(f"output tok/s ratios (paired, median over rounds): {result['paired_ratio']}; per server CPU-s: "
+              f"{result['paired_ratio_per_cpu_s']}; "
               f"peak RSS MiB {result['peak_rss_mib']}; wrote {out}")
         return 0
     if args.venv is None or args.sdist_dir is None:
