@@ -289,7 +289,9 @@ class LLMEngine:
         row_of = {seq.seq_id: row for row, seq in enumerate(seqs)}
         rows = [*range(len(seqs)), *(row_of[parent.seq_id] for parent, _ in children)]  # a child samples
         all_seqs = seqs + [child for _, child in children]  # from its parent's logits row
-        samples, failed = self._sample(logits[rows], all_seqs)
+        if rows != list(range(len(logits))):  # children sample from their parents' rows; else no 10 MB copy
+            logits = logits[rows]
+        samples, failed = self._sample(logits, all_seqs)
         self.scheduler.update(out, {s.seq_id: x.token_id for s, x in zip(seqs, samples) if x is not None})
         for (parent, child), x in zip(children, samples[len(seqs):]):
             if x is not None:
