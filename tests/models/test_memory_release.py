@@ -131,10 +131,51 @@ def test_bfloat16_load_holds_a_chunk_of_the_source_at_a_time(tmp_path, monkeypat
 def test_bfloat16_load_equals_the_checkpoint_converted(tmp_path, monkeypatch):
     """load_model(dtype=bfloat16) in chunks of a few rows: every parameter is the file's tensor .to(bf16)."""
     save_hf_model(FAMILIES["llama3-rope"], tmp_path)
-    monkeypatch.setattr(loader, "CONVERT_CHUNK", 1 << 8)  # several chunks per matrix
+    monkeypatch.setattr(loader, "CONVERT_CHUNK", 1 << 12)  # several chunks per matrix
     model, _ = load_model(tmp_path, dtype="bfloat16")
     state = load_file(tmp_path / "model.safetensors")
     params = dict(model.named_parameters())
     assert params and all(p.dtype == torch.bfloat16 for p in params.values())
     for name, p in params.items():
         assert torch.equal(p, state[name].to(torch.bfloat16)), name
+
+
+QWEN25_TOKENIZER = Path(__file__).resolve().parents[2].parent / "shared" / "fixtures" / "tokenizers" / "qwen2.5"
+TOKENIZER_HEAP = """
+import json, sys
+sys.path.insert(0, sys.argv[1])
+from py_engine.models.memory import rss_mb, trim_heap
+from py_engine.tokenizer import Tokenizer
+before = rss_mb()["anon"]
+tokenizer = Tokenizer.from_pretrained(sys.argv[2])
+loaded = rss_mb()["anon"]
+trim_heap()
+print(json.dumps({"loaded": loaded - before, "trimmed": rss_mb()["anon"] - before}))
+"""
+
+
+def test_trim_heap_gives_back_what_parsing_a_tokenizer_freed():
+    """Qwen2.5's tokenizer.json (7 MB, 151k tokens and merges) leaves freed parse buffers in the heap: LLM and
+    the server's engine call trim_heap() after loading it, and it hands ~11 MB of anonymous memory back."""
+    import json
+    import subprocess
+
+    if not (QWEN25_TOKENIZER / "tokenizer.json").is_file():
+        pytest.skip(f"shared fixture: {QWEN25_TOKENIZER} is missing")
+    repo = Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, "-c", TOKENIZER_HEAP, str(repo), str(QWEN25_TOKENIZER)],
+                          capture_output=True, text=True, check=True, timeout=300)
+    mib = json.loads(done.stdout.strip().splitlines()[-1])
+    assert mib["loaded"] - mib["trimmed"] >= 4, mib
+
+
+def test_llm_trims_the_heap_after_its_tokenizer(monkeypatch):
+    from py_engine.backends import torch as backend
+
+    order: list[str] = []
+    load = backend.Tokenizer.from_pretrained
+    monkeypatch.setattr(backend.Tokenizer, "from_pretrained",
+                        staticmethod(lambda *a, **k: order.append("tokenizer") or load(*a, **k)))
+    monkeypatch.setattr(backend, "trim_heap", lambda: order.append("trim"))
+    backend.LLM("tiny-shakespeare", device="cpu", dtype="float32")
+    assert order[-2:] == ["tokenizer", "trim"]
