@@ -25,6 +25,7 @@ from torch import Tensor, nn
 
 from ..config import ModelConfig
 from .errors import ModelLoadError
+from .hugepages import huge_page_copy
 from .safetensors_io import SafetensorsError, SafetensorsFile
 from .skeleton import skeleton
 from .transformer import CausalLM
@@ -85,11 +86,15 @@ class Checkpoint:
         f = self.files[self.where[name]]
         return f.get(name) if isinstance(f, SafetensorsFile) else f[name]
 
-    def release(self, name: str) -> None:
-        """The tensor was copied: its mapped pages need not stay resident."""
+    def mapped(self, name: str) -> bool:
+        """Whether the tensor is read from a mapped file (a .safetensors), whose pages release() drops."""
+        return isinstance(self.files[self.where[name]], SafetensorsFile)
+
+    def release(self, name: str, first: int = 0, stop: int | None = None) -> None:
+        """The tensor (its bytes [first, stop)) was copied: its mapped pages need not stay resident."""
         f = self.files[self.where[name]]
         if isinstance(f, SafetensorsFile):
-            f.release(name)
+            f.release(name, first, stop)
 
 
 def _check_shard_name(index: Path, file_name: str) -> None:
@@ -132,10 +137,13 @@ def resolve_dtype(dtype: str | torch.dtype, config: ModelConfig) -> torch.dtype:
 
 
 def load_model(path: str | Path, dtype: str | torch.dtype = "auto", device: str | torch.device = "cpu",
-               *, dequantize: bool = False) -> tuple[CausalLM, ModelConfig]:
+               *, dequantize: bool = False, huge_pages: bool = False) -> tuple[CausalLM, ModelConfig]:
     """Build the model a folder's config.json describes and fill it with its weights.
 
-    dequantize: a GGUF folder's Q4_0/Q4_1/Q8_0 projections load as float weights, not QuantLinear."""
+    dequantize: a GGUF folder's Q4_0/Q4_1/Q8_0 projections load as float weights, not QuantLinear.
+    huge_pages: float weights of 2 MiB and more are copied into 2 MiB pages (models/hugepages.py), for a
+    CPU decode that streams them as they are; not for weights that are to be quantized next (their float
+    copies would all be resident before quantization reads them)."""
     folder = Path(path)
     config = ModelConfig.from_file(folder)
     torch_dtype = resolve_dtype(dtype, config)
@@ -147,7 +155,12 @@ def load_model(path: str | Path, dtype: str | torch.dtype = "auto", device: str 
     _check_names(checkpoint, expected, config, consumed)
     for name, param in expected.items():
         tensor = _checked_tensor(checkpoint, name, tuple(param.shape))
-        converted = tensor.to(device=device, dtype=torch_dtype)
+        converted = None
+        if huge_pages and torch.device(device).type == "cpu" and isinstance(checkpoint, Checkpoint) \
+                and checkpoint.mapped(name):  # copied in chunks, each chunk's file pages dropped
+            converted = huge_page_copy(tensor, torch_dtype, lambda first, stop: checkpoint.release(name, first, stop))
+        if converted is None:
+            converted = tensor.to(device=device, dtype=torch_dtype)
         _set_parameter(model, name, converted)
         if converted.data_ptr() != tensor.data_ptr():  # a copy (another dtype or device)
             checkpoint.release(name)

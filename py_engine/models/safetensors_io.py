@@ -89,14 +89,16 @@ class SafetensorsFile:
     def shape(self, name: str) -> tuple[int, ...]:
         return self._entries[name][1]
 
-    def release(self, name: str) -> None:
+    def release(self, name: str, first: int = 0, stop: int | None = None) -> None:
         """Unmap the pages that hold only this tensor's bytes, once it has been copied elsewhere.
 
         Mapped pages count toward the process's resident memory until the
         file is unmapped: a bfloat16 load of a float32 file would otherwise
         peak at both sizes together. A later get() maps them in again.
+        first, stop: only the tensor's bytes [first, stop) (a copy made in chunks).
         """
         _, _, begin, end = self._entries[name]
+        begin, end = begin + max(0, first), end if stop is None else min(end, begin + stop)
         page = mmap.PAGESIZE
         start = -(-(self._data_start + begin) // page) * page  # pages shared with a neighbour stay
         stop = (self._data_start + end) // page * page
