@@ -35,7 +35,9 @@
  * 24.5 to 27.7 GB/s, bf16 from 17.9 to 20.8, going from 32 KiB to 512 KiB);
  * several chunks per thread let one thread take over from a descheduled one. */
 #define MIN_CHUNK_BYTES 32768
+#ifndef MAX_CHUNK_BYTES
 #define MAX_CHUNK_BYTES 524288
+#endif
 #define MR 4              /* x rows per tile */
 #define NR 3              /* w rows per tile: 12 accumulators + 3 weights + 1 x = 16 ymm registers */
 
