@@ -11,7 +11,9 @@ transforms), `ruvllm:nokernels` (fused projections, torch's matmuls),
 in torch), `ruvllm:nostack` (every CPU transform, but decode steps module by
 module rather than as one rk_decode_step call), `ruvllm:int8` / `ruvllm:int4` (in-situ RTN quantization before the
 CPU transforms; `+exact` decodes on the exact fp32 path, `+head4` makes the LM
-head 4-bit too, `+g32` uses groups of 32); the
+head 4-bit too, `+g32` uses groups of 32), `ruvllm:nohuge` (float weights left in
+4 KiB pages: load_model without huge_pages, which ruvllm's own loading path asks
+for when nothing is quantized); the
 parent sets environment variants such as `:thp` before this starts.
 `ruvllm@REV` runs py_engine as of git revision REV (unpacked under .cache),
 to measure against the engine before a change. `llama.cpp` runs the same
@@ -35,6 +37,7 @@ and convert to the dtype asked for.
 """
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import resource
@@ -121,9 +124,12 @@ def ruvllm_runner(folder: Path, dtype: str, options: set[str], revision: str = "
     from py_engine.models import load_model
 
     RSS_STAGES["imports"] = _rss()
-    model, config = load_model(folder, dtype=dtype)
-    RSS_STAGES["load"] = _rss()
     method = next((m for m in ("int8", "int4") if m in options), None)
+    pages = {}  # float weights in 2 MiB pages, as load_quantized asks when nothing is quantized (not: `nohuge`)
+    if "huge_pages" in inspect.signature(load_model).parameters:  # older revisions have no such option
+        pages["huge_pages"] = method is None and "nohuge" not in options
+    model, config = load_model(folder, dtype=dtype, **pages)
+    RSS_STAGES["load"] = _rss()
     if method is not None:  # in-situ quantization, before the CPU transforms (as LLM(quantization=...) does)
         from py_engine.quant.config import QuantConfig
         from py_engine.quant.transform import quantize_model

@@ -57,8 +57,6 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results" / "decode_speed.json"
-# llama.cpp decoding this shape on this machine, as the issue states it (tok/s).
-LLAMA_CPP = {"float32": (14.0, 17.0), "bfloat16": (28.0, 43.0), "q8_0": (52.0, 52.0), "q4_0": (72.0, 77.0)}
 
 
 def parse_args() -> argparse.Namespace:
@@ -178,14 +176,6 @@ def print_table(rows: list[dict], ratios: list[dict], args: argparse.Namespace) 
     for r in ratios:
         parts = [f"{k} x{v:.2f}" for k, v in r["ratios"].items() if v is not None]
         print(f"{r['engine']} {r['dtype']} vs {r['vs']} (paired): " + ", ".join(parts))
-    for r in rows:
-        opts = set(r["engine"].partition(":")[2].split("+"))
-        stated = "q8_0" if "int8" in opts else "q4_0" if "int4" in opts else r["dtype"]
-        if r["engine"].startswith("ruvllm") and stated in LLAMA_CPP and r.get(f"decode_tok_s@{lengths[0]}"):
-            lo, hi = LLAMA_CPP[stated]
-            med = r[f"decode_tok_s@{lengths[0]}"]["median"]
-            print(f"{r['engine']} {r['dtype']} decode@{lengths[0]} vs llama.cpp's stated {stated} {lo:g}-{hi:g} tok/s: "
-                  f"x{med / hi:.2f}-x{med / lo:.2f}")
 
 
 def split_cell(row: dict) -> str:
@@ -263,7 +253,7 @@ def main() -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     config = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
     args.out.write_text(json.dumps({"meta": meta, "config": config, "summary": rows, "ratios": ratios,
-                                    "llama_cpp_stated": LLAMA_CPP, "runs": runs}, indent=1) + "\n")
+                                    "runs": runs}, indent=1) + "\n")
     print(f"wrote {args.out}")
 
 

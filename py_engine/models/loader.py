@@ -25,6 +25,7 @@ from torch import Tensor, nn
 
 from ..config import ModelConfig
 from .errors import ModelLoadError
+from .hugepages import huge_page_copy
 from .memory import release_library_pages
 from .safetensors_io import SafetensorsError, SafetensorsFile
 from .skeleton import skeleton
@@ -87,6 +88,10 @@ class Checkpoint:
         f = self.files[self.where[name]]
         return f.get(name) if isinstance(f, SafetensorsFile) else f[name]
 
+    def mapped(self, name: str) -> bool:
+        """Whether the tensor is read from a mapped file (a .safetensors), whose pages release() drops."""
+        return isinstance(self.files[self.where[name]], SafetensorsFile)
+
     def release(self, name: str, start: int = 0, stop: int | None = None) -> None:
         """The tensor's bytes [start, stop) (all by default) were copied: their mapped pages need not stay
         resident."""
@@ -135,10 +140,13 @@ def resolve_dtype(dtype: str | torch.dtype, config: ModelConfig) -> torch.dtype:
 
 
 def load_model(path: str | Path, dtype: str | torch.dtype = "auto", device: str | torch.device = "cpu",
-               *, dequantize: bool = False) -> tuple[CausalLM, ModelConfig]:
+               *, dequantize: bool = False, huge_pages: bool = False) -> tuple[CausalLM, ModelConfig]:
     """Build the model a folder's config.json describes and fill it with its weights.
 
-    dequantize: a GGUF folder's Q4_0/Q4_1/Q8_0 projections load as float weights, not QuantLinear."""
+    dequantize: a GGUF folder's Q4_0/Q4_1/Q8_0 projections load as float weights, not QuantLinear.
+    huge_pages: float weights of 2 MiB and more are copied into 2 MiB pages (models/hugepages.py), for a
+    CPU decode that streams them as they are; not for weights that are to be quantized next (their float
+    copies would all be resident before quantization reads them)."""
     folder = Path(path)
     config = ModelConfig.from_file(folder)
     torch_dtype = resolve_dtype(dtype, config)
@@ -151,7 +159,15 @@ def load_model(path: str | Path, dtype: str | torch.dtype = "auto", device: str 
     _check_names(checkpoint, expected, config, consumed)
     for name, param in expected.items():
         tensor = _checked_tensor(checkpoint, name, tuple(param.shape))
-        _set_parameter(model, name, _converted(checkpoint, name, tensor, torch_dtype, torch.device(device)))
+        converted = None
+        if huge_pages and torch.device(device).type == "cpu" and isinstance(checkpoint, Checkpoint) \
+                and checkpoint.mapped(name):  # copied in chunks, each chunk's file pages dropped
+            converted = huge_page_copy(tensor, torch_dtype, lambda first, stop: checkpoint.release(name, first, stop))
+            if converted is not None and converted.data_ptr() != tensor.data_ptr():
+                checkpoint.release(name)
+        if converted is None:
+            converted = _converted(checkpoint, name, tensor, torch_dtype, torch.device(device))
+        _set_parameter(model, name, converted)
     if isinstance(model.lm_head, nn.Linear):  # a quantized head is its own tensor
         model.tie_weights()
     if not isinstance(model.model.embed_tokens, nn.Embedding):  # rows gathered from codes (a GGUF's, quant/embedding.py)
