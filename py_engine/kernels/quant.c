@@ -558,8 +558,9 @@ int rk_qlinear_parts(const void *x, int x_bf16, int n_parts, const qmat_t *parts
       group += w->ng;
     }
     int64_t rows;
-    if (panel_parts >> p & 1) { /* whole panels of 16 rows, ~4 chunks a thread, the packed chunk within L2 */
-      rows = w->N / (4 * pool_threads()) + 1;
+    if (panel_parts >> p & 1) { /* 32 rows (two panels) at a time, ~8 chunks a thread (896 rows at 2 threads:
+                                  * 14 chunks, where 4 a thread gave 7 and one thread ran 4 of them) */
+      rows = w->N / (8 * pool_threads()) + 1;
       if (rows * row_bytes(w) > Q_MAX_DEQUANT) rows = Q_MAX_DEQUANT / row_bytes(w) + 1;
       rows = (rows + 31) / 32 * 32;
     } else {
