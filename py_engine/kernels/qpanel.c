@@ -28,10 +28,10 @@
 #define P_LANES 16
 
 typedef struct { /* one chunk of W rows in panel order, in the calling thread's buffer */
-  const uint8_t *codes; /* [panels][nb * 4][16] int32 lanes: dword t of each row */
+  const uint8_t *codes; /* [panels][nb * words][16] int32 lanes: dword t of each row (8-bit: as unsigned c) */
   const float *scales;  /* [panels][ng][16] */
-  const float *mins;    /* [panels][ng][16], or NULL */
-  int64_t panels, nb, ng, spg;
+  const float *mins;    /* [panels][ng][16] what comes off per group times X_g: mins, + 128 s for 8-bit; or NULL */
+  int64_t panels, nb, ng, spg, words; /* words: dwords per sub-block (4-bit 4, 8-bit 8) */
 } packed_t;
 
 static void *p_scratch(int64_t bytes) {
@@ -45,37 +45,45 @@ static void *p_scratch(int64_t bytes) {
   return buffer;
 }
 
-/* Rows n0..n1 of w in panel order; lanes past n1 get zero codes and scales (their outputs are not stored). */
+/* Rows n0..n1 of w in panel order; lanes past n1 get zero codes and scales (their outputs are not stored).
+ * 8-bit codes are stored as c - 128 (int8); vpdpbusd takes them as unsigned c (the sign bit flipped), so
+ * Σ (c - 128) q = Σ c q - 128 Σ q, and 128 s X_g comes off per group with the mins (X_g = Σ d_b Σ q_b). */
 static int pack(const qmat_t *w, int64_t n0, int64_t n1, packed_t *p) {
   const int64_t nb = nb_of(w), rb = row_bytes(w), ng = w->ng, panels = (n1 - n0 + P_LANES - 1) / P_LANES;
-  const int64_t code_bytes = panels * nb * 4 * 64, float_bytes = panels * ng * P_LANES * 4;
-  uint8_t *buf = p_scratch(code_bytes + float_bytes * (w->mins ? 2 : 1));
+  const int64_t words = w->bits4 ? 4 : 8, code_bytes = panels * nb * words * 64, float_bytes = panels * ng * P_LANES * 4;
+  const int corr = w->mins || !w->bits4;
+  uint8_t *buf = p_scratch(code_bytes + float_bytes * (corr ? 2 : 1));
   if (!buf) return -1;
-  float *sc = (float *)(buf + code_bytes), *mn = w->mins ? sc + panels * ng * P_LANES : NULL;
+  float *sc = (float *)(buf + code_bytes), *mn = corr ? sc + panels * ng * P_LANES : NULL;
+  const __m512i flip = _mm512_set1_epi8(w->bits4 ? 0 : (char)0x80);
   const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
   for (int64_t q = 0; q < panels; ++q) {
     const int64_t n = n0 + q * P_LANES, live = n1 - n < P_LANES ? n1 - n : P_LANES;
     const __mmask16 k = (__mmask16)((1u << live) - 1u);
     const __m512i off = _mm512_mullo_epi32(lane, _mm512_set1_epi32((int)rb));
     const uint8_t *c = w->codes + n * rb;
-    uint8_t *o = buf + q * nb * 4 * 64;
-    for (int64_t t = 0; t < nb * 4; ++t)
-      _mm512_store_si512((void *)(o + t * 64), _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), k, off, c + 4 * t, 1));
+    uint8_t *o = buf + q * nb * words * 64;
+    for (int64_t t = 0; t < nb * words; ++t) {
+      const __m512i v = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), k, off, c + 4 * t, 1);
+      _mm512_store_si512((void *)(o + t * 64), _mm512_maskz_xor_epi32(k, v, flip));
+    }
     for (int64_t g = 0; g < ng; ++g)
       for (int64_t l = 0; l < P_LANES; ++l) {
-        sc[(q * ng + g) * P_LANES + l] = l < live ? w->scales[(n + l) * ng + g] : 0.f;
-        if (mn) mn[(q * ng + g) * P_LANES + l] = l < live ? w->mins[(n + l) * ng + g] : 0.f;
+        const int64_t i = (n + l) * ng + g;
+        sc[(q * ng + g) * P_LANES + l] = l < live ? w->scales[i] : 0.f;
+        if (mn) mn[(q * ng + g) * P_LANES + l] = l < live ? (w->mins ? w->mins[i] : 0.f) + (w->bits4 ? 0.f : 128.f * w->scales[i]) : 0.f;
       }
   }
-  *p = (packed_t){buf, sc, mn, panels, nb, ng, w->spg};
+  *p = (packed_t){buf, sc, mn, panels, nb, ng, w->spg, words};
   return 0;
 }
 
 /* Panels q..q + np - 1 against rows m0..m0 + mt - 1 of x; y rows get columns n.. (at most n_live of them). */
 static inline __attribute__((always_inline)) void kernel(const qjob_t *j, const qpart_t *a, const packed_t *p, int64_t q,
-                                                          const int np, int64_t m0, const int mt, int64_t n, int64_t n_live) {
-  const int64_t nb = p->nb, xrow = nb * 32;
-  const uint8_t *wc = p->codes + q * nb * 4 * 64;
+                                                          const int np, int64_t m0, const int mt, int64_t n, int64_t n_live,
+                                                          const int bits4) {
+  const int64_t nb = p->nb, xrow = nb * 32, words = bits4 ? 4 : 8;
+  const uint8_t *wc = p->codes + q * nb * words * 64;
   const int8_t *qx = j->qx + m0 * xrow;
   const float *dx = j->dx + m0 * nb;
   const __m512i low = _mm512_set1_epi8(0x0f);
@@ -86,18 +94,24 @@ static inline __attribute__((always_inline)) void kernel(const qjob_t *j, const 
     __m512i ia[P_MT][P_NP];
     for (int m = 0; m < mt; ++m)
       for (int r = 0; r < np; ++r) ia[m][r] = _mm512_setzero_si512();
-    for (int t = 0; t < 4; ++t) {
+    for (int t = 0; t < 4; ++t) { /* 8 columns of each row: 4-bit j..j + 3 and j + 16..; 8-bit j..j + 7 */
       __m512i lo[P_NP], hi[P_NP];
       for (int r = 0; r < np; ++r) {
-        const __m512i v = _mm512_load_si512((const void *)(wc + r * nb * 4 * 64 + (b * 4 + t) * 64));
-        lo[r] = _mm512_and_si512(v, low);
-        hi[r] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+        const uint8_t *wr = wc + r * nb * words * 64;
+        if (bits4) {
+          const __m512i v = _mm512_load_si512((const void *)(wr + (b * 4 + t) * 64));
+          lo[r] = _mm512_and_si512(v, low);
+          hi[r] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+        } else {
+          lo[r] = _mm512_load_si512((const void *)(wr + (b * 8 + 2 * t) * 64));
+          hi[r] = _mm512_load_si512((const void *)(wr + (b * 8 + 2 * t + 1) * 64));
+        }
       }
       for (int m = 0; m < mt; ++m) {
-        const int8_t *xm = qx + m * xrow + b * 32 + 4 * t;
+        const int8_t *xm = qx + m * xrow + b * 32 + (bits4 ? 4 : 8) * t;
         int32_t x4[2];
         memcpy(&x4[0], xm, 4);
-        memcpy(&x4[1], xm + 16, 4);
+        memcpy(&x4[1], xm + (bits4 ? 16 : 4), 4);
         const __m512i xl = _mm512_set1_epi32(x4[0]), xh = _mm512_set1_epi32(x4[1]);
         for (int r = 0; r < np; ++r) ia[m][r] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(ia[m][r], lo[r], xl), hi[r], xh);
       }
@@ -108,7 +122,7 @@ static inline __attribute__((always_inline)) void kernel(const qjob_t *j, const 
       for (int r = 0; r < np; ++r)
         acc[m][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ia[m][r]), _mm512_mul_ps(d, _mm512_load_ps(sg + r * p->ng * P_LANES)), acc[m][r]);
     }
-    if (--left == 0) { /* the group's last sub-block: its mins term, then the next group */
+    if (--left == 0) { /* the group's last sub-block: its mins (and 8-bit) term, then the next group */
       if (p->mins && a->xg) {
         const float *mg = p->mins + (q * p->ng + g) * P_LANES;
         for (int m = 0; m < mt; ++m) {
@@ -133,12 +147,12 @@ static inline __attribute__((always_inline)) void kernel(const qjob_t *j, const 
     }
 }
 
-#define P_CASE(K, NP) \
-  case K: kernel(j, a, &p, q, NP, m0, K < P_MT ? K : P_MT, n, n1 - n); break;
-#define P_CASES(NP)                                                                                  \
-  switch (mt) { /* mt <= P_MT <= 8 */                                                                \
-    P_CASE(1, NP) P_CASE(2, NP) P_CASE(3, NP) P_CASE(4, NP) P_CASE(5, NP) P_CASE(6, NP) P_CASE(7, NP) \
-    default: kernel(j, a, &p, q, NP, m0, P_MT, n, n1 - n); break;                                   \
+#define P_CASE(K, NP, B4) \
+  case K: kernel(j, a, &p, q, NP, m0, K < P_MT ? K : P_MT, n, n1 - n, B4); break;
+#define P_CASES(NP, B4)                                                                                          \
+  switch (mt) { /* mt <= P_MT <= 8 */                                                                            \
+    P_CASE(1, NP, B4) P_CASE(2, NP, B4) P_CASE(3, NP, B4) P_CASE(4, NP, B4) P_CASE(5, NP, B4) P_CASE(6, NP, B4) \
+    P_CASE(7, NP, B4) default: kernel(j, a, &p, q, NP, m0, P_MT, n, n1 - n, B4); break;                         \
   }
 
 int q_panels(const qjob_t *j, const qpart_t *a, int64_t n0, int64_t n1) {
@@ -149,11 +163,11 @@ int q_panels(const qjob_t *j, const qpart_t *a, int64_t n0, int64_t n1) {
     int64_t q = 0;
     for (; q + P_NP <= p.panels; q += P_NP) {
       const int64_t n = n0 + q * P_LANES;
-      P_CASES(P_NP)
+      if (a->w.bits4) { P_CASES(P_NP, 1) } else { P_CASES(P_NP, 0) }
     }
     for (; q < p.panels; ++q) {
       const int64_t n = n0 + q * P_LANES;
-      P_CASES(1)
+      if (a->w.bits4) { P_CASES(1, 1) } else { P_CASES(1, 0) }
     }
   }
   return 0;

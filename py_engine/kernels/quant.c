@@ -547,7 +547,7 @@ int rk_qlinear_parts(const void *x, int x_bf16, int n_parts, const qmat_t *parts
   for (int p = 0; p < n_parts; ++p) {
     const qmat_t *w = &parts[p];
     float *part_xg = NULL;
-    if (w->mins) { /* X_g per row of x for this part's grouping */
+    if (w->mins || (panel_parts >> p & 1 && !w->bits4)) { /* X_g per row of x for this part's grouping */
       part_xg = xg + group * M;
       for (int64_t m = 0; m < M; ++m)
         for (int64_t g = 0; g < w->ng; ++g) {
@@ -581,8 +581,8 @@ int rk_qlinear_parts(const void *x, int x_bf16, int n_parts, const qmat_t *parts
 int64_t rk_quant_tile_rows(void) { return blas_available() ? Q_TILE_ROWS : INT64_MAX; }
 
 /* The same for one layout (bits4: 4-bit or fewer codes): INT64_MAX where every count of rows takes int8 x
- * (4-bit codes on builds with qpanel.c's panels). */
-int64_t rk_quant_int8_rows(int bits4) { return bits4 && Q_PANELS_BUILT ? INT64_MAX : rk_quant_tile_rows(); }
+ * (builds with qpanel.c's panels, every layout; the argument keeps room for a per-layout answer). */
+int64_t rk_quant_int8_rows(int bits4) { (void)bits4; return Q_PANELS_BUILT ? INT64_MAX : rk_quant_tile_rows(); }
 
 /* Round-to-nearest quantization of W [N, K] (fp32 or bf16) in blocks along K, with the
  * arithmetic of py_engine/quant/rtn.py's quantize_rtn step for step in fp32 (and so the same

@@ -16,10 +16,13 @@
 #ifndef Q_TILE_ROWS
 #define Q_TILE_ROWS 32
 #endif
-/* 4-bit codes from Q_TILE_ROWS rows of x: int8 x in integer panels (qpanel.c) on AVX-512 VNNI builds, instead of
- * sgemm over dequantized rows; Q_PANELS=0 builds keep sgemm (A/B). */
+/* Quantized codes (per-sub-block int8 x, mode 0) from Q_PANEL_ROWS rows of x: integer panels (qpanel.c) on AVX-512
+ * VNNI builds, instead of sgemm over dequantized rows; Q_PANELS=0 builds keep sgemm (A/B). */
 #ifndef Q_PANELS
 #define Q_PANELS 1
+#endif
+#ifndef Q_PANEL_ROWS
+#define Q_PANEL_ROWS Q_TILE_ROWS /* fewer: faster batches (16 rows ~2x the tiles), but a row of one no longer equals it alone */
 #endif
 #if Q_PANELS && defined(__AVX512VNNI__) && defined(__AVX512BW__)
 #define Q_PANELS_BUILT 1
@@ -142,7 +145,8 @@ static inline int ztile_fits(const qmat_t *w) {
 
 /* Whether the panels (qpanel.c) take this matrix for M rows of x in this mode. */
 static inline int q_panels_fit(const qmat_t *w, int64_t M, int mode) {
-  return Q_PANELS_BUILT && mode == 0 && w->bits4 && M >= Q_TILE_ROWS;
+  (void)w; /* every layout: 8-bit and 4-bit (and 2/3-bit) codes, any group */
+  return Q_PANELS_BUILT && mode == 0 && M >= Q_PANEL_ROWS;
 }
 /* Rows n0..n1 of part a against every row of x in panels (qpanel.c); -1 when its buffer cannot be had. */
 int q_panels(const qjob_t *j, const qpart_t *a, int64_t n0, int64_t n1);

@@ -173,13 +173,14 @@ def test_batched_tiles_over_row_blocks(kernels, layout):
 
 
 @needs_kernels
-@pytest.mark.parametrize("layout", [c for c in LAYOUTS if c[0] == 4], ids=lambda c: f"{c[0]}bit-g{c[1]}{'-q4_1' if c[3] else ''}")
+@pytest.mark.parametrize("layout", LAYOUTS + [(8, 1040, True, False)],
+                         ids=lambda c: f"{c[0]}bit-g{c[1]}{'-q4_1' if c[3] else ''}")
 @pytest.mark.parametrize("shape", [(72, 256, 45), (200, 1040, 70)], ids=lambda s: "x".join(map(str, s)))
 def test_prefill_panels_match_the_reference(kernels, layout, shape):
-    """A prefill chunk of 4-bit codes: int8 x in qpanel.c's panels on AVX-512 VNNI builds (sgemm on exact x
-    elsewhere). N = 72 / 200: a last panel of 8 live rows; K = 1040: 33 sub-blocks (zero-padded past K, a
-    last group of 2 sub-blocks at g128); 45 / 70 rows: a last block of 3 / 4 rows of x; two parts (one
-    job over both, as fused qkv) and a bias."""
+    """A prefill chunk: int8 x in qpanel.c's panels on AVX-512 VNNI builds (sgemm on exact x elsewhere).
+    N = 72 / 200: a last panel of 8 live rows; K = 1040: 33 sub-blocks (zero-padded past K, a last group
+    of 2 sub-blocks at g128; g1040: one group a row, as per-channel int8); 45 / 70 rows: a last block of
+    3 / 4 rows of x; two parts (one job over both, as fused qkv) and a bias."""
     bits, group, symmetric, offsets = layout
     n, k, rows = shape
     q, q2 = weights(bits, group, symmetric, n, k, offsets), weights(bits, group, symmetric, 48, k, offsets)
