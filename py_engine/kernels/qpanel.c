@@ -28,10 +28,10 @@
 #define P_LANES 16
 
 typedef struct { /* one chunk of W rows in panel order, in the calling thread's buffer */
-  const uint8_t *codes; /* [panels][nb * words][16] int32 lanes: dword t of each row (8-bit: as unsigned c) */
+  const uint8_t *codes; /* [panels][nb * 8][16] int32 lanes: 4 codes of each row as bytes (8-bit: unsigned c) */
   const float *scales;  /* [panels][ng][16] */
   const float *mins;    /* [panels][ng][16] what comes off per group times X_g: mins, + 128 s for 8-bit; or NULL */
-  int64_t panels, nb, ng, spg, words; /* words: dwords per sub-block (4-bit 4, 8-bit 8) */
+  int64_t panels, nb, ng, spg;
 } packed_t;
 
 static void *p_scratch(int64_t bytes) {
@@ -50,23 +50,31 @@ static void *p_scratch(int64_t bytes) {
  * Σ (c - 128) q = Σ c q - 128 Σ q, and 128 s X_g comes off per group with the mins (X_g = Σ d_b Σ q_b). */
 static int pack(const qmat_t *w, int64_t n0, int64_t n1, packed_t *p) {
   const int64_t nb = nb_of(w), rb = row_bytes(w), ng = w->ng, panels = (n1 - n0 + P_LANES - 1) / P_LANES;
-  const int64_t words = w->bits4 ? 4 : 8, code_bytes = panels * nb * words * 64, float_bytes = panels * ng * P_LANES * 4;
+  const int64_t code_bytes = panels * nb * 8 * 64, float_bytes = panels * ng * P_LANES * 4;
   const int corr = w->mins || !w->bits4;
   uint8_t *buf = p_scratch(code_bytes + float_bytes * (corr ? 2 : 1));
   if (!buf) return -1;
   float *sc = (float *)(buf + code_bytes), *mn = corr ? sc + panels * ng * P_LANES : NULL;
-  const __m512i flip = _mm512_set1_epi8(w->bits4 ? 0 : (char)0x80);
   const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
   for (int64_t q = 0; q < panels; ++q) {
     const int64_t n = n0 + q * P_LANES, live = n1 - n < P_LANES ? n1 - n : P_LANES;
     const __mmask16 k = (__mmask16)((1u << live) - 1u);
     const __m512i off = _mm512_mullo_epi32(lane, _mm512_set1_epi32((int)rb));
     const uint8_t *c = w->codes + n * rb;
-    uint8_t *o = buf + q * nb * words * 64;
-    for (int64_t t = 0; t < nb * words; ++t) {
-      const __m512i v = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), k, off, c + 4 * t, 1);
-      _mm512_store_si512((void *)(o + t * 64), _mm512_maskz_xor_epi32(k, v, flip));
-    }
+    uint8_t *o = buf + q * nb * 8 * 64;
+    if (w->bits4) /* unpacked here once, not in the kernel for every block of x rows: 4 bytes of a row's codes
+                   * as two dwords, the low nibbles (columns j..j + 3) then the high ones (j + 16..j + 19) */
+      for (int64_t t = 0; t < nb * 4; ++t) {
+        const __m512i v = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), k, off, c + 4 * t, 1);
+        const __m512i low = _mm512_set1_epi8(0x0f);
+        _mm512_store_si512((void *)(o + 2 * t * 64), _mm512_and_si512(v, low));
+        _mm512_store_si512((void *)(o + (2 * t + 1) * 64), _mm512_and_si512(_mm512_srli_epi16(v, 4), low));
+      }
+    else
+      for (int64_t t = 0; t < nb * 8; ++t) {
+        const __m512i v = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), k, off, c + 4 * t, 1);
+        _mm512_store_si512((void *)(o + t * 64), _mm512_maskz_xor_epi32(k, v, _mm512_set1_epi8((char)0x80)));
+      }
     for (int64_t g = 0; g < ng; ++g)
       for (int64_t l = 0; l < P_LANES; ++l) {
         const int64_t i = (n + l) * ng + g;
@@ -74,60 +82,54 @@ static int pack(const qmat_t *w, int64_t n0, int64_t n1, packed_t *p) {
         if (mn) mn[(q * ng + g) * P_LANES + l] = l < live ? (w->mins ? w->mins[i] : 0.f) + (w->bits4 ? 0.f : 128.f * w->scales[i]) : 0.f;
       }
   }
-  *p = (packed_t){buf, sc, mn, panels, nb, ng, w->spg, words};
+  *p = (packed_t){buf, sc, mn, panels, nb, ng, w->spg};
   return 0;
 }
 
-/* Panels q..q + np - 1 against rows m0..m0 + mt - 1 of x; y rows get columns n.. (at most n_live of them). */
+/* Panels q..q + np - 1 against P_MT rows of x (qx, dx, xg: the first row's; past the live ones, zero rows of a
+ * padded copy) into rows m0..m0 + mt - 1 of y, columns n.. (at most n_live of them). One instance per np and bits4, so
+ * the file compiles in seconds (one per count of rows took 37 s): the row tail is padded; 4-bit and 8-bit
+ * differ only in where x is read (xs: columns per step, xh: the second dword's offset). */
 static inline __attribute__((always_inline)) void kernel(const qjob_t *j, const qpart_t *a, const packed_t *p, int64_t q,
-                                                          const int np, int64_t m0, const int mt, int64_t n, int64_t n_live,
-                                                          const int bits4) {
-  const int64_t nb = p->nb, xrow = nb * 32, words = bits4 ? 4 : 8;
-  const uint8_t *wc = p->codes + q * nb * words * 64;
-  const int8_t *qx = j->qx + m0 * xrow;
-  const float *dx = j->dx + m0 * nb;
-  const __m512i low = _mm512_set1_epi8(0x0f);
+                                                          const int np, const int8_t *qx, const float *dx, const float *xg,
+                                                          int64_t m0, int mt, int64_t n, int64_t n_live, const int bits4) {
+  const int64_t nb = p->nb, xrow = nb * 32, xs = bits4 ? 4 : 8, xh = bits4 ? 16 : 4;
+  const uint8_t *wc = p->codes + q * nb * 8 * 64;
   __m512 acc[P_MT][P_NP];
-  for (int m = 0; m < mt; ++m)
+  for (int m = 0; m < P_MT; ++m)
     for (int r = 0; r < np; ++r) acc[m][r] = _mm512_setzero_ps();
   for (int64_t b = 0, g = 0, left = p->spg; b < nb; ++b) {
     __m512i ia[P_MT][P_NP];
-    for (int m = 0; m < mt; ++m)
+    for (int m = 0; m < P_MT; ++m)
       for (int r = 0; r < np; ++r) ia[m][r] = _mm512_setzero_si512();
     for (int t = 0; t < 4; ++t) { /* 8 columns of each row: 4-bit j..j + 3 and j + 16..; 8-bit j..j + 7 */
       __m512i lo[P_NP], hi[P_NP];
       for (int r = 0; r < np; ++r) {
-        const uint8_t *wr = wc + r * nb * words * 64;
-        if (bits4) {
-          const __m512i v = _mm512_load_si512((const void *)(wr + (b * 4 + t) * 64));
-          lo[r] = _mm512_and_si512(v, low);
-          hi[r] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
-        } else {
-          lo[r] = _mm512_load_si512((const void *)(wr + (b * 8 + 2 * t) * 64));
-          hi[r] = _mm512_load_si512((const void *)(wr + (b * 8 + 2 * t + 1) * 64));
-        }
+        const uint8_t *wr = wc + r * nb * 8 * 64;
+        lo[r] = _mm512_load_si512((const void *)(wr + (b * 8 + 2 * t) * 64));
+        hi[r] = _mm512_load_si512((const void *)(wr + (b * 8 + 2 * t + 1) * 64));
       }
-      for (int m = 0; m < mt; ++m) {
-        const int8_t *xm = qx + m * xrow + b * 32 + (bits4 ? 4 : 8) * t;
+      for (int m = 0; m < P_MT; ++m) {
+        const int8_t *xm = qx + m * xrow + b * 32 + xs * t;
         int32_t x4[2];
         memcpy(&x4[0], xm, 4);
-        memcpy(&x4[1], xm + (bits4 ? 16 : 4), 4);
-        const __m512i xl = _mm512_set1_epi32(x4[0]), xh = _mm512_set1_epi32(x4[1]);
-        for (int r = 0; r < np; ++r) ia[m][r] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(ia[m][r], lo[r], xl), hi[r], xh);
+        memcpy(&x4[1], xm + xh, 4);
+        const __m512i xl = _mm512_set1_epi32(x4[0]), xr = _mm512_set1_epi32(x4[1]);
+        for (int r = 0; r < np; ++r) ia[m][r] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(ia[m][r], lo[r], xl), hi[r], xr);
       }
     }
     const float *sg = p->scales + (q * p->ng + g) * P_LANES;
-    for (int m = 0; m < mt; ++m) {
+    for (int m = 0; m < P_MT; ++m) {
       const __m512 d = _mm512_set1_ps(dx[m * nb + b]);
       for (int r = 0; r < np; ++r)
         acc[m][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ia[m][r]), _mm512_mul_ps(d, _mm512_load_ps(sg + r * p->ng * P_LANES)), acc[m][r]);
     }
     if (--left == 0) { /* the group's last sub-block: its mins (and 8-bit) term, then the next group */
-      if (p->mins && a->xg) {
+      if (p->mins) {
         const float *mg = p->mins + (q * p->ng + g) * P_LANES;
-        for (int m = 0; m < mt; ++m) {
-          const __m512 xg = _mm512_set1_ps(a->xg[(m0 + m) * p->ng + g]);
-          for (int r = 0; r < np; ++r) acc[m][r] = _mm512_fnmadd_ps(_mm512_load_ps(mg + r * p->ng * P_LANES), xg, acc[m][r]);
+        for (int m = 0; m < P_MT; ++m) {
+          const __m512 xm = _mm512_set1_ps(xg[m * p->ng + g]);
+          for (int r = 0; r < np; ++r) acc[m][r] = _mm512_fnmadd_ps(_mm512_load_ps(mg + r * p->ng * P_LANES), xm, acc[m][r]);
         }
       }
       ++g;
@@ -147,28 +149,45 @@ static inline __attribute__((always_inline)) void kernel(const qjob_t *j, const 
     }
 }
 
-#define P_CASE(K, NP, B4) \
-  case K: kernel(j, a, &p, q, NP, m0, K < P_MT ? K : P_MT, n, n1 - n, B4); break;
-#define P_CASES(NP, B4)                                                                                          \
-  switch (mt) { /* mt <= P_MT <= 8 */                                                                            \
-    P_CASE(1, NP, B4) P_CASE(2, NP, B4) P_CASE(3, NP, B4) P_CASE(4, NP, B4) P_CASE(5, NP, B4) P_CASE(6, NP, B4) \
-    P_CASE(7, NP, B4) default: kernel(j, a, &p, q, NP, m0, P_MT, n, n1 - n, B4); break;                         \
+static void panels_of(const qjob_t *j, const qpart_t *a, const packed_t *p, int64_t n0, int64_t n1, const int8_t *qx,
+                      const float *dx, const float *xg, int64_t m0, int mt) {
+  int64_t q = 0;
+  for (; q + P_NP <= p->panels; q += P_NP) {
+    if (a->w.bits4) kernel(j, a, p, q, P_NP, qx, dx, xg, m0, mt, n0 + q * P_LANES, n1 - n0 - q * P_LANES, 1);
+    else kernel(j, a, p, q, P_NP, qx, dx, xg, m0, mt, n0 + q * P_LANES, n1 - n0 - q * P_LANES, 0);
   }
+  for (; q < p->panels; ++q) {
+    if (a->w.bits4) kernel(j, a, p, q, 1, qx, dx, xg, m0, mt, n0 + q * P_LANES, n1 - n0 - q * P_LANES, 1);
+    else kernel(j, a, p, q, 1, qx, dx, xg, m0, mt, n0 + q * P_LANES, n1 - n0 - q * P_LANES, 0);
+  }
+}
 
 int q_panels(const qjob_t *j, const qpart_t *a, int64_t n0, int64_t n1) {
   packed_t p;
   if (pack(&a->w, n0, n1, &p)) return -1;
-  for (int64_t m0 = 0; m0 < j->M; m0 += P_MT) { /* these rows of x stay in L1 while the chunk's panels pass */
-    const int mt = j->M - m0 < P_MT ? (int)(j->M - m0) : P_MT;
-    int64_t q = 0;
-    for (; q + P_NP <= p.panels; q += P_NP) {
-      const int64_t n = n0 + q * P_LANES;
-      if (a->w.bits4) { P_CASES(P_NP, 1) } else { P_CASES(P_NP, 0) }
+  const int64_t nb = p.nb, ng = p.ng, whole = j->M / P_MT * P_MT;
+  static float zeros[1]; /* xg for parts with no mins term (never read: p.mins is NULL) */
+  const float *xg = a->xg ? a->xg : zeros;
+  const int64_t xg_row = a->xg ? ng : 0;
+  for (int64_t m0 = 0; m0 < whole; m0 += P_MT) /* these rows of x stay in L1 while the chunk's panels pass */
+    panels_of(j, a, &p, n0, n1, j->qx + m0 * nb * 32, j->dx + m0 * nb, xg + m0 * xg_row, m0, P_MT);
+  if (whole < j->M) { /* the last rows, with zero rows after them */
+    const int mt = (int)(j->M - whole);
+    static __thread int8_t *pad;
+    static __thread int64_t pad_bytes;
+    const int64_t qbytes = P_MT * nb * 32, bytes = qbytes + (P_MT * nb + P_MT * ng) * 4;
+    if (pad_bytes < bytes) {
+      free(pad);
+      pad = aligned_alloc(64, (size_t)((bytes + 63) / 64 * 64));
+      pad_bytes = pad ? bytes : 0;
+      if (!pad) return -1;
     }
-    for (; q < p.panels; ++q) {
-      const int64_t n = n0 + q * P_LANES;
-      if (a->w.bits4) { P_CASES(1, 1) } else { P_CASES(1, 0) }
-    }
+    float *pdx = (float *)(pad + qbytes), *pxg = pdx + P_MT * nb;
+    memset(pad, 0, (size_t)bytes);
+    memcpy(pad, j->qx + whole * nb * 32, (size_t)(mt * nb * 32));
+    memcpy(pdx, j->dx + whole * nb, (size_t)(mt * nb) * 4);
+    if (a->xg) memcpy(pxg, a->xg + whole * ng, (size_t)(mt * ng) * 4);
+    panels_of(j, a, &p, n0, n1, pad, pdx, a->xg ? pxg : zeros, whole, mt);
   }
   return 0;
 }

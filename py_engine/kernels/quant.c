@@ -561,7 +561,7 @@ int rk_qlinear_parts(const void *x, int x_bf16, int n_parts, const qmat_t *parts
     if (panel_parts >> p & 1) { /* 32 rows (two panels) at a time, ~8 chunks a thread (896 rows at 2 threads:
                                   * 14 chunks, where 4 a thread gave 7 and one thread ran 4 of them) */
       rows = w->N / (8 * pool_threads()) + 1;
-      if (rows * row_bytes(w) > Q_MAX_DEQUANT) rows = Q_MAX_DEQUANT / row_bytes(w) + 1;
+      if (rows * nb * 32 > Q_MAX_DEQUANT) rows = Q_MAX_DEQUANT / (nb * 32) + 1; /* panel bytes: a byte a code */
       rows = (rows + 31) / 32 * 32;
     } else {
       rows = blas ? w->N / (2 * pool_threads()) + 1 : q_chunk_rows(w->N, row_bytes(w));
