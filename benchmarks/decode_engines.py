@@ -11,7 +11,9 @@ transforms), `ruvllm:nokernels` (fused projections, torch's matmuls),
 in torch), `ruvllm:nostack` (every CPU transform, but decode steps module by
 module rather than as one rk_decode_step call), `ruvllm:int8` / `ruvllm:int4` (in-situ RTN quantization before the
 CPU transforms; `+exact` decodes on the exact fp32 path, `+head4` makes the LM
-head 4-bit too, `+g32` uses groups of 32); the
+head 4-bit too, `+g32` uses groups of 32), `ruvllm:nohuge` (float weights left in
+4 KiB pages: load_model without huge_pages, which ruvllm's own loading path asks
+for when nothing is quantized); the
 parent sets environment variants such as `:thp` before this starts.
 `ruvllm@REV` runs py_engine as of git revision REV (unpacked under .cache),
 to measure against the engine before a change. `llama.cpp` runs the same
@@ -35,6 +37,7 @@ and convert to the dtype asked for.
 """
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import resource
@@ -121,9 +124,12 @@ def ruvllm_runner(folder: Path, dtype: str, options: set[str], revision: str = "
     from py_engine.models import load_model
 
     RSS_STAGES["imports"] = _rss()
-    model, config = load_model(folder, dtype=dtype)
-    RSS_STAGES["load"] = _rss()
     method = next((m for m in ("int8", "int4") if m in options), None)
+    pages = {}  # float weights in 2 MiB pages, as load_quantized asks when nothing is quantized (not: `nohuge`)
+    if "huge_pages" in inspect.signature(load_model).parameters:  # older revisions have no such option
+        pages["huge_pages"] = method is None and "nohuge" not in options
+    model, config = load_model(folder, dtype=dtype, **pages)
+    RSS_STAGES["load"] = _rss()
     if method is not None:  # in-situ quantization, before the CPU transforms (as LLM(quantization=...) does)
         from py_engine.quant.config import QuantConfig
         from py_engine.quant.transform import quantize_model
@@ -259,15 +265,21 @@ def llama_bench(kind: str, threads: int, new_tokens: int, lengths: list[int]) ->
     model = gguf_file(kind, binary.parent)
     result: dict = {"engine": f"llama-bench:{kind}", "threads": threads, "load_s": None, "isq_s": None,
                     "weight_bytes_per_token": model.stat().st_size}
+    splits: list[dict] = []
     for length in lengths:
         cmd = [str(binary), "-m", str(model), "-p", str(length), "-n", str(new_tokens), "-t", str(threads),
                "-r", "1", "-o", "json"]
-        done = subprocess.run(cmd, capture_output=True, text=True, check=True)
-        tests = json.loads(done.stdout)
+        with RssWatch(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)) as watch:
+            out, err = watch.process.communicate()
+        if watch.process.returncode:
+            raise subprocess.CalledProcessError(watch.process.returncode, cmd, out, err)
+        splits.append(watch.split)
+        tests = json.loads(out)
         pp = next(t["avg_ts"] for t in tests if t["n_prompt"] == length and t["n_gen"] == 0)
         tg = next(t["avg_ts"] for t in tests if t["n_gen"] == new_tokens and t["n_prompt"] == 0)
         result[str(length)] = {"ttft_s": length / pp, "prefill_tok_s": pp, "decode_tok_s": tg, "tokens": []}
     result["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+    result["peak_split"] = max(splits, key=lambda s: s.get("rss", 0))
     result["llama_cpp_build"] = tests[0].get("build_commit")
     return result
 
@@ -313,6 +325,7 @@ def measure(engine: str, dtype: str, threads: int, new_tokens: int, lengths: lis
     if name == "llama-bench":
         return {**llama_bench(opts or {"float32": "f32", "bfloat16": "bf16"}[dtype], threads, new_tokens, lengths),
                 "engine": engine, "dtype": dtype}  # as asked (plain `llama-bench` too): decode_speed groups by it
+    watch = RssWatch().__enter__()  # this process: its RssAnon / RssFile when its RSS was largest
     if name == "llama.cpp":  # runs in llama-cpp-python's own environment, without torch
         run = llama_cpp_runner(opts or dtype, threads)
     else:
@@ -339,11 +352,49 @@ def measure(engine: str, dtype: str, threads: int, new_tokens: int, lengths: lis
     # VmHWM, this process's own peak: ru_maxrss survives exec on Linux, so a child reported at least the RSS
     # decode_speed.py had when it started the child (~750 MB with torch and transformers imported)
     result["peak_rss_mb"] = _rss().get("peak") or resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    watch.__exit__(None, None, None)
+    result["peak_split"] = watch.split
     result["weight_bytes_per_token"] = WEIGHT_BYTES.get("bytes")
     result["thp"] = os.environ.get("THP_MEM_ALLOC_ENABLE", "0")
     if RSS_STAGES:  # MiB after each stage: rss, peak (VmHWM), anon, file (mapped files and libraries)
         result["rss_stages"] = RSS_STAGES
     return result
+
+
+class RssWatch:
+    """Samples a process's /proc/PID/status every `interval` s in a thread (this process's by default):
+    `split` is {rss, anon, file} MiB at the largest VmRSS seen, so that a peak can be told apart into
+    anonymous memory (heap, weights copied in) and file pages (libraries, a mapped model); {} off Linux."""
+
+    def __init__(self, process=None, interval: float = 0.02) -> None:
+        import threading
+
+        self.process, self.interval, self.split = process, interval, {}
+        self._path = f"/proc/{process.pid if process is not None else 'self'}/status"
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> "RssWatch":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._done.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        keys = {"VmRSS": "rss", "RssAnon": "anon", "RssFile": "file"}
+        while True:
+            try:
+                with open(self._path) as f:
+                    now = {keys[k]: round(int(v.split()[0]) / 1024) for k, _, v in (line.partition(":") for line in f)
+                           if k in keys}
+            except (OSError, ValueError):  # gone, or not Linux
+                now = {}
+            if now.get("rss", 0) > self.split.get("rss", 0):
+                self.split = now
+            if self._done.wait(self.interval):
+                return
 
 
 def _rss() -> dict[str, float]:

@@ -7,7 +7,8 @@ The model has Qwen2.5-0.5B's real shape (494M parameters, a tied 151936 x 896
 embedding) with seeded random weights (see decode_engines.py). For each
 prompt length it measures time to first token (prefill plus the first greedy
 token; prefill tok/s is the prompt length over it) and decode tok/s over the
-remaining new tokens, greedy, no early stop; and each engine's peak RSS.
+remaining new tokens, greedy, no early stop; and each engine's peak RSS (VmHWM), with
+its anonymous / file-backed split sampled at its largest RSS.
 
 The machine is shared and its memory bandwidth swings within minutes, so
 every measurement is a fresh process (decode_engines.py), engines alternate
@@ -18,7 +19,8 @@ llama-cpp-python. Engine variants: `ruvllm:noopt` (no CPU transforms), `ruvllm:n
 (fused projections only), `ruvllm:nolayers` (projections on the kernels,
 norms and attention in torch), `ruvllm@REV` (py_engine at git revision REV), and
 `:thp` on any engine, which runs it with THP_MEM_ALLOC_ENABLE=1 (torch's
-allocator asks for huge pages). Quantized: `ruvllm:int8`, `ruvllm:int4` (in-situ
+allocator asks for huge pages), `:keeplib` with RUVLLM_KEEP_LIBRARY_PAGES=1 (the
+shared-library pages `import torch` touched stay resident). Quantized: `ruvllm:int8`, `ruvllm:int4` (in-situ
 RTN at load, its seconds in the ISQ column) against `llama.cpp:q8_0` and
 `llama.cpp:q4_0` (GGUFs made once with llama.cpp's quantizer), e.g.
 
@@ -55,8 +57,6 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results" / "decode_speed.json"
-# llama.cpp decoding this shape on this machine, as the issue states it (tok/s).
-LLAMA_CPP = {"float32": (14.0, 17.0), "bfloat16": (28.0, 43.0), "q8_0": (52.0, 52.0), "q4_0": (72.0, 77.0)}
 
 
 def parse_args() -> argparse.Namespace:
@@ -81,6 +81,8 @@ def run_child(engine: str, dtype: str, args: argparse.Namespace) -> dict:
     options = engine.partition(":")[2].split("+")
     if "thp" in options:
         env["THP_MEM_ALLOC_ENABLE"] = "1"
+    if "keeplib" in options:  # library pages stay resident (py_engine.models.memory.release_library_pages)
+        env["RUVLLM_KEEP_LIBRARY_PAGES"] = "1"
     defines = [o[1:] for o in options if o.startswith("D") and "=" in o]  # e.g. ruvllm:int8+DQ_ROWS8=4
     if defines:  # an A/B build of the kernels with these macros (py_engine.kernels.KERNEL_DEFINES)
         env["RUVLLM_KERNEL_DEFINES"] = " ".join(defines)
@@ -127,6 +129,10 @@ def summarize(runs: list[dict], args: argparse.Namespace) -> list[dict]:
             row["weight_mb_per_token"] = (ok[0].get("weight_bytes_per_token") or 0) / 1e6 if ok else None
             rss = [r["peak_rss_mb"] for r in ok]
             row["peak_rss_mb"] = {"median": statistics.median(rss), "min": min(rss), "max": max(rss)} if rss else None
+            for part in ("anon", "file"):  # the split at the largest sampled RSS (decode_engines.RssWatch)
+                vals = [r["peak_split"][part] for r in ok if part in r.get("peak_split", {})]
+                row[f"peak_{part}_mb"] = {"median": statistics.median(vals), "min": min(vals),
+                                          "max": max(vals)} if vals else None
             rows.append(row)
     return rows
 
@@ -152,7 +158,7 @@ def paired_ratios(runs: list[dict], args: argparse.Namespace) -> list[dict]:
 def print_table(rows: list[dict], ratios: list[dict], args: argparse.Namespace) -> None:
     lengths = list(map(str, args.prompt_lengths))
     head = (["engine", "dtype"] + [f"prefill@{n}" for n in lengths] + [f"decode@{n}" for n in lengths]
-            + [f"TTFT ms@{n}" for n in lengths] + ["peak RSS MB", "ISQ s", "MB/token", "roofline tok/s",
+            + [f"TTFT ms@{n}" for n in lengths] + ["peak RSS MB", "anon / file MB", "ISQ s", "MB/token", "roofline tok/s",
                                                    "% roof"])
     table = [head]
     for r in rows:
@@ -161,7 +167,7 @@ def print_table(rows: list[dict], ratios: list[dict], args: argparse.Namespace) 
         table.append([r["engine"], r["dtype"]] + [cell(f"prefill_tok_s@{n}") for n in lengths]
                      + [cell(f"decode_tok_s@{n}") for n in lengths]
                      + [cell(f"ttft_s@{n}", 1000, "{:.0f}") for n in lengths] + [cell("peak_rss_mb", fmt="{:.0f}")]
-                     + [cell("isq_s")] + [f"{r['weight_mb_per_token']:.0f}" if r.get("weight_mb_per_token") else "-",
+                     + [split_cell(r)] + [cell("isq_s")] + [f"{r['weight_mb_per_token']:.0f}" if r.get("weight_mb_per_token") else "-",
                                           cell("roofline_tok_s"), roof_share(r, lengths[0])])
     widths = [max(len(row[i]) for row in table) for i in range(len(head))]
     print("tok/s and ms: median [min-max] over the rounds")
@@ -170,14 +176,13 @@ def print_table(rows: list[dict], ratios: list[dict], args: argparse.Namespace) 
     for r in ratios:
         parts = [f"{k} x{v:.2f}" for k, v in r["ratios"].items() if v is not None]
         print(f"{r['engine']} {r['dtype']} vs {r['vs']} (paired): " + ", ".join(parts))
-    for r in rows:
-        opts = set(r["engine"].partition(":")[2].split("+"))
-        stated = "q8_0" if "int8" in opts else "q4_0" if "int4" in opts else r["dtype"]
-        if r["engine"].startswith("ruvllm") and stated in LLAMA_CPP and r.get(f"decode_tok_s@{lengths[0]}"):
-            lo, hi = LLAMA_CPP[stated]
-            med = r[f"decode_tok_s@{lengths[0]}"]["median"]
-            print(f"{r['engine']} {r['dtype']} decode@{lengths[0]} vs llama.cpp's stated {stated} {lo:g}-{hi:g} tok/s: "
-                  f"x{med / hi:.2f}-x{med / lo:.2f}")
+
+
+def split_cell(row: dict) -> str:
+    """Median RssAnon / RssFile at the largest sampled RSS: weights copied in are anonymous, a mapped model's
+    pages (llama.cpp's GGUF) and libraries are file pages."""
+    anon, file = row.get("peak_anon_mb"), row.get("peak_file_mb")
+    return f"{anon['median']:.0f} / {file['median']:.0f}" if anon and file else "-"
 
 
 def roof_share(row: dict, length: str) -> str:
@@ -248,7 +253,7 @@ def main() -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     config = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
     args.out.write_text(json.dumps({"meta": meta, "config": config, "summary": rows, "ratios": ratios,
-                                    "llama_cpp_stated": LLAMA_CPP, "runs": runs}, indent=1) + "\n")
+                                    "runs": runs}, indent=1) + "\n")
     print(f"wrote {args.out}")
 
 

@@ -25,6 +25,8 @@ from torch import Tensor, nn
 
 from ..config import ModelConfig
 from .errors import ModelLoadError
+from .hugepages import huge_page_copy
+from .memory import release_library_pages
 from .safetensors_io import SafetensorsError, SafetensorsFile
 from .skeleton import skeleton
 from .transformer import CausalLM
@@ -32,6 +34,7 @@ from .transformer import CausalLM
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # Buffers older checkpoints saved that the model recomputes.
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+CONVERT_CHUNK = 1 << 20  # values converted (another dtype or device) between releases of their mapped pages
 
 
 class Checkpoint:
@@ -85,11 +88,16 @@ class Checkpoint:
         f = self.files[self.where[name]]
         return f.get(name) if isinstance(f, SafetensorsFile) else f[name]
 
-    def release(self, name: str) -> None:
-        """The tensor was copied: its mapped pages need not stay resident."""
+    def mapped(self, name: str) -> bool:
+        """Whether the tensor is read from a mapped file (a .safetensors), whose pages release() drops."""
+        return isinstance(self.files[self.where[name]], SafetensorsFile)
+
+    def release(self, name: str, start: int = 0, stop: int | None = None) -> None:
+        """The tensor's bytes [start, stop) (all by default) were copied: their mapped pages need not stay
+        resident."""
         f = self.files[self.where[name]]
         if isinstance(f, SafetensorsFile):
-            f.release(name)
+            f.release(name, start, stop)
 
 
 def _check_shard_name(index: Path, file_name: str) -> None:
@@ -132,30 +140,61 @@ def resolve_dtype(dtype: str | torch.dtype, config: ModelConfig) -> torch.dtype:
 
 
 def load_model(path: str | Path, dtype: str | torch.dtype = "auto", device: str | torch.device = "cpu",
-               *, dequantize: bool = False) -> tuple[CausalLM, ModelConfig]:
+               *, dequantize: bool = False, huge_pages: bool = False) -> tuple[CausalLM, ModelConfig]:
     """Build the model a folder's config.json describes and fill it with its weights.
 
-    dequantize: a GGUF folder's Q4_0/Q4_1/Q8_0 projections load as float weights, not QuantLinear."""
+    dequantize: a GGUF folder's Q4_0/Q4_1/Q8_0 projections load as float weights, not QuantLinear.
+    huge_pages: float weights of 2 MiB and more are copied into 2 MiB pages (models/hugepages.py), for a
+    CPU decode that streams them as they are; not for weights that are to be quantized next (their float
+    copies would all be resident before quantization reads them)."""
     folder = Path(path)
     config = ModelConfig.from_file(folder)
     torch_dtype = resolve_dtype(dtype, config)
     with skeleton():  # shapes only: the weights come from the checkpoint
         model = CausalLM(config)
+    release_library_pages()  # what `import torch` ran once (models/memory.py): not resident beside the weights
     checkpoint = _open_checkpoint(folder, model, dequantize)
     consumed = _install_quantized(folder, model, checkpoint, device)
     expected = dict(model.named_parameters())  # tied lm_head.weight is listed once, as the embedding
     _check_names(checkpoint, expected, config, consumed)
     for name, param in expected.items():
         tensor = _checked_tensor(checkpoint, name, tuple(param.shape))
-        converted = tensor.to(device=device, dtype=torch_dtype)
+        converted = None
+        if huge_pages and torch.device(device).type == "cpu" and isinstance(checkpoint, Checkpoint) \
+                and checkpoint.mapped(name):  # copied in chunks, each chunk's file pages dropped
+            converted = huge_page_copy(tensor, torch_dtype, lambda first, stop: checkpoint.release(name, first, stop))
+            if converted is not None and converted.data_ptr() != tensor.data_ptr():
+                checkpoint.release(name)
+        if converted is None:
+            converted = _converted(checkpoint, name, tensor, torch_dtype, torch.device(device))
         _set_parameter(model, name, converted)
-        if converted.data_ptr() != tensor.data_ptr():  # a copy (another dtype or device)
-            checkpoint.release(name)
     if isinstance(model.lm_head, nn.Linear):  # a quantized head is its own tensor
         model.tie_weights()
     if not isinstance(model.model.embed_tokens, nn.Embedding):  # rows gathered from codes (a GGUF's, quant/embedding.py)
         model.model.embed_tokens.dtype = torch_dtype
+    release_library_pages()  # and what loading ran once
     return model.eval().requires_grad_(False), config
+
+
+def _converted(checkpoint: Checkpoint, name: str, tensor: Tensor, dtype: torch.dtype, device: torch.device,
+               chunk: int | None = None) -> Tensor:
+    """The tensor in dtype on device: the mapped tensor itself when it is that already, else a copy made
+    ~chunk values (whole rows) at a time, each block's mapped pages given back once copied, so that a
+    bfloat16 load of a float32 file never holds a whole float32 tensor beside the new weights."""
+    if tensor.dtype == dtype and tensor.device == device:
+        return tensor
+    chunk = chunk or CONVERT_CHUNK
+    out = torch.empty(tensor.shape, dtype=dtype, device=device)
+    if tensor.dim() < 2 or tensor.numel() <= chunk or not tensor.is_contiguous():
+        out.copy_(tensor)
+        checkpoint.release(name)
+        return out
+    rows = max(1, chunk // (tensor.numel() // tensor.shape[0]))
+    row_bytes = tensor.numel() // tensor.shape[0] * tensor.element_size()
+    for i in range(0, tensor.shape[0], rows):
+        out[i:i + rows].copy_(tensor[i:i + rows])  # the same rounding as tensor.to(dtype), element by element
+        checkpoint.release(name, i * row_bytes, min(i + rows, tensor.shape[0]) * row_bytes)
+    return out
 
 
 def _open_checkpoint(folder: Path, model: CausalLM, dequantize: bool):

@@ -89,14 +89,16 @@ class SafetensorsFile:
     def shape(self, name: str) -> tuple[int, ...]:
         return self._entries[name][1]
 
-    def release(self, name: str) -> None:
-        """Unmap the pages that hold only this tensor's bytes, once it has been copied elsewhere.
+    def release(self, name: str, start: int = 0, stop: int | None = None) -> None:
+        """Unmap the pages that hold only this tensor's bytes [start, stop) (all of them by default), once
+        they have been copied elsewhere.
 
         Mapped pages count toward the process's resident memory until the
         file is unmapped: a bfloat16 load of a float32 file would otherwise
         peak at both sizes together. A later get() maps them in again.
         """
-        _, _, begin, end = self._entries[name]
+        _, _, first, last = self._entries[name]
+        begin, end = first + max(0, start), min(last, last if stop is None else first + stop)
         page = mmap.PAGESIZE
         start = -(-(self._data_start + begin) // page) * page  # pages shared with a neighbour stay
         stop = (self._data_start + end) // page * page

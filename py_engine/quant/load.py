@@ -48,7 +48,8 @@ def load_quantized(path: str | Path, quantization: str | QuantConfig | None = No
 
     qconfig = as_quant_config(quantization)
     # a GGUF's Q4_0/Q4_1/Q8_0 weights load as codes, or dequantized when they are to be quantized anew (or merged)
-    model, config = load_model(path, dtype=dtype, device=device, dequantize=qconfig.enabled or lora is not None)
+    model, config = load_model(path, dtype=dtype, device=device, dequantize=qconfig.enabled or lora is not None,
+                               huge_pages=not qconfig.enabled)  # float weights decode streams as they are
     if lora is not None:
         from py_engine.adapters import load_lora, merge_lora
 

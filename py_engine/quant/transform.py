@@ -26,7 +26,7 @@ from typing import Iterator
 import torch
 from torch import Tensor, nn
 
-from ..models.memory import trim_heap
+from ..models.memory import release_library_pages, trim_heap
 from .config import QuantConfig
 from .embedding import install_quant_embedding
 from .kernels import PackedWeight, quantize_rtn_native
@@ -91,6 +91,7 @@ def quantize_model(model: nn.Module, qconfig: QuantConfig, *, model_dir: str | P
     head = _quantize_head(model, qconfig, pages)
     if head is not None:
         before, after, swapped = before + head[0], after + head[1], swapped + head[2]
+    release_library_pages()  # pages the quantizers ran once (models/memory.py)
     return QuantReport(qconfig.describe(), swapped, before, after, time.perf_counter() - start, _peak_rss_mb())
 
 

@@ -49,7 +49,7 @@ class GGUFCheckpoint:
         """float32 on the CPU, as the transformers checkpoint would hold it."""
         return torch.from_numpy(float_tensor(self.gguf, self.names[name], self.config))
 
-    def release(self, name: str) -> None:
+    def release(self, name: str, start: int = 0, stop: int | None = None) -> None:
         """Nothing is mapped per tensor here: get() made a copy (dequantized or un-permuted)."""
 
     def install_quantized(self, model: nn.Module, device: Any) -> set[str]:
