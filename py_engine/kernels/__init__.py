@@ -43,7 +43,7 @@ from torch import Tensor
 from ..hub.resolve import cache_root
 
 HERE = Path(__file__).parent
-SOURCES = [HERE / "linear.c", HERE / "blas.c", HERE / "decode.c", HERE / "pool.c", HERE / "quant.c", HERE / "qtile.c", HERE / "step.c",
+SOURCES = [HERE / "linear.c", HERE / "blas.c", HERE / "decode.c", HERE / "pool.c", HERE / "quant.c", HERE / "qtile.c", HERE / "qpanel.c", HERE / "step.c",
            HERE / "paged.c"]
 HEADERS = [HERE / "attend.h", HERE / "linear.h", HERE / "paged.h", HERE / "pool.h", HERE / "quant.h",
            HERE / "vmath.h"]
@@ -110,6 +110,13 @@ class CpuKernels:
         if self.blas is not None:
             lib.rk_use_blas(*self.blas)
         self.int8_rows = lib.rk_quant_tile_rows()  # rows of x below which int8-x layers round x (quant.c)
+        lib.rk_quant_int8_rows.argtypes = [i]
+        lib.rk_quant_int8_rows.restype = i64
+
+    def int8_rows_for(self, bits: int) -> int:
+        """Rows of x below which an int8-x layer with `bits`-bit codes rounds x: `int8_rows`, or every count of
+        rows for 4-bit codes where the build has qpanel.c's integer panels (AVX-512 VNNI)."""
+        return self.lib.rk_quant_int8_rows(int(bits <= 4))
 
     def __deepcopy__(self, memo: dict) -> "CpuKernels":
         return self  # one library per process: a copied model shares it

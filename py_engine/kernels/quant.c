@@ -248,7 +248,14 @@ static float *q_scratch(int64_t n) {
 static void run_qpart_chunk(const qjob_t *j, const qpart_t *a, int64_t c) {
   int64_t n0 = c * a->rows_per_chunk, n1 = n0 + a->rows_per_chunk;
   if (n1 > a->w.N) n1 = a->w.N;
-  if (j->blas) {
+#if Q_PANELS_BUILT
+  if (j->panel_parts >> (a - j->part) & 1) {
+    if (q_panels(j, a, n0, n1) == 0) return;
+    q_tiles(j, a, n0, n1); /* no buffer for the panels: the same products in tiles */
+    return;
+  }
+#endif
+  if (j->blas && !(j->panel_parts >> (a - j->part) & 1)) {
     float *wf = q_scratch((n1 - n0) * j->K);
     if (wf) {
       dequantize_rows(&a->w, n0, n1, j->K, wf);
@@ -498,7 +505,13 @@ int rk_qlinear_parts(const void *x, int x_bf16, int n_parts, const qmat_t *parts
     if (nb_of(&parts[p]) != nb || parts[p].N < 1) return -1;
   static __thread void *buffers[7];
   static __thread int64_t sizes[7];
-  const int exact = mode == 2, blas = M >= QUANT_BLAS_ROWS && blas_available() && (exact || M >= Q_TILE_ROWS);
+  const int exact = mode == 2;
+  int panel_parts = 0, rest = 0; /* parts in panels (qpanel.c), parts not */
+  for (int p = 0; p < n_parts; ++p) {
+    if (q_panels_fit(&parts[p], M, mode)) panel_parts |= 1 << p;
+    else rest = 1;
+  }
+  const int blas = rest && M >= QUANT_BLAS_ROWS && blas_available() && (exact || M >= Q_TILE_ROWS);
   int8_t *qx = grow(&buffers[0], &sizes[0], M * nb * 32);
   float *dx = grow(&buffers[1], &sizes[1], M * nb * 4 * 2);
   float *xf = grow(&buffers[2], &sizes[2], M * K * 4 + 64);
@@ -516,11 +529,11 @@ int rk_qlinear_parts(const void *x, int x_bf16, int n_parts, const qmat_t *parts
     quantize_x(x, x_bf16, M, K, nb, mode == 1, 1, blas, qx, dx, xs, xf);
   }
   qjob_t job = {.qx = qx, .dx = dx, .xf = xf, .xp = xp, .y_bf16 = y_bf16, .blas = blas, .n_parts = n_parts,
-                .exact = exact, .M = M, .K = K};
+                .exact = exact, .panel_parts = panel_parts, .M = M, .K = K};
   int pairs = 0;
   for (int p = 0; p < n_parts; ++p) pairs |= parts[p].bits4 && !(parts[p].spg & 1);
   for (int p = 0; p < n_parts; ++p) pairs |= parts[p].bits4 && ztile_fits(&parts[p]); /* qtile.c's 512-bit tiles */
-  if (pairs && !exact) {
+  if (pairs && !exact && rest | !Q_PANELS_BUILT) { /* the panels read qx as it is */
     int8_t *qxp = grow(&buffers[5], &sizes[5], M * nb * 32);
     float *dxp = grow(&buffers[6], &sizes[6], M * nb * 4 * 4);
     if (!qxp || !dxp) return -2;
@@ -534,7 +547,7 @@ int rk_qlinear_parts(const void *x, int x_bf16, int n_parts, const qmat_t *parts
   for (int p = 0; p < n_parts; ++p) {
     const qmat_t *w = &parts[p];
     float *part_xg = NULL;
-    if (w->mins) { /* X_g per row of x for this part's grouping */
+    if (w->mins || (panel_parts >> p & 1 && !w->bits4)) { /* X_g per row of x for this part's grouping */
       part_xg = xg + group * M;
       for (int64_t m = 0; m < M; ++m)
         for (int64_t g = 0; g < w->ng; ++g) {
@@ -544,9 +557,17 @@ int rk_qlinear_parts(const void *x, int x_bf16, int n_parts, const qmat_t *parts
         }
       group += w->ng;
     }
-    int64_t rows = blas ? w->N / (2 * pool_threads()) + 1 : q_chunk_rows(w->N, row_bytes(w));
-    if (blas && rows * K > Q_MAX_DEQUANT) rows = Q_MAX_DEQUANT / K + 1; /* the per-thread fp32 buffer */
-    rows = (rows + Q_ROWS - 1) / Q_ROWS * Q_ROWS;
+    int64_t rows;
+    if (panel_parts >> p & 1) { /* 32 rows (two panels) at a time, ~8 chunks a thread (896 rows at 2 threads:
+                                  * 14 chunks, where 4 a thread gave 7 and one thread ran 4 of them) */
+      rows = w->N / (8 * pool_threads()) + 1;
+      if (rows * nb * 32 > Q_MAX_DEQUANT) rows = Q_MAX_DEQUANT / (nb * 32) + 1; /* panel bytes: a byte a code */
+      rows = (rows + 31) / 32 * 32;
+    } else {
+      rows = blas ? w->N / (2 * pool_threads()) + 1 : q_chunk_rows(w->N, row_bytes(w));
+      if (blas && rows * K > Q_MAX_DEQUANT) rows = Q_MAX_DEQUANT / K + 1; /* the per-thread fp32 buffer */
+      rows = (rows + Q_ROWS - 1) / Q_ROWS * Q_ROWS;
+    }
     job.part[p] = (qpart_t){*w, part_xg, (char *)y + column * (y_bf16 ? 2 : 4), rows};
     job.first_chunk[p + 1] = job.first_chunk[p] + (w->N + rows - 1) / rows;
     column += w->N;
@@ -558,6 +579,10 @@ int rk_qlinear_parts(const void *x, int x_bf16, int n_parts, const qmat_t *parts
 
 /* Rows of x from which the int8-x path multiplies in fp32 (sgemm on exact x) instead. */
 int64_t rk_quant_tile_rows(void) { return blas_available() ? Q_TILE_ROWS : INT64_MAX; }
+
+/* The same for one layout (bits4: 4-bit or fewer codes): INT64_MAX where every count of rows takes int8 x
+ * (builds with qpanel.c's panels, every layout; the argument keeps room for a per-layout answer). */
+int64_t rk_quant_int8_rows(int bits4) { (void)bits4; return Q_PANELS_BUILT ? INT64_MAX : rk_quant_tile_rows(); }
 
 /* Round-to-nearest quantization of W [N, K] (fp32 or bf16) in blocks along K, with the
  * arithmetic of py_engine/quant/rtn.py's quantize_rtn step for step in fp32 (and so the same

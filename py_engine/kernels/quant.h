@@ -16,6 +16,19 @@
 #ifndef Q_TILE_ROWS
 #define Q_TILE_ROWS 32
 #endif
+/* Quantized codes (per-sub-block int8 x, mode 0) from Q_PANEL_ROWS rows of x: integer panels (qpanel.c) on AVX-512
+ * VNNI builds, instead of sgemm over dequantized rows; Q_PANELS=0 builds keep sgemm (A/B). */
+#ifndef Q_PANELS
+#define Q_PANELS 1
+#endif
+#ifndef Q_PANEL_ROWS
+#define Q_PANEL_ROWS Q_TILE_ROWS /* fewer: faster batches (16 rows ~2x the tiles), but a row of one no longer equals it alone */
+#endif
+#if Q_PANELS && defined(__AVX512VNNI__) && defined(__AVX512BW__)
+#define Q_PANELS_BUILT 1
+#else
+#define Q_PANELS_BUILT 0
+#endif
 #define Q_MIN_CHUNK_BYTES 32768
 #define Q_MAX_CHUNK_BYTES 524288
 /* fp32 values of dequantized rows per sgemm chunk: 1 MB, so the buffer sgemm reads stays in L2 (linear.c's
@@ -64,6 +77,7 @@ typedef struct { /* what the parts share */
   const float *xf;  /* [M, K] fp32 x for the sgemm path */
   const float *xp;  /* [M, nb * 32] fp32 x zero-padded, for the float path */
   int y_bf16, blas, n_parts, exact;
+  int panel_parts; /* bit p: part p runs qpanel.c's panels */
   int64_t M, K, ldy;
   int64_t first_chunk[Q_MAX_PARTS + 1];
   qpart_t part[Q_MAX_PARTS];
@@ -129,5 +143,12 @@ static inline int ztile_fits(const qmat_t *w) {
 #endif
 }
 
+/* Whether the panels (qpanel.c) take this matrix for M rows of x in this mode. */
+static inline int q_panels_fit(const qmat_t *w, int64_t M, int mode) {
+  (void)w; /* every layout: 8-bit and 4-bit (and 2/3-bit) codes, any group */
+  return Q_PANELS_BUILT && mode == 0 && M >= Q_PANEL_ROWS;
+}
+/* Rows n0..n1 of part a against every row of x in panels (qpanel.c); -1 when its buffer cannot be had. */
+int q_panels(const qjob_t *j, const qpart_t *a, int64_t n0, int64_t n1);
 /* Rows n0..n1 of part a against rows of x in tiles, for several rows of x (qtile.c). */
 void q_tiles(const qjob_t *j, const qpart_t *a, int64_t n0, int64_t n1);

@@ -72,7 +72,7 @@ def test_quantized_kernels_match_the_reference(kernels, layout, rows):
     exact = QuantPlan(kernels, [packed], [bias], QuantPlan.EXACT)(x)
     torch.testing.assert_close(exact, F.linear(x, w, bias), rtol=1e-5, atol=1e-4)
     got = QuantPlan(kernels, [packed], [bias], QuantPlan.INT8_BLOCKS)(x)
-    xr = fake_quantize_blocks(x, packed.sub_blocks * 32) if rows < kernels.int8_rows else x
+    xr = fake_quantize_blocks(x, packed.sub_blocks * 32) if rows < kernels.int8_rows_for(bits) else x
     torch.testing.assert_close(got, F.linear(xr, w, bias), rtol=1e-5, atol=1e-4)
     if 1 < rows < kernels.int8_rows:  # a batch: each row exactly as it comes alone (server batches are stable)
         alone = torch.cat([QuantPlan(kernels, [packed], [bias], QuantPlan.INT8_BLOCKS)(x[i:i + 1])
@@ -170,3 +170,26 @@ def test_batched_tiles_over_row_blocks(kernels, layout):
     torch.testing.assert_close(got, F.linear(xr, q.dequantize()), rtol=1e-5, atol=2e-4)
     alone = torch.cat([QuantPlan(kernels, [packed], [None], QuantPlan.INT8_BLOCKS)(x[i:i + 1]) for i in range(rows)])
     assert torch.equal(got, alone)
+
+
+@needs_kernels
+@pytest.mark.parametrize("layout", LAYOUTS + [(8, 1040, True, False)],
+                         ids=lambda c: f"{c[0]}bit-g{c[1]}{'-q4_1' if c[3] else ''}")
+@pytest.mark.parametrize("shape", [(72, 256, 45), (200, 1040, 70)], ids=lambda s: "x".join(map(str, s)))
+def test_prefill_panels_match_the_reference(kernels, layout, shape):
+    """A prefill chunk: int8 x in qpanel.c's panels on AVX-512 VNNI builds (sgemm on exact x elsewhere).
+    N = 72 / 200: a last panel of 8 live rows; K = 1040: 33 sub-blocks (zero-padded past K, a last group
+    of 2 sub-blocks at g128; g1040: one group a row, as per-channel int8); 45 / 70 rows: a last block of
+    3 / 4 rows of x; two parts (one job over both, as fused qkv) and a bias."""
+    bits, group, symmetric, offsets = layout
+    n, k, rows = shape
+    q, q2 = weights(bits, group, symmetric, n, k, offsets), weights(bits, group, symmetric, 48, k, offsets)
+    packed, packed2 = PackedWeight.pack(q), PackedWeight.pack(q2)
+    bias = torch.randn(n)
+    x = torch.randn(rows, k, generator=torch.Generator().manual_seed(6))
+    got = QuantPlan(kernels, [packed, packed2], [bias, None], QuantPlan.INT8_BLOCKS)(x)
+    int8 = rows < kernels.int8_rows_for(bits)
+    assert int8 == (kernels.variant in ("avx512-vnni", "avx512-bf16") or rows < kernels.int8_rows)
+    xr = fake_quantize_blocks(x, packed.sub_blocks * 32) if int8 else x
+    expected = torch.cat([F.linear(xr, q.dequantize(), bias), F.linear(xr, q2.dequantize())], -1)
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=3e-4)

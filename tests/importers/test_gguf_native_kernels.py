@@ -79,7 +79,8 @@ def test_cpu_kernels_match_the_reference(qtype, rows):
         exact = layer(x)
         assert (exact - x @ ref.T).abs().max().item() < 1e-5
         layer.int8_activations = True  # x rounded to int8 per 32 values in decode, as llama.cpp's q8 x
-        rounded = fake_quantize_blocks(x, 160) if rows < cpu_kernels().int8_rows else x  # prefill: fp32 x
+        int8 = rows < cpu_kernels().int8_rows_for(layer.bits)  # prefill: fp32 x, or int8 in 4-bit panels
+        rounded = fake_quantize_blocks(x, 160) if int8 else x
         assert (layer(x) - rounded @ ref.T).abs().max().item() < 1e-4
 
 

@@ -83,7 +83,7 @@ def test_kernel_matches_dequantize_then_matmul(layout, dtype, rows):
     assert_matches(layer(x), expected)
     layer.int8_activations = True  # decode: x rounded to int8 per 32 values, else the same product
     got = layer(x)
-    if rows < KERNELS.int8_rows and layer.packed is not None:  # decode and batches: integer tiles
+    if rows < KERNELS.int8_rows_for(bits) and layer.packed is not None:  # integer tiles, 4-bit prefill panels
         xq = fake_quantize_blocks(x, layer.packed.sub_blocks * 32)
         assert_matches(got, F.linear(xq, q.dequantize(), layer.bias))
         assert (got.float() - expected).abs().max() < 0.02 * expected.abs().max()  # int8 rounding of x
