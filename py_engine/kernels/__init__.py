@@ -115,7 +115,7 @@ class CpuKernels:
 
     def int8_rows_for(self, bits: int) -> int:
         """Rows of x below which an int8-x layer with `bits`-bit codes rounds x: `int8_rows`, or every count of
-        rows for 4-bit codes where the build has qpanel.c's integer panels (AVX-512 VNNI)."""
+        rows where the build has qpanel.c's integer panels (AVX-512 VNNI; 4-bit and 8-bit codes alike)."""
         return self.lib.rk_quant_int8_rows(int(bits <= 4))
 
     def __deepcopy__(self, memo: dict) -> "CpuKernels":
