@@ -70,42 +70,13 @@ static inline __m256 bf16_lo(__m256i w) { return _mm256_castsi256_ps(_mm256_unpa
 static inline __m256 bf16_hi(__m256i w) { return _mm256_castsi256_ps(_mm256_unpackhi_epi16(_mm256_setzero_si256(), w)); }
 static inline __m256i load16(const void *p, int64_t i) { return _mm256_loadu_si256((const __m256i *)((const uint16_t *)p + i)); }
 
-static inline float hsum(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
-}
-
-#ifdef __AVX512F__
-/* Row n of fp32 w against fp32 x [K] (decode), 512 bits a load: a core streams ~10% more bytes/s than with
- * 256-bit loads (benchmarks/mem_bandwidth.py), and a decode GEMV is a stream (the Qwen2.5-0.5B step's
- * GEMVs: 13.3 -> 15.7 GB/s per core, weights in 2 MiB pages). Four accumulators over blocks of 64, then 16
- * at a time, then a masked tail. Software prefetch measured neutral here (the hardware prefetchers keep up
- * with one fp32 stream), unlike bf16's below. */
-static float dot_row_f32(const float *w, const float *x, int64_t K) {
-  __m512 s0 = _mm512_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
-  int64_t k = 0;
-  for (; k + 64 <= K; k += 64) {
-    s0 = _mm512_fmadd_ps(_mm512_loadu_ps(w + k), _mm512_loadu_ps(x + k), s0);
-    s1 = _mm512_fmadd_ps(_mm512_loadu_ps(w + k + 16), _mm512_loadu_ps(x + k + 16), s1);
-    s2 = _mm512_fmadd_ps(_mm512_loadu_ps(w + k + 32), _mm512_loadu_ps(x + k + 32), s2);
-    s3 = _mm512_fmadd_ps(_mm512_loadu_ps(w + k + 48), _mm512_loadu_ps(x + k + 48), s3);
-  }
-  for (; k + 16 <= K; k += 16) s0 = _mm512_fmadd_ps(_mm512_loadu_ps(w + k), _mm512_loadu_ps(x + k), s0);
-  if (k < K) {
-    const __mmask16 m = (__mmask16)((1u << (K - k)) - 1u);
-    s1 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, w + k), _mm512_maskz_loadu_ps(m, x + k), s1);
-  }
-  return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(s0, s1), _mm512_add_ps(s2, s3)));
-}
-#endif
 
 /* Row 0 of x against row n of w, four accumulators to hide FMA latency (decode). */
 static float dot_row(const linear_t *a, int64_t n) {
   const int64_t K = a->K, row = n * K;
   const float *x = a->xf;
 #ifdef __AVX512F__
-  if (!a->w_bf16) return dot_row_f32((const float *)a->w + row, x, K);
+  if (!a->w_bf16) return dot_f32((const float *)a->w + row, x, K);
 #endif
   __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
   int64_t k = 0;
@@ -131,7 +102,7 @@ static float dot_row(const linear_t *a, int64_t n) {
     }
     for (; k < K; k += 8) s0 = _mm256_fmadd_ps(load8(a->w, a->w_bf16, row + k), _mm256_loadu_ps(x + k), s0);
   }
-  return hsum(_mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)));
+  return hsum8(_mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)));
 }
 
 /* Rows m0.. (mr <= MR) of x against rows n0.. (nr <= NR) of w: each loaded vector
@@ -165,7 +136,7 @@ static inline __attribute__((always_inline)) void tile(const linear_t *a, int64_
     }
   }
   for (int i = 0; i < mr; ++i)
-    for (int j = 0; j < nr; ++j) store(a, m0 + i, n0 + j, hsum(acc[i][j]));
+    for (int j = 0; j < nr; ++j) store(a, m0 + i, n0 + j, hsum8(acc[i][j]));
 }
 
 #if defined(__AVX512BF16__) && defined(__AVX512BW__)

@@ -87,12 +87,6 @@ _Static_assert(sizeof(qjob_t) <= POOL_MAX_CONTEXT, "the pool copies at most POOL
 static inline int64_t nb_of(const qmat_t *w) { return w->ng * w->spg; }
 static inline int64_t row_bytes(const qmat_t *w) { return nb_of(w) * (w->bits4 ? 16 : 32); }
 
-static inline float hsum8(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
-}
-
 /* Sum of 4 adjacent u8 x s8 products per int32 lane, added to acc: vpdpbusd where the build has
  * AVX-512 VNNI, else maddubs (pair sums in int16) and madd. The callers' operands never reach
  * int16 saturation (|u| <= 128, |s| <= 127, pairs below 32767), so both give the same integers. */
