@@ -57,7 +57,7 @@ from torch import Tensor, nn
 
 from ..adapters.layer import AdapterMix, LoraLinear, StackColumns
 from ..kernels import ColdTier, CpuKernels
-from ..kernels.paged import PagedDecode, PagedStepView
+from ..kernels.paged import MAX_GROUP_FLOATS, MAX_HEAD_DIM, PagedDecode, PagedStepView
 from ..models.kv_cache import DenseKVCache, TwoTierDenseKVCache
 from ..models.transformer import DecoderLayer, DecoderModel
 from .layers import DTYPES, KernelAttention, KernelMLP, KernelRMSNorm
@@ -376,8 +376,8 @@ class StackPlan:
     def _paged_setup(self, view: PagedStepView) -> "_Setup":
         """The layers pointed at a paged cache's blocks (and cold pool); each step then sets its row (set_row)."""
         _, block_size, kv_heads, head_dim = view.keys[0].shape
-        if (kv_heads, head_dim) != (self.kv_heads, self.head_dim) or self.heads // kv_heads * max(
-                head_dim, block_size) > 8192:  # paged.c's bounds
+        if (kv_heads, head_dim) != (self.kv_heads, self.head_dim) or head_dim % 8 or head_dim > MAX_HEAD_DIM \
+                or self.heads // kv_heads * max(head_dim, block_size) > MAX_GROUP_FLOATS:  # paged.c's bounds
             raise NotStackable("the paged cache's heads or block size do not fit the kernel")
         for k, v in zip(view.keys, view.values):
             if any(t.shape != view.keys[0].shape or t.dtype != self.dtype or not t.is_cpu or not t.is_contiguous()
@@ -546,8 +546,8 @@ class _Setup:
         """Whether the setup points at `kv`'s tensors (the ones it holds now)."""
         same = (kv.keys is self.view.keys if isinstance(kv, PagedStepView) and self.view is not None
                 else kv is self.kv_ref())
-        return (same and all(map(operator.is_, kv.keys, map(operator.call, self.key_refs)))
-                and all(map(operator.is_, kv.values, map(operator.call, self.value_refs))))
+        return (same and all(k is ref() for k, ref in zip(kv.keys, self.key_refs))  # operator.call: 3.11+
+                and all(v is ref() for v, ref in zip(kv.values, self.value_refs)))
 
 
 def _cache_id(kv: DenseKVCache | PagedStepView) -> int:

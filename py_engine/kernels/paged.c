@@ -206,7 +206,7 @@ static void attend_row_head(const void *context, int64_t chunk) {
  * not take (the caller checked them; this guards the stack arrays). */
 int rk_paged_decode(const paged_t *a) {
   if (a->D % 8 || a->D > 512 || a->KV < 1 || a->H % a->KV || (a->H / a->KV) * a->D > 8192 || a->bs < 1
-      || (a->H / a->KV) * a->bs > 8192 || (a->n_cold && a->bits != 8 && a->bits != 4) || (a->n_cold && a->bits == 4 && a->D % 8))
+      || (a->H / a->KV) * a->bs > 8192 || (a->n_cold && a->bits != 8 && a->bits != 4))
     return -1;
   pool_run(a->rows * a->KV, attend_row_head, a, sizeof *a);
   return 0;

@@ -255,7 +255,7 @@ static void run_qpart_chunk(const qjob_t *j, const qpart_t *a, int64_t c) {
     return;
   }
 #endif
-  if (j->blas && !(j->panel_parts >> (a - j->part) & 1)) {
+  if (j->blas) { /* panel parts returned above */
     float *wf = q_scratch((n1 - n0) * j->K);
     if (wf) {
       dequantize_rows(&a->w, n0, n1, j->K, wf);

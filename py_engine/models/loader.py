@@ -163,8 +163,6 @@ def load_model(path: str | Path, dtype: str | torch.dtype = "auto", device: str 
         if huge_pages and torch.device(device).type == "cpu" and isinstance(checkpoint, Checkpoint) \
                 and checkpoint.mapped(name):  # copied in chunks, each chunk's file pages dropped
             converted = huge_page_copy(tensor, torch_dtype, lambda first, stop: checkpoint.release(name, first, stop))
-            if converted is not None and converted.data_ptr() != tensor.data_ptr():
-                checkpoint.release(name)
         if converted is None:
             converted = _converted(checkpoint, name, tensor, torch_dtype, torch.device(device))
         _set_parameter(model, name, converted)

@@ -41,7 +41,10 @@ def _malloc_trim():
 def trim_heap() -> bool:
     """Return the heap's free pages to the system (glibc); whether it could."""
     fn = _malloc_trim()
-    return bool(fn is not None and fn(0) is not None)
+    if fn is None:
+        return False
+    fn(0)  # 1 when it released memory, 0 when there was none to release
+    return True
 
 
 MADV_DONTNEED = 4

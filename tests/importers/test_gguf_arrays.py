@@ -67,6 +67,20 @@ def test_string_array_past_the_end_names_the_file(tmp_path):
         GGUFFile(bad)
 
 
+@pytest.mark.parametrize("key", ["t.strings", "t.ints"])
+def test_a_hostile_array_count_is_refused_before_anything_is_sized_by_it(tmp_path, key):
+    """An array's u64 entry count comes from the file: 2^62 strings or ints must be a clear error, not an
+    allocation of 2^65 bytes (MemoryError) or a misleading "runs past the end"."""
+    data = bytearray(metadata_file(tmp_path / "meta.gguf").read_bytes())
+    name = key.encode()
+    at = data.index(len(name).to_bytes(8, "little") + name) + 8 + len(name) + 8  # past the key, the value type and the item type
+    data[at:at + 8] = (1 << 62).to_bytes(8, "little")
+    bad = tmp_path / "huge.gguf"
+    bad.write_bytes(bytes(data))
+    with pytest.raises(ModelLoadError, match=r"huge\.gguf: not a readable GGUF file .*over the limit"):
+        GGUFFile(bad)
+
+
 @pytest.fixture(scope="module")
 def vocab(tmp_path_factory):
     folder = tmp_path_factory.mktemp("tok")

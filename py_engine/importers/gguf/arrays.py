@@ -15,6 +15,8 @@ from typing import Any
 
 import numpy as np
 
+from .reader import MAX_METADATA_ARRAY
+
 
 class ArrayField:
     """A ReaderField's interface (name, types, data for len(), contents()) over a mapped array."""
@@ -68,6 +70,8 @@ def _array(reader: Any, start: int, name: str, offs: int) -> tuple[ArrayField | 
 
     item = gguf.GGUFValueType(int(reader._get(offs, np.uint32)[0]))
     count = int(reader._get(offs + 4, np.uint64)[0])
+    if count > MAX_METADATA_ARRAY:  # before anything is sized by it: a hostile count must not allocate
+        raise ValueError(f"metadata {name!r}: an array of {count} entries is over the limit of {MAX_METADATA_ARRAY}")
     offs += 12
     types = [gguf.GGUFValueType.ARRAY, item]
     buffer = reader.data
