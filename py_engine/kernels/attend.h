@@ -6,13 +6,8 @@
 #include <stdint.h>
 #include <string.h>
 
-static inline float ld(const void *p, int bf16, int64_t i) {
-  if (!bf16) return ((const float *)p)[i];
-  uint32_t u = (uint32_t)((const uint16_t *)p)[i] << 16;
-  float f;
-  memcpy(&f, &u, 4);
-  return f;
-}
+#include "linear.h" /* load1, hsum8 */
+
 static inline float r(float f, int bf16) { /* the value torch would hold in the tensor's dtype */
   if (!bf16) return f;
   uint32_t u;
@@ -41,9 +36,7 @@ static inline __m256 load8(const void *p, int bf16, int64_t i) { /* a bf16 is an
 static inline float dot(const float *q, const void *k, int bf16, int64_t n) {
   __m256 acc = _mm256_setzero_ps();
   for (int64_t i = 0; i < n; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), load8(k, bf16, i), acc);
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+  return hsum8(acc);
 }
 
 static inline __m256 codes8(const uint8_t *c, int bits, int64_t i) { /* codes i..i+7 as floats */
@@ -54,17 +47,11 @@ static inline __m256 codes8(const uint8_t *c, int bits, int64_t i) { /* codes i.
   return _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32((int)x), sh), _mm256_set1_epi32(15)));
 }
 
-static inline float hsum(__m256 acc) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
-}
-
 /* (q * scale) . codes of one cold key row: qs holds q * scale (the block's per-channel scales). */
 static inline float cold_dot(const float *qs, const uint8_t *code, int bits, int64_t D) {
   __m256 acc = _mm256_setzero_ps();
   for (int64_t i = 0; i < D; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(qs + i), codes8(code, bits, i), acc);
-  return hsum(acc);
+  return hsum8(acc);
 }
 
 /* acc[0..D) += w * codes of one cold value row (w: the weight times the row's scale). */

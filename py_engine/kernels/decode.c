@@ -23,13 +23,13 @@ void rk_rms_norm(const void *x, const void *w, void *y, int64_t rows, int64_t di
   for (int64_t m = 0; m < rows; ++m) {
     float ss = 0.f;
     for (int64_t i = 0; i < dim; ++i) {
-      float v = ld(x, bf16, m * dim + i);
+      float v = load1(x, bf16, m * dim + i);
       ss += v * v;
     }
     float inv = 1.f / sqrtf(ss / (float)dim + eps);
     for (int64_t i = 0; i < dim; ++i) {
-      float h = ld(x, bf16, m * dim + i) * inv;
-      float v = unit_offset ? h * (1.f + ld(w, bf16, i)) : ld(w, bf16, i) * r(h, bf16);
+      float h = load1(x, bf16, m * dim + i) * inv;
+      float v = unit_offset ? h * (1.f + load1(w, bf16, i)) : load1(w, bf16, i) * r(h, bf16);
       st(y, bf16, m * dim + i, v);
     }
   }
@@ -60,13 +60,13 @@ typedef struct {
 static void rope(const attend_t *a, const void *src, int64_t off, float *dst) {
   const int64_t half = a->rot / 2;
   for (int64_t i = 0; i < a->D; ++i) {
-    float x = ld(src, a->bf16, off + i);
+    float x = load1(src, a->bf16, off + i);
     if (i >= a->rot) {
       dst[i] = x;
       continue;
     }
-    float rh = i < half ? -ld(src, a->bf16, off + i + half) : ld(src, a->bf16, off + i - half);
-    float c = ld(a->cos, a->bf16, i), s = ld(a->sin, a->bf16, i);
+    float rh = i < half ? -load1(src, a->bf16, off + i + half) : load1(src, a->bf16, off + i - half);
+    float c = load1(a->cos, a->bf16, i), s = load1(a->sin, a->bf16, i);
     dst[i] = r(r(x * c, a->bf16) + r(rh * s, a->bf16), a->bf16);
   }
 }
@@ -88,7 +88,7 @@ static void cold_scores(const attend_t *a, const float *qh, int64_t g, int64_t s
         _mm256_storeu_ps(qs + i, _mm256_mul_ps(q, _mm256_loadu_ps(ks + i)));
         z = _mm256_fmadd_ps(q, _mm256_loadu_ps(kz + i), z);
       }
-      qz = hsum(z);
+      qz = hsum8(z);
     }
     const uint8_t *code = c->kc + ((g * c->max_blocks + block) * c->bs + s % c->bs) * packed;
     scores[s - start] = cold_dot(qs, code, (int)c->bits, D) + qz;
@@ -118,7 +118,7 @@ static void attend_head(const void *context, int64_t g) {
   rope(a, a->qkv, (a->H + g) * D, k);
   for (int64_t i = 0; i < D; ++i) {
     st(a->keys, a->bf16, row + i, k[i]);
-    st(a->values, a->bf16, row + i, ld(a->qkv, a->bf16, (a->H + a->KV + g) * D + i));
+    st(a->values, a->bf16, row + i, load1(a->qkv, a->bf16, (a->H + a->KV + g) * D + i));
   }
   const int esz = a->bf16 ? 2 : 4;
   const char *keys = (const char *)a->keys + (g * a->max_len + a->start) * D * esz;
@@ -181,7 +181,7 @@ int rk_paged_attend_one(const void *qkv, const void *cos, const void *sin, int64
     const int64_t row = (slot * KV + g) * D;
     for (int64_t i = 0; i < D; ++i) {
       st((void *)p->keys, p->bf16, row + i, scratch[i]);
-      st((void *)p->values, p->bf16, row + i, ld(qkv, p->bf16, (H + KV + g) * D + i));
+      st((void *)p->values, p->bf16, row + i, load1(qkv, p->bf16, (H + KV + g) * D + i));
     }
   }
   for (int64_t h = 0; h < H; ++h) {

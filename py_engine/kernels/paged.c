@@ -69,7 +69,7 @@ static void block_scores(const paged_t *a, int64_t id, int cold, int64_t g, int6
         _mm256_storeu_ps(qs + h * D + i, _mm256_mul_ps(qv, _mm256_loadu_ps(ks + i)));
         z = _mm256_fmadd_ps(qv, _mm256_loadu_ps(kz + i), z);
       }
-      qz[h] = hsum(z);
+      qz[h] = hsum8(z);
     }
     for (int64_t h = 0; h < G; ++h) {
       int64_t o = lo;
@@ -187,7 +187,7 @@ static void attend_row_head(const void *context, int64_t chunk) {
   float q[G * D], qs[G * D], acc[G * D], sc[G * a->bs], m[G], l[G], qz[G];
   for (int64_t h = 0; h < G; ++h) {
     const int64_t off = token * a->q_token_stride + (g * G + h) * a->q_head_stride;
-    for (int64_t i = 0; i < D; ++i) q[h * D + i] = ld(a->q, a->bf16, off + i);
+    for (int64_t i = 0; i < D; ++i) q[h * D + i] = load1(a->q, a->bf16, off + i);
     m[h] = -INFINITY, l[h] = 0.f;
   }
   for (int64_t i = 0; i < G * D; ++i) acc[i] = 0.f;
