@@ -142,9 +142,11 @@ def test_the_best_variant_is_loaded_and_reported():
 
 @needs_kernels
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_silu_gate_matches_torch(kernels, dtype):
-    """The prefill MLP's hidden layer on the pool (rk_gate): F.silu(gate) * up with torch's roundings."""
-    y = (torch.randn(37, 2 * 100, generator=torch.Generator().manual_seed(5)) * 4).to(dtype)
+@pytest.mark.parametrize("rows", [37, 400])
+def test_silu_gate_matches_torch(kernels, dtype, rows):
+    """The prefill MLP's hidden layer (rk_gate): F.silu(gate) * up with torch's roundings. N = 100 gives
+    164 rows a chunk: 37 rows are one chunk on the calling thread, 400 rows three on the pool (the last short)."""
+    y = (torch.randn(rows, 2 * 100, generator=torch.Generator().manual_seed(5)) * 4).to(dtype)
     gate, up = y.chunk(2, dim=-1)
     expected = F.silu(gate) * up
     tolerance = dict(rtol=2 ** -7, atol=1e-2) if dtype == torch.bfloat16 else dict(rtol=1e-6, atol=1e-6)

@@ -20,9 +20,10 @@ from native_server.paged_attention import PagedMetadata, TorchPagedAttention, ba
 from py_engine.kernels import cpu_kernels
 from py_engine.models import AttentionSpec
 from py_engine.models.kv_quant import KVQuantConfig
+from tests.requires import kernels_missing
 
 KERNELS = cpu_kernels()
-pytestmark = pytest.mark.skipif(KERNELS is None, reason="hardware: the CPU kernels need x86-64 Linux with AVX2")
+pytestmark = pytest.mark.skipif(KERNELS is None, reason=str(kernels_missing()))
 SPECS = {"full": AttentionSpec(0.25), "window": AttentionSpec(0.2, sliding_window=23),
          "window-softcap": AttentionSpec(0.3, sliding_window=40, softcap=2.0)}
 # dtype -> (atol, rtol): fp32 differs only in summation order (~3e-7 seen); bf16: about one ulp of the output
@@ -83,7 +84,24 @@ def random_step(block_size, dtype, heads=8, kv_heads=2, head_dim=16, bits=None, 
     return q, key_cache, value_cache, meta, cold
 
 
-def check(got, want, meta, dtype):
+@pytest.fixture
+def c_calls(monkeypatch):
+    """Each call of paged.c's rk_paged_decode (through kernels.paged.paged_decode): the backend falls back to
+    the torch oracle for what the kernel refuses, so a test that only compared results could compare torch
+    with torch."""
+    import native_server.cpu_attention as module
+
+    calls, original = [], module.paged_decode
+
+    def counted(*args, **kwargs):
+        calls.append(args[0])  # the kernels library it ran on
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(module, "paged_decode", counted)
+    return calls
+
+
+def check(got, want, dtype):
     atol, rtol = TOLERANCE[dtype]
     torch.testing.assert_close(got.float(), want.float(), atol=atol, rtol=rtol)
 
@@ -96,19 +114,20 @@ def test_auto_picks_the_c_backend_on_the_cpu():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("block_size", [4, 16, 32])
 @pytest.mark.parametrize("spec", list(SPECS), ids=list(SPECS))
-def test_hot_blocks_equal_the_torch_backend(dtype, block_size, spec):
+def test_hot_blocks_equal_the_torch_backend(dtype, block_size, spec, c_calls):
     q, key_cache, value_cache, meta, _ = random_step(block_size, dtype, seed=block_size)
     backend = backend_for("cpu")
     want = TorchPagedAttention().attend(q, key_cache, value_cache, meta, SPECS[spec])
     got = backend.attend(q, key_cache, value_cache, backend.prepare(meta), SPECS[spec])
-    check(got, want, meta, dtype)
+    check(got, want, dtype)
+    assert len(c_calls) == 1
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("bits", [8, 4], ids=["int8", "int4"])
 @pytest.mark.parametrize("block_size", [4, 16])
 @pytest.mark.parametrize("spec", list(SPECS), ids=list(SPECS))
-def test_cold_blocks_equal_torch_dequantization(dtype, bits, block_size, spec):
+def test_cold_blocks_equal_torch_dequantization(dtype, bits, block_size, spec, c_calls):
     q, key_cache, value_cache, meta, cold = random_step(block_size, dtype, bits=bits, seed=bits + block_size)
     assert any(meta.cold_blocks)
     quant = KVQuantConfig("int8" if bits == 8 else "int4", block_size, block_size)
@@ -116,10 +135,11 @@ def test_cold_blocks_equal_torch_dequantization(dtype, bits, block_size, spec):
     for layer in range(2):
         want = cold_attention.attend(q, key_cache, value_cache, cold, layer, meta, SPECS[spec], quant)
         got = backend.attend_cold(q, key_cache, value_cache, cold, layer, backend.prepare(meta), SPECS[spec], quant)
-        check(got, want, meta, dtype)
+        check(got, want, dtype)
+    assert len(c_calls) == 2
 
 
-def test_wider_heads_and_a_single_kv_head():
+def test_wider_heads_and_a_single_kv_head(c_calls):
     """head_dim 64 (Qwen2.5-0.5B's), 14 heads over 2 KV heads, and multi-query (1 KV head)."""
     for heads, kv_heads in [(14, 2), (4, 1)]:
         q, key_cache, value_cache, meta, cold = random_step(16, torch.float32, heads, kv_heads, 64, bits=4, seed=3)
@@ -127,16 +147,18 @@ def test_wider_heads_and_a_single_kv_head():
         backend = backend_for("cpu")
         want = cold_attention.attend(q, key_cache, value_cache, cold, 0, meta, SPECS["full"], quant)
         got = backend.attend_cold(q, key_cache, value_cache, cold, 0, backend.prepare(meta), SPECS["full"], quant)
-        check(got, want, meta, torch.float32)
+        check(got, want, torch.float32)
+    assert len(c_calls) == 2
 
 
-def test_shapes_the_kernel_refuses_take_the_torch_path():
+def test_shapes_the_kernel_refuses_take_the_torch_path(c_calls):
     """head_dim 12 is not a multiple of 8: the backend answers through torch, with the same result."""
     q, key_cache, value_cache, meta, _ = random_step(4, torch.float32, head_dim=12)
     backend = backend_for("cpu")
     want = TorchPagedAttention().attend(q, key_cache, value_cache, meta, SPECS["window"])
     got = backend.attend(q, key_cache, value_cache, backend.prepare(meta), SPECS["window"])
     torch.testing.assert_close(got, want)
+    assert not c_calls and "head_dim 12" in next(iter(backend._refusals.values()))
 
 
 @pytest.mark.parametrize("kv_cache_dtype,dtype", [("auto", "float32"), ("int4", "float32"), ("int4", "bfloat16")])
@@ -186,7 +208,7 @@ def test_a_single_stream_runs_as_one_c_call_and_equals_the_dense_engine(model_di
 
 
 @pytest.mark.parametrize("variant", ["avx2", "avx512", "avx512-vnni", "avx512-bf16"])
-def test_every_kernel_variant_equals_the_oracle(variant):
+def test_every_kernel_variant_equals_the_oracle(variant, c_calls):
     """Each instruction-set build of the kernels (py_engine.kernels.VARIANTS) runs the same paged decode."""
     from native_server.cpu_attention import CpuPagedAttention
     from py_engine.kernels import kernel_variant, variant_fits
@@ -201,4 +223,5 @@ def test_every_kernel_variant_equals_the_oracle(variant):
         quant = KVQuantConfig("int8" if bits == 8 else "int4", 16, 16)
         want = cold_attention.attend(q, key_cache, value_cache, cold, 1, meta, SPECS["window"], quant)
         got = backend.attend_cold(q, key_cache, value_cache, cold, 1, backend.prepare(meta), SPECS["window"], quant)
-        check(got, want, meta, dtype)
+        check(got, want, dtype)
+    assert [k is kernels for k in c_calls] == [True, True]  # this variant's library ran both

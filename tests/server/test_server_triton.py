@@ -75,7 +75,8 @@ def test_the_two_tier_kv_cache_gives_the_oracle_backends_tokens(model_dir, corpu
     prompt chunks, and quantize on the fly the blocks of a chunk its later queries read cold; the oracle
     engine runs the torch path (cold_attention.py) for all of it.
     Steps where every sequence decodes go through the CUDA-graph inputs (cold counts in the static buffer),
-    run eagerly here (capture=False); test_cuda_graph_decode_steps_with_int4_kv captures them on a GPU."""
+    run eagerly here (capture=False); test_cuda_graph_decode_steps_with_int8_int4_kv_give_the_eager_tokens
+    captures them on a GPU."""
     batch = [(f"r{i}", p, mixed_params(i)) for i, p in enumerate(prompts(corpus, 4, seed=2, lengths=(2, 30)))]
     kwargs = dict(block_size=4, max_num_batched_tokens=16, kv_cache_dtype="int4", kv_hot_tokens=8)
     oracle, triton = engine(model_dir, "torch", **kwargs), engine(model_dir, "triton", **kwargs)
