@@ -111,6 +111,24 @@ def test_auto_picks_the_c_backend_on_the_cpu():
     assert backend_for("cpu", "torch").name == "torch"
 
 
+def test_the_c_backend_asked_for_by_name_where_it_cannot_run_is_a_clear_error(monkeypatch):
+    """`--attention-backend cpu` on another device, or where the kernels do not load, says so (auto falls
+    back to torch instead); the serve command takes the name."""
+    import argparse
+
+    from native_server.serve import add_serve_parser
+
+    with pytest.raises(ValueError, match="--attention-backend cpu cannot run here.*meta"):
+        backend_for("meta", "cpu")
+    monkeypatch.setattr("py_engine.kernels.cpu_kernels", lambda: None)
+    with pytest.raises(ValueError, match="--attention-backend cpu cannot run here.*do not load on cpu"):
+        backend_for("cpu", "cpu")
+    assert backend_for("cpu").name == "torch"
+    parser = argparse.ArgumentParser()
+    add_serve_parser(parser.add_subparsers())
+    assert parser.parse_args(["serve", "--attention-backend", "cpu"]).attention_backend == "cpu"
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("block_size", [4, 16, 32])
 @pytest.mark.parametrize("spec", list(SPECS), ids=list(SPECS))
