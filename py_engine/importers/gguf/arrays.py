@@ -15,8 +15,6 @@ from typing import Any
 
 import numpy as np
 
-from .reader import MAX_METADATA_ARRAY
-
 
 class ArrayField:
     """A ReaderField's interface (name, types, data for len(), contents()) over a mapped array."""
@@ -40,8 +38,9 @@ class ArrayField:
         return str(self._buffer[start:start + length].tobytes(), encoding="utf-8")
 
 
-def build_fields(reader: Any, offs: int, count: int) -> int:
-    """GGUFReader._build_fields with compact arrays: the key/value section from offs, its end returned."""
+def build_fields(reader: Any, offs: int, count: int, max_entries: int) -> int:
+    """GGUFReader._build_fields with compact arrays: the key/value section from offs, its end returned;
+    an array of more than max_entries is refused before anything is sized by its count."""
     import gguf
     from gguf.gguf_reader import ReaderField
 
@@ -54,7 +53,7 @@ def build_fields(reader: Any, offs: int, count: int) -> int:
         name = str(bytes(key), encoding="utf-8")
         field = None
         if int(raw_type[0]) == gguf.GGUFValueType.ARRAY and reader.byte_order == "I":
-            field, end = _array(reader, start, name, offs)
+            field, end = _array(reader, start, name, offs, max_entries)
         if field is None:  # the reader's own parts
             size, parts, idxs, types = reader._get_field_parts(offs, raw_type[0])
             head = [key_len, key, raw_type]
@@ -64,14 +63,14 @@ def build_fields(reader: Any, offs: int, count: int) -> int:
     return offs
 
 
-def _array(reader: Any, start: int, name: str, offs: int) -> tuple[ArrayField | None, int]:
+def _array(reader: Any, start: int, name: str, offs: int, max_entries: int) -> tuple[ArrayField | None, int]:
     """The array at offs (after its key and type) as an ArrayField and its end; (None, offs) for a nested one."""
     import gguf
 
     item = gguf.GGUFValueType(int(reader._get(offs, np.uint32)[0]))
     count = int(reader._get(offs + 4, np.uint64)[0])
-    if count > MAX_METADATA_ARRAY:  # before anything is sized by it: a hostile count must not allocate
-        raise ValueError(f"metadata {name!r}: an array of {count} entries is over the limit of {MAX_METADATA_ARRAY}")
+    if count > max_entries:  # before anything is sized by it: a hostile count must not allocate
+        raise ValueError(f"metadata {name!r}: an array of {count} entries is over the limit of {max_entries}")
     offs += 12
     types = [gguf.GGUFValueType.ARRAY, item]
     buffer = reader.data

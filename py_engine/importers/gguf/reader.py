@@ -95,7 +95,7 @@ def _read(path: Path):
 
     class CheckedReader(gguf.GGUFReader):
         def _build_fields(self, offs: int, count: int) -> int:  # arrays without a view per entry (arrays.py)
-            return build_fields(self, offs, count)
+            return build_fields(self, offs, count, MAX_METADATA_ARRAY)
 
         def _build_tensors(self, start_offs: int, fields: list) -> None:  # noqa: D401 (the reader's hook)
             _check_tensor_infos(path, self, start_offs, fields)
