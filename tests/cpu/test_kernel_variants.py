@@ -115,11 +115,12 @@ def test_gated_linear_matches_torch(kernels, dtype):
 
 def test_best_variant_follows_the_flags():
     avx2 = {"avx2", "fma"}
-    avx512 = avx2 | {"avx512f", "avx512bw", "avx512vl", "avx512dq"}
+    avx512 = avx2 | {"avx512f", "avx512bw", "avx512vl", "avx512dq", "f16c"}
     assert best_variant(set()) is None
     assert best_variant({"avx2"}) is None  # no FMA
     assert best_variant(avx2) == "avx2"
     assert best_variant(avx512 - {"avx512vl"}) == "avx2"
+    assert best_variant(avx512 - {"f16c"}) == "avx2"  # the AVX-512 builds convert fp16 KV with F16C
     assert best_variant(avx512) == "avx512"
     assert best_variant(avx512 | {"avx512_vnni"}) == "avx512-vnni"
     assert best_variant(avx512 | {"avx512_bf16"}) == "avx512"  # bf16 builds on vnni
