@@ -206,7 +206,7 @@ def kv_bytes(tokens: int, bytes_per_value: int = 2) -> int:
 def native_ab(bin_dir: Path, quant: str, levels: list[int], rounds: int, threads: int, prompt_len: int,
               gen_len: int, iterations: int, backends: list[str] | None = None, llama: bool = True,
               ruvllm_flags: list[str] | None = None, baseline: Path | None = None,
-              kv_dtypes: list[str] | None = None) -> dict[str, Any]:
+              kv_dtypes: list[str] | None = None, logs: Path | None = None) -> dict[str, Any]:
     """ruvllm serve (once per attention backend: `ruvllm:BACKEND`, or `ruvllm` for the default, and per KV
     dtype after the first of kv_dtypes: `ruvllm@auto`), the same served from another checkout
     (`ruvllm-baseline`: old code vs new, paired) and llama-server on one GGUF, alternating (the order rotates
@@ -215,7 +215,7 @@ def native_ab(bin_dir: Path, quant: str, levels: list[int], rounds: int, threads
     from server_bench import serve
 
     gguf = gguf_file(quant, bin_dir)
-    logs = REPO / "benchmarks" / ".cache" / "logs" / "llama_server"
+    logs = logs or REPO / "benchmarks" / ".cache" / "logs" / "llama_server"
     logs.mkdir(parents=True, exist_ok=True)
     kv_dtypes = kv_dtypes or ["fp16"]
     kinds = [f"ruvllm:{b}" for b in backends] if backends else ["ruvllm"]
@@ -294,6 +294,7 @@ def main() -> int:
     parser.add_argument("--kv-cache-dtypes", default="fp16", help="ruvllm's --kv-cache-dtype, the first for `ruvllm` "
                         "(default fp16: llama-server's f16 KV), each other a server of its own (`ruvllm@auto`: fp32 "
                         "KV), each with a budget of 8192 positions of its bytes")
+    parser.add_argument("--log-dir", type=Path, help="the servers' logs (default benchmarks/.cache/logs/llama_server)")
     parser.add_argument("--out", type=Path, help="the JSON report (default results/llama_server_QUANT.json)")
     args = parser.parse_args()
     levels = [int(x) for x in args.levels.split(",")]
@@ -305,7 +306,8 @@ def main() -> int:
         backends = args.ruvllm_backends.split(",") if args.ruvllm_backends else None
         result = native_ab(args.llama_cpp_bin, args.quant, levels, args.rounds, args.threads, args.prompt_length,
                            args.gen_length, args.iterations, backends, not args.no_llama_server,
-                           args.ruvllm_flags.split(), args.baseline, args.kv_cache_dtypes.split(","))
+                           args.ruvllm_flags.split(), args.baseline, args.kv_cache_dtypes.split(","),
+                           args.log_dir)
         sys.path.insert(0, str(REPO / "benchmarks"))
         from decode_speed import machine
 

@@ -17,24 +17,6 @@ enum { KV_F32 = 0, KV_BF16 = 1, KV_F16 = 2 };
 
 static inline int64_t elem_size(int t) { return t == KV_F32 ? 4 : 2; }
 
-static inline float f16_to_f32(uint16_t h) {
-#ifdef __F16C__
-  return _cvtsh_ss(h);
-#else
-  /* (exponent, mantissa) shifted into a float's place is the value times 2^-112, subnormals included; an
-   * all-ones exponent (inf, NaN) gets the float's all-ones one. */
-  uint32_t em = (uint32_t)(h & 0x7fffu) << 13, u;
-  float f;
-  memcpy(&f, &em, 4);
-  f *= 0x1p112f;
-  memcpy(&u, &f, 4);
-  u |= (h & 0x7fffu) >= 0x7c00u ? 0x7f800000u : 0u;
-  u |= (uint32_t)(h & 0x8000u) << 16;
-  memcpy(&f, &u, 4);
-  return f;
-#endif
-}
-
 static inline uint16_t f32_to_f16(float f) { /* round to nearest even, as torch's .to(torch.float16) */
 #ifdef __F16C__
   return _cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT);
@@ -60,17 +42,18 @@ static inline __m256 f16x8(const uint16_t *p) { /* 8 halves as floats */
 #ifdef __F16C__
   return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
 #else
+  /* Normals: (exponent, mantissa) moved into a float's place, the exponent rebiased (127 - 15); subnormals
+   * (exponent 0): the mantissa as an integer times 2^-24, with no subnormal float arithmetic (exact under
+   * flush-to-zero / denormals-are-zero too); an all-ones exponent (inf, NaN) gets the float's all-ones one. */
   const __m256i h = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p));
   const __m256i em = _mm256_and_si256(h, _mm256_set1_epi32(0x7fff));
-  __m256 f = _mm256_mul_ps(_mm256_castsi256_ps(_mm256_slli_epi32(em, 13)), _mm256_set1_ps(0x1p112f));
-  const __m256i special = _mm256_cmpgt_epi32(em, _mm256_set1_epi32(0x7bff)); /* inf, NaN */
+  const __m256 normal = _mm256_castsi256_ps(_mm256_add_epi32(_mm256_slli_epi32(em, 13), _mm256_set1_epi32(0x38000000)));
+  const __m256 tiny = _mm256_mul_ps(_mm256_cvtepi32_ps(em), _mm256_set1_ps(0x1p-24f));
+  __m256 f = _mm256_blendv_ps(normal, tiny, _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(0x400), em)));
+  const __m256i special = _mm256_cmpgt_epi32(em, _mm256_set1_epi32(0x7bff));
   f = _mm256_or_ps(f, _mm256_castsi256_ps(_mm256_and_si256(special, _mm256_set1_epi32(0x7f800000))));
   return _mm256_or_ps(f, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_and_si256(h, _mm256_set1_epi32(0x8000)), 16)));
 #endif
-}
-
-static inline float ld(const void *p, int t, int64_t i) { /* element i of a row of type t */
-  return t == KV_F16 ? f16_to_f32(((const uint16_t *)p)[i]) : load1(p, t, i);
 }
 
 static inline float r(float f, int bf16) { /* the value torch would hold in the tensor's dtype */
