@@ -15,7 +15,8 @@ of the source and flags, and written atomically so processes may race.
 Variants (VARIANTS): the same sources built once per instruction set, each
 with its own flags (`avx2`, `avx512`, `avx512-vnni`, `avx512-bf16`); the C
 code picks wider or fused instructions under the compiler's feature macros
-(`__AVX512VNNI__`: vpdpbusd for the int8 dot products). At load the best
+(`__AVX512VNNI__`: vpdpbusd for the int8 dot products; `__F16C__`, in the AVX-512 variants:
+vcvtph2ps for an fp16 KV cache). At load the best
 variant the CPU has is chosen: the flags Linux reports from cpuid
 (/proc/cpuinfo, which also drops AVX-512 where the OS does not save its
 registers), confirmed by the loaded library's own cpuid check
