@@ -118,9 +118,16 @@ def _drain(weights: dict[str, QuantizedWeight]) -> Iterator[tuple[str, Quantized
         yield name, weights.pop(name)
 
 
-def rtn(weight: Tensor, bits: int, block_size: int | None, symmetric: bool, chunk: int = 1 << 22,
+# Values quantized at a time (whole rows): the block's float source (4 MiB of fp32 pages mapped from the
+# checkpoint, given back once read) and its codes are the transient beside the codes kept. 4M values took
+# 16 MiB of mapped source and ~8 MiB of freed codes at once: the int8 0.5B model's quantize peak (659 MiB)
+# was its head's last blocks.
+RTN_CHUNK = 1 << 20
+
+
+def rtn(weight: Tensor, bits: int, block_size: int | None, symmetric: bool, chunk: int = RTN_CHUNK,
         pages: MappedPages | None = None) -> QuantizedWeight:
-    """quantize_rtn's bytes, a block of ~4M values (whole rows) at a time: rows are independent.
+    """quantize_rtn's bytes, a block of RTN_CHUNK values (whole rows) at a time: rows are independent.
 
     In one C pass each on the CPU kernels (quant.c's rk_quantize_rtn: torch's ~20 passes took
     30-50 s for a 0.5B model on a busy 2-core machine), else with quantize_rtn (whole, the
@@ -206,9 +213,9 @@ def _quantized_table(weight: Tensor, bias: Tensor | None, qconfig: QuantConfig, 
     return layer
 
 
-def rtn_packed(weight: Tensor, bits: int, block_size: int | None, symmetric: bool, chunk: int = 1 << 22,
+def rtn_packed(weight: Tensor, bits: int, block_size: int | None, symmetric: bool, chunk: int = RTN_CHUNK,
                pages: MappedPages | None = None) -> PackedWeight:
-    """PackedWeight.pack(rtn(...)), packed a block of ~4M values at a time: the unpacked byte-a-code
+    """PackedWeight.pack(rtn(...)), packed a block of RTN_CHUNK values at a time: the unpacked byte-a-code
     codes of a large table (130 MB for Qwen2.5-0.5B's head) never exist whole."""
     n, k = weight.shape
     rows = max(1, chunk // max(k, 1))
