@@ -510,8 +510,19 @@ static qmat_t rows_of(const qmat_t *w, int64_t n0, int64_t n1) {
   return r;
 }
 
-/* The parts' products into y [M, sum of N_p] (job: x's buffers set), their rows split over the pool. */
-static void run_parts(qjob_t *job, int n_parts, const qmat_t *parts, void *y, float *xg, const float *xs) {
+/* W rows a panel chunk takes: 32 (two panels) at a time, ~8 chunks a thread (896 rows at 2 threads: 14 chunks,
+ * where 4 a thread gave 7 and one thread ran 4 of them), at most Q_MAX_DEQUANT bytes of panels (a byte a code). */
+static int64_t panel_rows(const qmat_t *w) {
+  const int64_t nb = nb_of(w);
+  int64_t rows = w->N / (8 * pool_threads()) + 1;
+  if (rows * nb * 32 > Q_MAX_DEQUANT) rows = Q_MAX_DEQUANT / (nb * 32) + 1;
+  return (rows + 31) / 32 * 32;
+}
+
+/* The parts' products into y [M, sum of N_p] (job: x's buffers set), their rows split over the pool; panel parts
+ * in chunks of panel_chunk rows (0: panel_rows). */
+static void run_parts(qjob_t *job, int n_parts, const qmat_t *parts, void *y, float *xg, const float *xs,
+                      int64_t panel_chunk) {
   const int64_t M = job->M, nb = nb_of(&parts[0]);
   int64_t ldy = 0, column = 0, group = 0;
   for (int p = 0; p < n_parts; ++p) ldy += parts[p].N;
@@ -531,11 +542,8 @@ static void run_parts(qjob_t *job, int n_parts, const qmat_t *parts, void *y, fl
       group += w->ng;
     }
     int64_t rows;
-    if (job->panel_parts >> p & 1) { /* 32 rows (two panels) at a time, ~8 chunks a thread (896 rows at 2 threads:
-                                       * 14 chunks, where 4 a thread gave 7 and one thread ran 4 of them) */
-      rows = w->N / (8 * pool_threads()) + 1;
-      if (rows * nb * 32 > Q_MAX_DEQUANT) rows = Q_MAX_DEQUANT / (nb * 32) + 1; /* panel bytes: a byte a code */
-      rows = (rows + 31) / 32 * 32;
+    if (job->panel_parts >> p & 1) {
+      rows = panel_chunk ? panel_chunk : panel_rows(w);
     } else {
       rows = job->blas ? w->N / (2 * pool_threads()) + 1 : q_chunk_rows(w->N, row_bytes(w));
       if (job->blas && rows * job->K > Q_MAX_DEQUANT) rows = Q_MAX_DEQUANT / job->K + 1; /* the per-thread fp32 buffer */
@@ -549,7 +557,7 @@ static void run_parts(qjob_t *job, int n_parts, const qmat_t *parts, void *y, fl
 }
 
 /* A gated product with both parts in panels and no y from the caller: gate and up rows c0..c1 at a time into a
- * block of at most Q_GATE_BLOCK_BYTES, gated as it fills: the [M, 2N] product never exists whole (a 128-token
+ * block of about Q_GATE_BLOCK_BYTES (whole panel chunks, at least one), gated as it fills: the [M, 2N] product never exists whole (a 128-token
  * prefill of Qwen2.5-0.5B held 4.75 MiB of it beside the 2.4 MiB output). Each output is the same
  * products in the same order as in one call (a panel's rows are independent), so bit for bit the same. */
 #ifndef Q_GATE_BLOCK_BYTES
@@ -558,14 +566,15 @@ static void run_parts(qjob_t *job, int n_parts, const qmat_t *parts, void *y, fl
 static int gated_blocks(qjob_t *job, const qmat_t *parts, void *gated, float *xg, const float *xs, void **buffer,
                         int64_t *size) {
   const int64_t M = job->M, N = parts[0].N, ysize = job->y_bf16 ? 2 : 4;
-  int64_t cb = Q_GATE_BLOCK_BYTES / (M * 2 * ysize) / 32 * 32;
-  cb = cb < 32 ? 32 : cb > N ? N : cb;
+  const int64_t chunk = panel_rows(&parts[0]); /* the whole call's chunks: each passes over every row of x */
+  int64_t cb = Q_GATE_BLOCK_BYTES / (M * 2 * ysize) / chunk * chunk; /* whole chunks (narrow ones were 6% slower) */
+  cb = cb < chunk ? chunk : cb > N ? N : cb;
   void *yb = grow(buffer, size, M * 2 * cb * ysize);
   if (!yb) return -2;
   for (int64_t c0 = 0; c0 < N; c0 += cb) {
     const int64_t c1 = c0 + cb < N ? c0 + cb : N;
     const qmat_t two[2] = {rows_of(&parts[0], c0, c1), rows_of(&parts[1], c0, c1)};
-    run_parts(job, 2, two, yb, xg, xs);
+    run_parts(job, 2, two, yb, xg, xs, chunk);
     gate_rows(yb, (char *)gated + c0 * ysize, job->y_bf16, M, c1 - c0, N);
   }
   return 0;
@@ -625,7 +634,7 @@ int rk_qlinear_parts(const void *x, int x_bf16, int n_parts, const qmat_t *parts
   if (gated && !y && panel_parts == 3) return gated_blocks(&job, parts, gated, xg, xs, &buffers[7], &sizes[7]);
   void *whole = y ? NULL : aligned_alloc(64, (size_t)((M * (parts[0].N + parts[1].N) * (y_bf16 ? 2 : 4) + 63) / 64 * 64));
   if (!y && !whole) return -2;
-  run_parts(&job, n_parts, parts, y ? y : whole, xg, xs);
+  run_parts(&job, n_parts, parts, y ? y : whole, xg, xs, 0);
   const int status = gated ? rk_gate(y ? y : whole, gated, y_bf16, M, parts[0].N) : 0;
   free(whole);
   return status;
