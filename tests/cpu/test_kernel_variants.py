@@ -211,9 +211,9 @@ def _rows(q: QuantizedWeight, lo: int, hi: int) -> QuantizedWeight:
 def test_gated_product_equals_the_whole_product_gated(kernels, layout, dtype, rows):
     """silu(gate(x)) * up(x) in one call (a SiLU MLP's hidden layer; 20 rows: a batch in tiles, the product
     whole; one row: tests/quant/test_quant_kernels.py). With both parts in panels (a prefill on
-    VNNI builds) quant.c makes the [rows, 2N] product in column blocks of about 1 MiB (gated_blocks): here
-    N = 1100 at 256 rows on 2 threads is 3 blocks in fp32 (480 columns, 5 chunks of 96 rows; the last 140: a
-    partial panel) and 2 in bf16; g96 is one group a row (per-channel int8).
+    VNNI builds) quant.c makes the [rows, 2N] product in column blocks of about 512 KiB (gated_blocks): here
+    N = 1100 at 256 rows on 2 threads is 6 blocks in fp32 (192 columns: 2 chunks of 96 rows; the last 140: a
+    partial panel) and 3 in bf16; g96 is one group a row (per-channel int8).
     Every value equals the whole product gated (QuantPlan without gated, then silu_gate) bit for bit, and
     the reference on x as the kernels round it."""
     bits, group, symmetric, offsets = layout

@@ -249,7 +249,7 @@ print(json.dumps({"panels": kernels.int8_rows_for(8) > rows, "before": before["r
 def test_a_prefill_mlp_on_the_panels_holds_its_output_not_the_whole_product():
     """One 512-row int8 MLP step (gate/up, SiLU, down) in a fresh process: on the panels (AVX-512 VNNI) its
     peak over the RSS before is the gated output (9.5 MiB) and the down projection's (1.75 MiB) plus the
-    kernels' scratch (int8 x, panel buffers, a 1 MiB block of the product): ~16 MiB, bound at 19; the
+    kernels' scratch (int8 x, panel buffers, a 1.25 MiB block of the product): ~16 MiB, bound at 19; the
     [512, 9728] product (19 MiB) beside the output and an fp32 copy of x for sgemm that the panels never read
     (9.5 MiB, kept) made it ~35 MiB."""
     import json
