@@ -152,8 +152,10 @@ class ColdPool:
 
 class PagedKVCache:
     """Per layer, keys and values [num_blocks, block_size, kv_heads, head_dim] (layout: paged_attention.py)
-    of `dtype` (the model's, or fp16 / bf16 with --kv-cache-dtype: every backend widens them to the queries'
-    dtype as it reads), and with int8/int4 KV a ColdPool of num_cold_blocks."""
+    of `dtype` (the model's, or fp16 / bf16 with --kv-cache-dtype), and with int8/int4 KV a ColdPool of
+    num_cold_blocks. The torch and Triton backends widen the blocks to the queries' dtype as they read; the
+    C decode reads them into fp32, so fp16 blocks under a bf16 model are rounded to bf16 in prompt chunks only
+    (one bf16 ulp; fp16 also saves nothing there: bf16 has the same 2 bytes and no overflow above 65504)."""
 
     def __init__(self, config: ModelConfig, num_blocks: int, block_size: int, dtype: torch.dtype,
                  device: torch.device | str, backend: PagedAttentionBackend | None = None,

@@ -37,7 +37,8 @@ _WIDTHS = (64, 2048, 1 << 62)
 # Rows that edit or draw are sampled a few at a time: each holds several float64 [rows, V] copies (the
 # row, z, exp weights, a full sort's values and indices), so 16 rows of Qwen2.5's 151936 ids at once
 # peaked ~165 MiB above the step. Rows are independent: how they are grouped changes no token.
-CHUNK_BYTES = 4 << 20  # float64 bytes of one group's rows (3 rows of a 150k vocabulary)
+CHUNK_BYTES = 4 << 20  # float64 bytes of one group's rows (3 rows of a 150k vocabulary), on the CPU only:
+# on a GPU each group waits for the device a few times, and its memory is not the host's
 
 
 class SamplingRow(NamedTuple):
@@ -86,7 +87,7 @@ def sample(logits: Tensor, rows: Sequence[SamplingRow]) -> list[SampleOutput]:
     elif plain:
         tokens[plain] = _argmax(logits[plain])
     rest = [i for i, r in enumerate(rows) if not (r.params.is_greedy and not _edits_logits(r))]
-    step = max(1, CHUNK_BYTES // (8 * logits.shape[-1]))  # rows whose float64 copies fit the budget
+    step = max(1, CHUNK_BYTES // (8 * logits.shape[-1])) if logits.device.type == "cpu" else len(rest) or 1
     for start in range(0, len(rest), step):
         _sample_rows(logits, rows, rest[start:start + step], tokens)
     out = []

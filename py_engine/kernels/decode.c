@@ -173,7 +173,8 @@ int rk_attend_one(const void *qkv, const void *cos, const void *sin, void *keys,
 int rk_paged_attend_one(const void *qkv, const void *cos, const void *sin, int64_t rot, int64_t slot, void *q,
                         float *scratch, paged_t *p) {
   const int64_t H = p->H, KV = p->KV, D = p->D;
-  if (D % 8 || KV < 1 || H % KV || rot > D || rot % 2 || p->rows != 1 || slot < 0) return -1;
+  if (D % 8 || KV < 1 || H % KV || rot > D || rot % 2 || p->rows != 1 || slot < 0 || p->kv < KV_F32 || p->kv > KV_F16)
+    return -1; /* before anything is written: a cache of an unknown type is left as it was */
   attend_t a = {0};
   a.qkv = qkv, a.cos = cos, a.sin = sin, a.H = H, a.KV = KV, a.D = D, a.rot = rot, a.bf16 = p->bf16;
   for (int64_t g = 0; g < KV; ++g) {

@@ -136,7 +136,7 @@ def rtn(weight: Tensor, bits: int, block_size: int | None, symmetric: bool, chun
     151936 x 896 LM head made ~10 temporaries of 0.5 GB). With `pages`, each block's mapped
     float pages are given back once read, so a large head never becomes resident whole.
     """
-    with _torch_one_thread():
+    with _torch_one_thread(weight, bits):
         return _rtn(weight, bits, block_size, symmetric, chunk, pages)
 
 
@@ -225,7 +225,7 @@ def rtn_packed(weight: Tensor, bits: int, block_size: int | None, symmetric: boo
                pages: MappedPages | None = None) -> PackedWeight:
     """PackedWeight.pack(rtn(...)), packed a block of RTN_CHUNK values at a time: the unpacked byte-a-code
     codes of a large table (130 MB for Qwen2.5-0.5B's head) never exist whole."""
-    with _torch_one_thread():
+    with _torch_one_thread(weight, bits):
         return _rtn_packed(weight, bits, block_size, symmetric, chunk, pages)
 
 
@@ -255,12 +255,14 @@ def _rtn_packed(weight: Tensor, bits: int, block_size: int | None, symmetric: bo
 
 
 @contextmanager
-def _torch_one_thread() -> Iterator[None]:
+def _torch_one_thread(weight: Tensor, bits: int) -> Iterator[None]:
     """torch on one thread while blocks are quantized (the kernels' pool keeps torch's count): each block's
     copy and code flip is a few MB, and on a busy machine every torch op over 2 OpenMP threads waited
-    milliseconds for the second (1M-value blocks on 2 threads took 9 CPU s to quantize the 0.5B model)."""
+    milliseconds for the second (1M-value blocks on 2 threads took 9 CPU s to quantize the 0.5B model).
+    Only where quantize_rtn_native takes the weight: elsewhere torch's own passes do the work."""
     threads, kernels = torch.get_num_threads(), cpu_kernels()
-    if kernels is None:  # quantize_rtn's torch passes do the work: all of torch's threads
+    native = weight.device.type == "cpu" and weight.dtype in (torch.float32, torch.bfloat16) and bits in (4, 8)
+    if kernels is None or not native:  # quantize_rtn's torch passes do the work: all of torch's threads
         yield
         return
     if not kernels.threads:
