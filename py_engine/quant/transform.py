@@ -227,10 +227,7 @@ def rtn_packed(weight: Tensor, bits: int, block_size: int | None, symmetric: boo
             whole[i:i + rows].copy_(piece)
         layout = (part.block_size, part.spg)
         del part
-    offset = 128 if bits == 8 else 0
-    z = zeros.float() - offset  # PackedWeight.pack's mins, over the whole table
-    mins = None if not z.any() else (scales * z).contiguous()
-    return PackedWeight(codes, scales, zeros, mins, bits, layout[0], k, symmetric, layout[1])
+    return PackedWeight.from_parts(codes, scales, zeros, bits, layout[0], k, symmetric, layout[1])  # pack's mins
 
 
 def _replace(model: nn.Module, name: str, module: nn.Module) -> None:
