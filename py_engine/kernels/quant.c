@@ -64,7 +64,7 @@ static inline __attribute__((always_inline)) void rows_q(const qjob_t *j, const 
   const int8_t *qx = j->qx + m * nb * 32;
   const float *dx = j->dx + m * nb;
   const uint8_t *c = w->codes + n * rb;
-  const float *s = w->scales + n * w->ng;
+  const int64_t s = n * w->ng; /* row n's first scale */
   __m256 acc[Q_ROWS];
   for (int r = 0; r < nr; ++r) acc[r] = _mm256_setzero_ps();
   if (bits4 && j->qxp && !(w->spg & 1)) { /* two sub-blocks a step: one 32-byte load of codes */
@@ -87,7 +87,7 @@ static inline __attribute__((always_inline)) void rows_q(const qjob_t *j, const 
           ga[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(udot2(lo, x0, hi, x1)), d, ga[r]);
         }
       }
-      for (int r = 0; r < nr; ++r) acc[r] = _mm256_fmadd_ps(ga[r], _mm256_broadcast_ss(s + r * w->ng + g), acc[r]);
+      for (int r = 0; r < nr; ++r) acc[r] = _mm256_fmadd_ps(ga[r], _mm256_set1_ps(scale_at(w, s + r * w->ng + g)), acc[r]);
     }
   } else
   for (int64_t g = 0, b = 0; g < w->ng; ++g) {
@@ -103,15 +103,11 @@ static inline __attribute__((always_inline)) void rows_q(const qjob_t *j, const 
         ga[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), d, ga[r]);
       }
     }
-    for (int r = 0; r < nr; ++r) acc[r] = _mm256_fmadd_ps(ga[r], _mm256_broadcast_ss(s + r * w->ng + g), acc[r]);
+    for (int r = 0; r < nr; ++r) acc[r] = _mm256_fmadd_ps(ga[r], _mm256_set1_ps(scale_at(w, s + r * w->ng + g)), acc[r]);
   }
   for (int r = 0; r < nr; ++r) {
     float y = hsum8(acc[r]);
-    if (has_mins(w) && a->xg) {
-      float f;
-      const float *xg = a->xg + m * w->ng, *mr = mins_row(w, n + r, &f);
-      for (int64_t g = 0; g < w->ng; ++g) y -= (f * mr[g]) * xg[g];
-    }
+    if (has_mins(w) && a->xg) y = sub_mins(w, n + r, a->xg + m * w->ng, y);
     put_q(j, a, m, n + r, y);
   }
 }
@@ -129,7 +125,7 @@ static inline __attribute__((always_inline)) void rows2f(const qjob_t *j, const 
   const int64_t nb = nb_of(w), rb = row_bytes(w), bb = bits4 ? 16 : 32;
   const float *xr = j->xp + m * nb * 32;
   const uint8_t *c0 = w->codes + n * rb, *c1 = two ? c0 + rb : c0;
-  const float *s0 = w->scales + n * w->ng, *s1 = two ? s0 + w->ng : s0;
+  const int64_t s0 = n * w->ng, s1 = two ? s0 + w->ng : s0; /* rows' first scales */
   const __m128i low = _mm_set1_epi8(0x0f);
   __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
   for (int64_t g = 0, b = 0; g < w->ng; ++g) {
@@ -153,19 +149,15 @@ static inline __attribute__((always_inline)) void rows2f(const qjob_t *j, const 
       }
     }
     acc0 = _mm256_fmadd_ps(_mm256_add_ps(_mm256_add_ps(f0[0], f0[1]), _mm256_add_ps(f0[2], f0[3])),
-                           _mm256_broadcast_ss(s0 + g), acc0);
+                           _mm256_set1_ps(scale_at(w, s0 + g)), acc0);
     if (two)
       acc1 = _mm256_fmadd_ps(_mm256_add_ps(_mm256_add_ps(f1[0], f1[1]), _mm256_add_ps(f1[2], f1[3])),
-                             _mm256_broadcast_ss(s1 + g), acc1);
+                             _mm256_set1_ps(scale_at(w, s1 + g)), acc1);
   }
   float y0 = hsum8(acc0), y1 = two ? hsum8(acc1) : 0.f;
   if (has_mins(w)) {
-    float f;
-    const float *xg = a->xg + m * w->ng, *m0 = mins_row(w, n, &f), *m1 = two ? m0 + w->ng : m0;
-    for (int64_t g = 0; g < w->ng; ++g) {
-      y0 -= (f * m0[g]) * xg[g];
-      if (two) y1 -= (f * m1[g]) * xg[g];
-    }
+    y0 = sub_mins(w, n, a->xg + m * w->ng, y0);
+    if (two) y1 = sub_mins(w, n + 1, a->xg + m * w->ng, y1);
   }
   put_q(j, a, m, n, y0);
   if (two) put_q(j, a, m, n + 1, y1);
@@ -183,7 +175,7 @@ static void dequantize_rows(const qmat_t *w, int64_t r0, int64_t r1, int64_t K, 
     float *o = out + (n - r0) * K;
     for (int64_t g = 0; g < w->ng; ++g) {
       const __m512 z = _mm512_set1_ps(w->zeros ? (float)w->zeros[n * w->ng + g] - offset : w->zp);
-      const __m512 s = _mm512_set1_ps(w->scales[n * w->ng + g]);
+      const __m512 s = _mm512_set1_ps(scale_at(w, n * w->ng + g));
       const __m512 mn = _mm512_set1_ps(!w->zeros && w->mins ? w->mins[n * w->ng + g] : 0.f);
       for (int64_t b = g * w->spg; b < (g + 1) * w->spg; ++b) {
         __m512i q[2];
@@ -215,7 +207,7 @@ static void dequantize_rows(const qmat_t *w, int64_t r0, int64_t r1, int64_t K, 
     for (int64_t b = 0; b < nb; ++b) {
       const int64_t g = b / w->spg;
       const __m256 z = _mm256_set1_ps(w->zeros ? (float)w->zeros[n * w->ng + g] - offset : w->zp);
-      const __m256 s = _mm256_set1_ps(w->scales[n * w->ng + g]);
+      const __m256 s = _mm256_set1_ps(scale_at(w, n * w->ng + g));
       const __m256 mn = _mm256_set1_ps(!w->zeros && w->mins ? w->mins[n * w->ng + g] : 0.f);
       __m256i v8;
       if (w->bits4) {
