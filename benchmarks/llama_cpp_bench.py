@@ -154,9 +154,11 @@ def one_server(kind: str, url: str, process: subprocess.Popen, levels: list[int]
     from decode_engines import RssWatch
     from native_server.bench.workload import Workload
 
+    loaded = peak_rss_mib(process.pid)  # VmHWM once it answers: the load's peak (weights, load transients)
     with RssWatch(process) as watch:  # its RssAnon / RssFile when its RSS was largest (after startup)
         rows = _levels(kind, url, process, levels, Workload(prompt_len, gen_len), gen_len, iterations)
-    return {"rows": rows, "peak_rss_mib": peak_rss_mib(process.pid), "peak_split": watch.split}
+    return {"rows": rows, "peak_rss_mib": peak_rss_mib(process.pid), "peak_split": watch.split,
+            "loaded_peak_rss_mib": loaded}
 
 
 def _levels(kind: str, url: str, process: subprocess.Popen, levels: list[int], workload, gen_len: int,

@@ -102,8 +102,8 @@ static inline const void *scales_from(const qmat_t *w, int64_t i) {
 
 /* Whether y takes a zero-point term Σ_g s_g z'_g X_g off: per-group mins, or one z' for every group. */
 static inline int has_mins(const qmat_t *w) { return w->mins || w->zp != 0.f; }
-/* y minus row n's term, group by group (X_g = xg[g]): s z' is mins[g], or zp * s (where zp is a power of two,
- * Q4_0's 8 or symmetric 2/4/8, exactly the float a mins tensor held). */
+/* y minus row n's term, group by group (X_g = xg[g]): s z' is mins[g], or zp * s (the same one rounding of
+ * s * z' a mins tensor held, so both layouts give the same floats). */
 static inline float sub_mins(const qmat_t *w, int64_t n, const float *xg, float y) {
   const int64_t o = n * w->ng;
   if (w->mins)

@@ -119,7 +119,8 @@ class PackedWeight:
                 z1 = float(int(zero_points.reshape(-1)[0]) - (128 if bits == 8 else 0))
                 mins = None if z1 == 0 else scales.float() * z1
             mins = (-offsets if mins is None else mins - offsets).contiguous()
-        return cls(codes, scales, zero_points, mins, bits, block_size, in_features, symmetric, spg, offsets)
+        return cls(codes.contiguous(), scales.contiguous(), zero_points, mins, bits, block_size, in_features,
+                   symmetric, spg, offsets)
 
     @property
     def zero(self) -> int | None:
@@ -136,9 +137,9 @@ class PackedWeight:
             codes = torch.cat([c & 15, c >> 4], dim=2).reshape(n, -1)
         else:
             codes = self.codes.cpu() ^ 128
-        return QuantizedWeight(codes[:, :padded].contiguous(), self.scales.cpu().float(), self.zero_points.cpu().contiguous(),
-                               self.bits, self.block_size, self.in_features, self.symmetric,
-                               None if self.offsets is None else self.offsets.cpu())
+        return QuantizedWeight(codes[:, :padded].contiguous(), self.scales.cpu().float(),
+                               self.zero_points.cpu().contiguous(), self.bits, self.block_size, self.in_features,
+                               self.symmetric, None if self.offsets is None else self.offsets.cpu())
 
     def to(self, device: torch.device | str) -> "PackedWeight":
         move = lambda t: None if t is None else t.to(device)  # noqa: E731

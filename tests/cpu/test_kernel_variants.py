@@ -216,8 +216,8 @@ def per_group_layout(p: PackedWeight) -> PackedWeight:
 @pytest.mark.parametrize("scales", [torch.float32, torch.float16], ids=str)
 def test_one_zero_point_gives_the_per_group_layouts_outputs_bit_for_bit(kernels, layout, rows, scales):
     """Symmetric layouts hold one zero point and no mins; every path (decode rows, tiles, panels or sgemm, the
-    exact path) takes s * z' from the scales and gives the per-group layout's floats exactly (z' = 8 or 0: a
-    power of two times s is the float the mins held). fp16 scales (GGUF's) are widened where read: the same
+    exact path) takes s * z' from the scales and gives the per-group layout's floats exactly (zp * s is the one
+    rounding of s * z' the mins held). fp16 scales (GGUF's) are widened where read: the same
     floats as the fp32 layout of those values."""
     bits, group, symmetric, offsets = layout
     k = 256 if group < 1040 else 1040
