@@ -82,9 +82,8 @@ static int pack(const qmat_t *w, int64_t n0, int64_t n1, packed_t *p) {
     for (int64_t g = 0; g < ng; ++g)
       for (int64_t l = 0; l < P_LANES; ++l) {
         const int64_t i = (n + l) * ng + g;
-        const float s = l < live ? scale_at(w, i) : 0.f;
-        sc[(q * ng + g) * P_LANES + l] = s;
-        if (mn) mn[(q * ng + g) * P_LANES + l] = l < live ? (w->mins ? w->mins[i] : w->zp * s) + (w->bits4 ? 0.f : 128.f * s) : 0.f;
+        sc[(q * ng + g) * P_LANES + l] = l < live ? w->scales[i] : 0.f;
+        if (mn) mn[(q * ng + g) * P_LANES + l] = l < live ? (w->mins ? w->mins[i] : w->zp * w->scales[i]) + (w->bits4 ? 0.f : 128.f * w->scales[i]) : 0.f;
       }
   }
   *p = (packed_t){buf, sc, mn, panels, nb, ng, w->spg};

@@ -22,8 +22,6 @@
  * per row pair: the per-sub-block float scaling, not the integer dot, bounds it, which is why
  * dequantize + MKL sgemm still wins from ~64 rows on 4864x896 (Q_TILE_ROWS stays 32).
  */
-#include <string.h>
-
 #include "quant.h"
 
 #ifndef T_X
@@ -42,7 +40,7 @@ static inline __attribute__((always_inline)) void tile(const qjob_t *j, const qp
   const qmat_t *w = &a->w;
   const int64_t nb = nb_of(w), rb = row_bytes(w), bb = bits4 ? 16 : 32;
   const uint8_t *c = w->codes + n * rb;
-  const int64_t s = n * w->ng; /* row n's first scale */
+  const float *s = w->scales + n * w->ng;
   const int8_t *qx = (pairs ? j->qxp : j->qx) + m0 * nb * 32;
   const __m256i low = _mm256_set1_epi8(0x0f);
   __m256 acc[T_X][T_R];
@@ -88,14 +86,18 @@ static inline __attribute__((always_inline)) void tile(const qjob_t *j, const qp
       }
     }
     for (int r = 0; r < nr; ++r) {
-      const __m256 sv = _mm256_set1_ps(scale_at(w, s + r * w->ng + g));
+      const __m256 sv = _mm256_broadcast_ss(s + r * w->ng + g);
       for (int m = 0; m < mt; ++m) acc[m][r] = _mm256_fmadd_ps(ga[m][r], sv, acc[m][r]);
     }
   }
   for (int m = 0; m < mt; ++m)
     for (int r = 0; r < nr; ++r) {
       float y = hsum8(acc[m][r]);
-      if (has_mins(w) && a->xg) y = sub_mins(w, n + r, a->xg + (m0 + m) * w->ng, y);
+      if (has_mins(w) && a->xg) {
+        float f;
+        const float *xg = a->xg + (m0 + m) * w->ng, *mr = mins_row(w, n + r, &f);
+        for (int64_t g = 0; g < w->ng; ++g) y -= (f * mr[g]) * xg[g];
+      }
       put_q(j, a, m0 + m, n + r, y);
     }
 }
@@ -163,34 +165,17 @@ static inline float hsum16(__m512 v) {
 
 /* The mins term's sum over groups, 16 at a time (a scalar loop per output was as long as the
  * dot products themselves for asymmetric 4-bit groups of 32: K / 32 multiply-adds per output). */
-static inline __m512 load16(const void *p, int f16, int64_t g, __mmask16 k) { /* 16 fp32 or fp16 values, masked */
-  if (f16) return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(k, (const uint16_t *)p + g));
-  return _mm512_maskz_loadu_ps(k, (const float *)p + g);
-}
-
-/* Σ (f * m[g]) * xg[g] over ng values of m (fp32, or fp16 scales): mins (f = 1), or scales times zp or 128. */
-static inline float zmins(const void *m, int f16, float f, const float *xg, int64_t ng) {
+static inline float zmins(const float *mr, float f, const float *xg, int64_t ng) { /* Σ (f * mr[g]) * xg[g] */
   __m512 acc = _mm512_setzero_ps();
   const __m512 fv = _mm512_set1_ps(f);
   int64_t g = 0;
   for (; g + 16 <= ng; g += 16)
-    acc = _mm512_fmadd_ps(_mm512_mul_ps(fv, load16(m, f16, g, 0xffff)), _mm512_loadu_ps(xg + g), acc);
+    acc = _mm512_fmadd_ps(_mm512_mul_ps(fv, _mm512_loadu_ps(mr + g)), _mm512_loadu_ps(xg + g), acc);
   if (g < ng) {
     const __mmask16 k = (__mmask16)((1u << (ng - g)) - 1);
-    acc = _mm512_fmadd_ps(_mm512_mul_ps(fv, load16(m, f16, g, k)), _mm512_maskz_loadu_ps(k, xg + g), acc);
+    acc = _mm512_fmadd_ps(_mm512_mul_ps(fv, _mm512_maskz_loadu_ps(k, mr + g)), _mm512_maskz_loadu_ps(k, xg + g), acc);
   }
   return hsum16(acc);
-}
-
-/* Scales i, i + 1 in sub-blocks b's and b + 1's lanes (pair_of), from fp32 or fp16. */
-static inline __m512 scale_pair(const qmat_t *w, int64_t i, int bits4) {
-  if (!w->scales_f16) return pair_of((const float *)w->scales + i, bits4);
-  uint32_t two;
-  memcpy(&two, (const uint16_t *)w->scales + i, 4);
-  const __m512 ab = _mm512_castps128_ps512(_mm_cvtph_ps(_mm_cvtsi32_si128((int)two)));
-  const __m512i idx = bits4 ? _mm512_set_epi32(1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0)
-                            : _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
-  return _mm512_permutexvar_ps(idx, ab);
 }
 
 static inline __attribute__((always_inline)) void ztile(const qjob_t *j, const qpart_t *a, int64_t m0, const int mt,
@@ -227,8 +212,8 @@ static inline __attribute__((always_inline)) void ztile(const qjob_t *j, const q
         wu[r] = _mm512_abs_epi8(ws[r]);
         }
       }
-      const int64_t sr = (n + r) * w->ng;
-      sc[r] = spg == 1 ? scale_pair(w, sr + b, bits4) : _mm512_set1_ps(scale_at(w, sr + g)); /* b, b + 1; or g */
+      const float *sr = w->scales + (n + r) * w->ng;
+      sc[r] = spg == 1 ? pair_of(sr + b, bits4) : _mm512_set1_ps(sr[g]); /* groups b, b + 1; or g for both */
     }
     for (int m = 0; m < mt; ++m) {
       const __m512i xv = _mm512_loadu_si512((const void *)(qx + m * nb * 32 + b * 32));
@@ -251,11 +236,12 @@ static inline __attribute__((always_inline)) void ztile(const qjob_t *j, const q
   for (int m = 0; m < mt; ++m)
     for (int r = 0; r < nr; ++r) {
       float y = hsum16(acc[m][r]);
-      const int64_t o = (n + r) * w->ng;
-      if (has_mins(w) && a->xg)
-        y -= w->mins ? zmins(w->mins + o, 0, 1.f, a->xg + (m0 + m) * w->ng, w->ng)
-                     : zmins(scales_from(w, o), w->scales_f16, w->zp, a->xg + (m0 + m) * w->ng, w->ng);
-      if (uns) y -= 128.f * zmins(scales_from(w, o), w->scales_f16, 1.f, j->dx + (j->M + m0 + m) * nb, nb);
+      if (has_mins(w) && a->xg) {
+        float f;
+        const float *mr = mins_row(w, n + r, &f);
+        y -= zmins(mr, f, a->xg + (m0 + m) * w->ng, w->ng);
+      }
+      if (uns) y -= 128.f * zmins(w->scales + (n + r) * w->ng, 1.f, j->dx + (j->M + m0 + m) * nb, nb);
       put_q(j, a, m0 + m, n + r, y);
     }
 }

@@ -64,7 +64,7 @@ static inline __attribute__((always_inline)) void rows_q(const qjob_t *j, const 
   const int8_t *qx = j->qx + m * nb * 32;
   const float *dx = j->dx + m * nb;
   const uint8_t *c = w->codes + n * rb;
-  const int64_t s = n * w->ng; /* row n's first scale */
+  const float *s = w->scales + n * w->ng;
   __m256 acc[Q_ROWS];
   for (int r = 0; r < nr; ++r) acc[r] = _mm256_setzero_ps();
   if (bits4 && j->qxp && !(w->spg & 1)) { /* two sub-blocks a step: one 32-byte load of codes */
@@ -87,7 +87,7 @@ static inline __attribute__((always_inline)) void rows_q(const qjob_t *j, const 
           ga[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(udot2(lo, x0, hi, x1)), d, ga[r]);
         }
       }
-      for (int r = 0; r < nr; ++r) acc[r] = _mm256_fmadd_ps(ga[r], _mm256_set1_ps(scale_at(w, s + r * w->ng + g)), acc[r]);
+      for (int r = 0; r < nr; ++r) acc[r] = _mm256_fmadd_ps(ga[r], _mm256_broadcast_ss(s + r * w->ng + g), acc[r]);
     }
   } else
   for (int64_t g = 0, b = 0; g < w->ng; ++g) {
@@ -103,11 +103,15 @@ static inline __attribute__((always_inline)) void rows_q(const qjob_t *j, const 
         ga[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), d, ga[r]);
       }
     }
-    for (int r = 0; r < nr; ++r) acc[r] = _mm256_fmadd_ps(ga[r], _mm256_set1_ps(scale_at(w, s + r * w->ng + g)), acc[r]);
+    for (int r = 0; r < nr; ++r) acc[r] = _mm256_fmadd_ps(ga[r], _mm256_broadcast_ss(s + r * w->ng + g), acc[r]);
   }
   for (int r = 0; r < nr; ++r) {
     float y = hsum8(acc[r]);
-    if (has_mins(w) && a->xg) y = sub_mins(w, n + r, a->xg + m * w->ng, y);
+    if (has_mins(w) && a->xg) {
+      float f;
+      const float *xg = a->xg + m * w->ng, *mr = mins_row(w, n + r, &f);
+      for (int64_t g = 0; g < w->ng; ++g) y -= (f * mr[g]) * xg[g];
+    }
     put_q(j, a, m, n + r, y);
   }
 }
@@ -125,7 +129,7 @@ static inline __attribute__((always_inline)) void rows2f(const qjob_t *j, const 
   const int64_t nb = nb_of(w), rb = row_bytes(w), bb = bits4 ? 16 : 32;
   const float *xr = j->xp + m * nb * 32;
   const uint8_t *c0 = w->codes + n * rb, *c1 = two ? c0 + rb : c0;
-  const int64_t s0 = n * w->ng, s1 = two ? s0 + w->ng : s0; /* rows' first scales */
+  const float *s0 = w->scales + n * w->ng, *s1 = two ? s0 + w->ng : s0;
   const __m128i low = _mm_set1_epi8(0x0f);
   __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
   for (int64_t g = 0, b = 0; g < w->ng; ++g) {
@@ -149,15 +153,19 @@ static inline __attribute__((always_inline)) void rows2f(const qjob_t *j, const 
       }
     }
     acc0 = _mm256_fmadd_ps(_mm256_add_ps(_mm256_add_ps(f0[0], f0[1]), _mm256_add_ps(f0[2], f0[3])),
-                           _mm256_set1_ps(scale_at(w, s0 + g)), acc0);
+                           _mm256_broadcast_ss(s0 + g), acc0);
     if (two)
       acc1 = _mm256_fmadd_ps(_mm256_add_ps(_mm256_add_ps(f1[0], f1[1]), _mm256_add_ps(f1[2], f1[3])),
-                             _mm256_set1_ps(scale_at(w, s1 + g)), acc1);
+                             _mm256_broadcast_ss(s1 + g), acc1);
   }
   float y0 = hsum8(acc0), y1 = two ? hsum8(acc1) : 0.f;
   if (has_mins(w)) {
-    y0 = sub_mins(w, n, a->xg + m * w->ng, y0);
-    if (two) y1 = sub_mins(w, n + 1, a->xg + m * w->ng, y1);
+    float f;
+    const float *xg = a->xg + m * w->ng, *m0 = mins_row(w, n, &f), *m1 = two ? m0 + w->ng : m0;
+    for (int64_t g = 0; g < w->ng; ++g) {
+      y0 -= (f * m0[g]) * xg[g];
+      if (two) y1 -= (f * m1[g]) * xg[g];
+    }
   }
   put_q(j, a, m, n, y0);
   if (two) put_q(j, a, m, n + 1, y1);
@@ -175,7 +183,7 @@ static void dequantize_rows(const qmat_t *w, int64_t r0, int64_t r1, int64_t K, 
     float *o = out + (n - r0) * K;
     for (int64_t g = 0; g < w->ng; ++g) {
       const __m512 z = _mm512_set1_ps(w->zeros ? (float)w->zeros[n * w->ng + g] - offset : w->zp);
-      const __m512 s = _mm512_set1_ps(scale_at(w, n * w->ng + g));
+      const __m512 s = _mm512_set1_ps(w->scales[n * w->ng + g]);
       const __m512 mn = _mm512_set1_ps(!w->zeros && w->mins ? w->mins[n * w->ng + g] : 0.f);
       for (int64_t b = g * w->spg; b < (g + 1) * w->spg; ++b) {
         __m512i q[2];
@@ -207,7 +215,7 @@ static void dequantize_rows(const qmat_t *w, int64_t r0, int64_t r1, int64_t K, 
     for (int64_t b = 0; b < nb; ++b) {
       const int64_t g = b / w->spg;
       const __m256 z = _mm256_set1_ps(w->zeros ? (float)w->zeros[n * w->ng + g] - offset : w->zp);
-      const __m256 s = _mm256_set1_ps(scale_at(w, n * w->ng + g));
+      const __m256 s = _mm256_set1_ps(w->scales[n * w->ng + g]);
       const __m256 mn = _mm256_set1_ps(!w->zeros && w->mins ? w->mins[n * w->ng + g] : 0.f);
       __m256i v8;
       if (w->bits4) {
@@ -241,11 +249,53 @@ static float *q_scratch(int64_t n) {
   return buffer;
 }
 
+/* Rows n0..n1 of part a as a part of their own (row 0 = n0), its fp16 scales widened into this thread's buffer:
+ * every kernel then reads fp32 scales as it does for other layouts. Converting in the kernels' inner loops
+ * instead cost 8-17% CPU in the batched tiles (a conversion per sub-block pair and row of W, again for each
+ * block of x rows); here it is one pass over the chunk's scales, while memory still streams 2 bytes a scale. */
+static int widened(const qpart_t *a, int64_t n0, int64_t n1, int y_bf16, qpart_t *view) {
+  static __thread float *buffer;
+  static __thread int64_t size;
+  const int64_t ng = a->w.ng, count = (n1 - n0) * ng;
+  if (size < count) {
+    free(buffer);
+    buffer = aligned_alloc(64, (size_t)((count * 4 + 63) / 64 * 64));
+    size = buffer ? count : 0;
+    if (!buffer) return -1;
+  }
+  const uint16_t *h = (const uint16_t *)(const void *)a->w.scales + n0 * ng;
+  int64_t i = 0;
+  for (; i + 8 <= count; i += 8) _mm256_store_ps(buffer + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(h + i))));
+  for (; i < count; ++i) buffer[i] = _cvtsh_ss(h[i]);
+  *view = *a;
+  view->w.scales = buffer;
+  view->w.scales_f16 = 0;
+  view->w.codes += n0 * row_bytes(&a->w);
+  if (a->w.mins) view->w.mins += n0 * ng;
+  if (a->w.zeros) view->w.zeros += n0 * ng;
+  if (a->w.bias) view->w.bias = (const char *)a->w.bias + n0 * (a->w.bias_bf16 ? 2 : 4);
+  view->w.N = n1 - n0;
+  view->y = (char *)a->y + n0 * (y_bf16 ? 2 : 4);
+  return 0;
+}
+
 static void run_qpart_chunk(const qjob_t *j, const qpart_t *a, int64_t c) {
   int64_t n0 = c * a->rows_per_chunk, n1 = n0 + a->rows_per_chunk;
   if (n1 > a->w.N) n1 = a->w.N;
+  const int64_t p = a - j->part;
+  (void)p;
+  qpart_t view;
+  if (a->w.scales_f16) {
+    if (widened(a, n0, n1, j->y_bf16, &view)) { /* no buffer: the call reports it */
+      __atomic_store_n(j->failed, 1, __ATOMIC_RELAXED);
+      return;
+    }
+    a = &view;
+    n1 -= n0;
+    n0 = 0;
+  }
 #if Q_PANELS_BUILT
-  if (j->panel_parts >> (a - j->part) & 1) {
+  if (j->panel_parts >> p & 1) {
     if (q_panels(j, a, n0, n1) == 0) return;
     q_tiles(j, a, n0, n1); /* no buffer for the panels: the same products in tiles */
     return;
@@ -524,8 +574,9 @@ int rk_qlinear_parts(const void *x, int x_bf16, int n_parts, const qmat_t *parts
   } else { /* q also when sgemm runs: a chunk whose buffer cannot be had falls back to it */
     quantize_x(x, x_bf16, M, K, nb, mode == 1, 1, blas, qx, dx, xs, xf);
   }
+  int failed = 0;
   qjob_t job = {.qx = qx, .dx = dx, .xf = xf, .xp = xp, .y_bf16 = y_bf16, .blas = blas, .n_parts = n_parts,
-                .exact = exact, .panel_parts = panel_parts, .M = M, .K = K};
+                .exact = exact, .panel_parts = panel_parts, .failed = &failed, .M = M, .K = K};
   int pairs = 0;
   for (int p = 0; p < n_parts; ++p) pairs |= parts[p].bits4 && !(parts[p].spg & 1);
   for (int p = 0; p < n_parts; ++p) pairs |= parts[p].bits4 && ztile_fits(&parts[p]); /* qtile.c's 512-bit tiles */
@@ -569,6 +620,7 @@ int rk_qlinear_parts(const void *x, int x_bf16, int n_parts, const qmat_t *parts
     column += w->N;
   }
   pool_run(job.first_chunk[n_parts], run_qchunk, &job, sizeof job);
+  if (failed) return -2;
   if (gated) return rk_gate(y, gated, y_bf16, M, parts[0].N);
   return 0;
 }

@@ -54,7 +54,7 @@
 
 typedef struct { /* one quantized matrix, as kernels.py's QMat structure */
   const uint8_t *codes; /* [N, nb * (bits4 ? 16 : 32)] */
-  const void *scales;   /* [N, ng] float32, or fp16 with scales_f16 (GGUF's blocks hold d in fp16) */
+  const float *scales;  /* [N, ng]; fp16 values where scales_f16 (widened per chunk before any kernel reads them) */
   const float *mins;    /* [N, ng] s * z' per group (a float offset m folded in: s * z' - m), or NULL: s * zp */
   const uint8_t *zeros; /* [N, ng] the zero points z, or NULL: every group's z' is zp */
   const void *bias;     /* [N] or NULL */
@@ -63,7 +63,7 @@ typedef struct { /* one quantized matrix, as kernels.py's QMat structure */
   float zp; /* with zeros NULL, every group's z' (z, or z - 128 for 8 bits): a per-tensor zero point, as
              * GGUF's Q4_0 (8) and Q8_0 (0) and symmetric RTN have, needs neither zeros nor mins; 0 with
              * a float offset (Q4_1: mins holds it) */
-  int32_t scales_f16; /* scales are fp16, widened where read (F16C): GGUF Q4_0's block 20 -> 18 bytes */
+  int32_t scales_f16; /* scales hold fp16 (GGUF's d): run_qpart_chunk widens a chunk's rows into fp32 first */
 } qmat_t;
 
 typedef struct {
@@ -82,6 +82,7 @@ typedef struct { /* what the parts share */
   const float *xp;  /* [M, nb * 32] fp32 x zero-padded, for the float path */
   int y_bf16, blas, n_parts, exact;
   int panel_parts; /* bit p: part p runs qpanel.c's panels */
+  int *failed;     /* set by a chunk that could not get its buffer (fp16 scales widened): the call fails */
   int64_t M, K, ldy;
   int64_t first_chunk[Q_MAX_PARTS + 1];
   qpart_t part[Q_MAX_PARTS];
@@ -90,27 +91,13 @@ _Static_assert(sizeof(qjob_t) <= POOL_MAX_CONTEXT, "the pool copies at most POOL
 
 static inline int64_t nb_of(const qmat_t *w) { return w->ng * w->spg; }
 
-/* Scale i (row n, group g: i = n * ng + g) as fp32; an fp16 one widened exactly. */
-static inline float scale_at(const qmat_t *w, int64_t i) {
-  return w->scales_f16 ? _cvtsh_ss(((const uint16_t *)w->scales)[i]) : ((const float *)w->scales)[i];
-}
-
-/* Row scales from index i, as stored (fp32 or fp16). */
-static inline const void *scales_from(const qmat_t *w, int64_t i) {
-  return (const char *)w->scales + i * (w->scales_f16 ? 2 : 4);
-}
-
 /* Whether y takes a zero-point term Σ_g s_g z'_g X_g off: per-group mins, or one z' for every group. */
 static inline int has_mins(const qmat_t *w) { return w->mins || w->zp != 0.f; }
-/* y minus row n's term, group by group (X_g = xg[g]): s z' is mins[g], or zp * s (the same one rounding of
- * s * z' a mins tensor held, so both layouts give the same floats). */
-static inline float sub_mins(const qmat_t *w, int64_t n, const float *xg, float y) {
-  const int64_t o = n * w->ng;
-  if (w->mins)
-    for (int64_t g = 0; g < w->ng; ++g) y -= w->mins[o + g] * xg[g];
-  else
-    for (int64_t g = 0; g < w->ng; ++g) y -= (w->zp * scale_at(w, o + g)) * xg[g];
-  return y;
+/* The term's factors for row n: s z' of group g is f * m[g] (mins: f = 1; else the scales, f = zp): zp * s is
+ * the same one rounding of s * z' a mins tensor held, so both layouts give the same floats. */
+static inline const float *mins_row(const qmat_t *w, int64_t n, float *f) {
+  *f = w->mins ? 1.f : w->zp;
+  return (w->mins ? w->mins : w->scales) + n * w->ng;
 }
 static inline int64_t row_bytes(const qmat_t *w) { return nb_of(w) * (w->bits4 ? 16 : 32); }
 
