@@ -279,21 +279,38 @@ static int widened(const qpart_t *a, int64_t n0, int64_t n1, int y_bf16, qpart_t
   return 0;
 }
 
+static void run_rows(const qjob_t *j, const qpart_t *a, int64_t p, int64_t n0, int64_t n1);
+
+/* fp16 scales: a slice of Q_F16_ROWS rows at a time in decode and batches, so that the widened scales
+ * (Q4_0 at K = 896: 28 a row) stay in L1 beside the codes; panels and sgemm take their chunk whole (x
+ * passes once per chunk, and sgemm gets the rows it gets with fp32 scales). */
+#ifndef Q_F16_ROWS
+#define Q_F16_ROWS 128
+#endif
+
 static void run_qpart_chunk(const qjob_t *j, const qpart_t *a, int64_t c) {
   int64_t n0 = c * a->rows_per_chunk, n1 = n0 + a->rows_per_chunk;
   if (n1 > a->w.N) n1 = a->w.N;
   const int64_t p = a - j->part;
-  (void)p;
-  qpart_t view;
-  if (a->w.scales_f16) {
-    if (widened(a, n0, n1, j->y_bf16, &view)) { /* no buffer: the call reports it */
+  if (!a->w.scales_f16) {
+    run_rows(j, a, p, n0, n1);
+    return;
+  }
+  const int64_t step = (j->panel_parts >> p & 1) || j->blas ? n1 - n0 : Q_F16_ROWS;
+  for (int64_t s = n0; s < n1; s += step) {
+    const int64_t e = s + step < n1 ? s + step : n1;
+    qpart_t view;
+    if (widened(a, s, e, j->y_bf16, &view)) { /* no buffer: the call reports it */
       __atomic_store_n(j->failed, 1, __ATOMIC_RELAXED);
       return;
     }
-    a = &view;
-    n1 -= n0;
-    n0 = 0;
+    run_rows(j, &view, p, 0, e - s);
   }
+}
+
+/* Rows n0..n1 of part a (part p of the job). */
+static void run_rows(const qjob_t *j, const qpart_t *a, int64_t p, int64_t n0, int64_t n1) {
+  (void)p;
 #if Q_PANELS_BUILT
   if (j->panel_parts >> p & 1) {
     if (q_panels(j, a, n0, n1) == 0) return;
