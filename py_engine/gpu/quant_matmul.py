@@ -5,7 +5,7 @@
 The layout, per output row: K is cut in sub-blocks of 32 columns. 2/3/4-bit
 codes take 16 bytes a sub-block, byte j holding column j in its low nibble and
 column j + 16 in its high one; 8-bit codes take 32 bytes, each code - 128 as
-an int8. Scales [N, groups] fp32 (fp16 from GGUF) and zero points [N, groups] uint8 hold one
+an int8. Scales [N, groups] fp32 and zero points [N, groups] uint8 hold one
 value per group of `block_size` columns (or one group a row); one zero point for
 every group (symmetric layouts) is one byte read through zero strides.
 
@@ -59,7 +59,7 @@ def _quant_matmul_kernel(x_ptr, codes_ptr, scales_ptr, zeros_ptr, part_ptr, M, N
     k_end = tl.minimum(k_begin + steps_per_split * BK, K_CODES)
     for k0 in range(k_begin, k_end, BK):
         group = k0 // GROUP
-        scale = tl.load(scales_ptr + rn * s_s0 + group, mask=nmask, other=0.0).to(tl.float32)  # [BN]
+        scale = tl.load(scales_ptr + rn * s_s0 + group, mask=nmask, other=0.0)  # [BN]
         zero_scaled = tl.load(zeros_ptr + rn * z_s0 + group * z_s1, mask=nmask, other=0).to(tl.float32) * scale
         if BITS4:
             j = tl.arange(0, BK // 2)
@@ -101,7 +101,7 @@ def _quant_gemv_kernel(x_ptr, codes_ptr, scales_ptr, zeros_ptr, part_ptr, M, N, 
     k_end = tl.minimum(k_begin + steps_per_split * BK, K_CODES)
     for k0 in range(k_begin, k_end, BK):
         group = k0 // GROUP
-        scale = tl.load(scales_ptr + rn * s_s0 + group, mask=nmask, other=0.0).to(tl.float32)  # [BN]
+        scale = tl.load(scales_ptr + rn * s_s0 + group, mask=nmask, other=0.0)  # [BN]
         zero = tl.load(zeros_ptr + rn * z_s0 + group * z_s1, mask=nmask, other=0).to(tl.float32)
         if BITS4:
             j = tl.arange(0, BK // 2)

@@ -5,7 +5,7 @@
     k.set_threads(2)           # the kernels' own pool (pool.h says why not OpenMP)
     y = k.linear(x, w, bias)   # F.linear for x [..., K], w [N, K], fp32 or bf16
 
-Only Linux on x86-64 with AVX2, FMA and F16C is supported. The C sources are small
+Only Linux on x86-64 with AVX2 and FMA is supported. The C sources are small
 and plain (no torch headers, which take minutes to compile), so building them
 takes a second or two; the shared object is cached under
 `kernels/` of ruvllm's cache (`$RUVLLM_CACHE_DIR`, default `~/.cache/ruvllm`:
@@ -53,15 +53,13 @@ FLAGS += [f"-D{d}" for d in os.environ.get("RUVLLM_KERNEL_DEFINES", "").split()]
 AVX512 = ("avx512f", "avx512bw", "avx512vl", "avx512dq")
 # name -> (/proc/cpuinfo flags it needs, compiler flags), worst first: the last one the CPU has wins
 VARIANTS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
-    "avx2": (("avx2", "fma", "f16c"), ("-mavx2", "-mfma", "-mf16c")),
-    "avx512": (("avx2", "fma", "f16c", *AVX512),
-               ("-mavx2", "-mfma", "-mf16c", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq")),
-    "avx512-vnni": (("avx2", "fma", "f16c", *AVX512, "avx512_vnni"),
-                    ("-mavx2", "-mfma", "-mf16c", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq",
-                     "-mavx512vnni")),
-    "avx512-bf16": (("avx2", "fma", "f16c", *AVX512, "avx512_vnni", "avx512_bf16"),
-                    ("-mavx2", "-mfma", "-mf16c", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq",
-                     "-mavx512vnni", "-mavx512bf16")),
+    "avx2": (("avx2", "fma"), ("-mavx2", "-mfma")),
+    "avx512": (("avx2", "fma", *AVX512), ("-mavx2", "-mfma", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq")),
+    "avx512-vnni": (("avx2", "fma", *AVX512, "avx512_vnni"),
+                    ("-mavx2", "-mfma", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512vnni")),
+    "avx512-bf16": (("avx2", "fma", *AVX512, "avx512_vnni", "avx512_bf16"),
+                    ("-mavx2", "-mfma", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512vnni",
+                     "-mavx512bf16")),
 }
 log = logging.getLogger("ruvllm.kernels")
 _lock = threading.RLock()  # cpu_kernels holds it while kernel_variant takes it
@@ -336,7 +334,7 @@ def variant_fits(name: str, flags: set[str] | None = None) -> bool:
 
 
 def best_variant(flags: set[str] | None = None) -> str | None:
-    """The last variant of VARIANTS the CPU has; None where not even AVX2 + FMA + F16C."""
+    """The last variant of VARIANTS the CPU has; None where not even AVX2 + FMA."""
     fitting = [name for name in VARIANTS if variant_fits(name, flags)]
     return fitting[-1] if fitting else None
 

@@ -132,7 +132,7 @@ void pool_run(int64_t n_chunks, pool_chunk_fn fn, const void *context, int conte
  * instruction set this build was compiled for: kernels/__init__.py refuses a variant that says no. */
 int rk_variant_supported(void) {
   __builtin_cpu_init();
-  int ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+  int ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
 #ifdef __AVX512F__
   ok = ok && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");

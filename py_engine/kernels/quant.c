@@ -249,70 +249,11 @@ static float *q_scratch(int64_t n) {
   return buffer;
 }
 
-/* Rows n0..n1 of part a as a part of their own (row 0 = n0), its fp16 scales widened into this thread's buffer:
- * every kernel then reads fp32 scales as it does for other layouts. Converting in the kernels' inner loops
- * instead cost 8-17% CPU in the batched tiles (a conversion per sub-block pair and row of W, again for each
- * block of x rows); here it is one pass over the chunk's scales, while memory still streams 2 bytes a scale. */
-static int widened(const qpart_t *a, int64_t n0, int64_t n1, int y_bf16, qpart_t *view) {
-  static __thread float *buffer;
-  static __thread int64_t size;
-  const int64_t ng = a->w.ng, count = (n1 - n0) * ng;
-  if (size < count) {
-    free(buffer);
-    buffer = aligned_alloc(64, (size_t)((count * 4 + 63) / 64 * 64));
-    size = buffer ? count : 0;
-    if (!buffer) return -1;
-  }
-  const uint16_t *h = (const uint16_t *)(const void *)a->w.scales + n0 * ng;
-  int64_t i = 0;
-  for (; i + 8 <= count; i += 8) _mm256_store_ps(buffer + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(h + i))));
-  for (; i < count; ++i) buffer[i] = _cvtsh_ss(h[i]);
-  *view = *a;
-  view->w.scales = buffer;
-  view->w.scales_f16 = 0;
-  view->w.codes += n0 * row_bytes(&a->w);
-  if (a->w.mins) view->w.mins += n0 * ng;
-  if (a->w.zeros) view->w.zeros += n0 * ng;
-  if (a->w.bias) view->w.bias = (const char *)a->w.bias + n0 * (a->w.bias_bf16 ? 2 : 4);
-  view->w.N = n1 - n0;
-  view->y = (char *)a->y + n0 * (y_bf16 ? 2 : 4);
-  return 0;
-}
-
-static void run_rows(const qjob_t *j, const qpart_t *a, int64_t p, int64_t n0, int64_t n1);
-
-/* fp16 scales: a slice of Q_F16_ROWS rows at a time in decode and batches, so that the widened scales
- * (Q4_0 at K = 896: 28 a row) stay in L1 beside the codes; panels and sgemm take their chunk whole (x
- * passes once per chunk, and sgemm gets the rows it gets with fp32 scales). */
-#ifndef Q_F16_ROWS
-#define Q_F16_ROWS 128
-#endif
-
 static void run_qpart_chunk(const qjob_t *j, const qpart_t *a, int64_t c) {
   int64_t n0 = c * a->rows_per_chunk, n1 = n0 + a->rows_per_chunk;
   if (n1 > a->w.N) n1 = a->w.N;
-  const int64_t p = a - j->part;
-  if (!a->w.scales_f16) {
-    run_rows(j, a, p, n0, n1);
-    return;
-  }
-  const int64_t step = (j->panel_parts >> p & 1) || j->blas ? n1 - n0 : Q_F16_ROWS;
-  for (int64_t s = n0; s < n1; s += step) {
-    const int64_t e = s + step < n1 ? s + step : n1;
-    qpart_t view;
-    if (widened(a, s, e, j->y_bf16, &view)) { /* no buffer: the call reports it */
-      __atomic_store_n(j->failed, 1, __ATOMIC_RELAXED);
-      return;
-    }
-    run_rows(j, &view, p, 0, e - s);
-  }
-}
-
-/* Rows n0..n1 of part a (part p of the job). */
-static void run_rows(const qjob_t *j, const qpart_t *a, int64_t p, int64_t n0, int64_t n1) {
-  (void)p;
 #if Q_PANELS_BUILT
-  if (j->panel_parts >> p & 1) {
+  if (j->panel_parts >> (a - j->part) & 1) {
     if (q_panels(j, a, n0, n1) == 0) return;
     q_tiles(j, a, n0, n1); /* no buffer for the panels: the same products in tiles */
     return;
@@ -591,9 +532,8 @@ int rk_qlinear_parts(const void *x, int x_bf16, int n_parts, const qmat_t *parts
   } else { /* q also when sgemm runs: a chunk whose buffer cannot be had falls back to it */
     quantize_x(x, x_bf16, M, K, nb, mode == 1, 1, blas, qx, dx, xs, xf);
   }
-  int failed = 0;
   qjob_t job = {.qx = qx, .dx = dx, .xf = xf, .xp = xp, .y_bf16 = y_bf16, .blas = blas, .n_parts = n_parts,
-                .exact = exact, .panel_parts = panel_parts, .failed = &failed, .M = M, .K = K};
+                .exact = exact, .panel_parts = panel_parts, .M = M, .K = K};
   int pairs = 0;
   for (int p = 0; p < n_parts; ++p) pairs |= parts[p].bits4 && !(parts[p].spg & 1);
   for (int p = 0; p < n_parts; ++p) pairs |= parts[p].bits4 && ztile_fits(&parts[p]); /* qtile.c's 512-bit tiles */
@@ -637,7 +577,6 @@ int rk_qlinear_parts(const void *x, int x_bf16, int n_parts, const qmat_t *parts
     column += w->N;
   }
   pool_run(job.first_chunk[n_parts], run_qchunk, &job, sizeof job);
-  if (failed) return -2;
   if (gated) return rk_gate(y, gated, y_bf16, M, parts[0].N);
   return 0;
 }

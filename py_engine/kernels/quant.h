@@ -54,7 +54,7 @@
 
 typedef struct { /* one quantized matrix, as kernels.py's QMat structure */
   const uint8_t *codes; /* [N, nb * (bits4 ? 16 : 32)] */
-  const float *scales;  /* [N, ng]; fp16 values where scales_f16 (widened per chunk before any kernel reads them) */
+  const float *scales;  /* [N, ng] */
   const float *mins;    /* [N, ng] s * z' per group (a float offset m folded in: s * z' - m), or NULL: s * zp */
   const uint8_t *zeros; /* [N, ng] the zero points z, or NULL: every group's z' is zp */
   const void *bias;     /* [N] or NULL */
@@ -63,7 +63,6 @@ typedef struct { /* one quantized matrix, as kernels.py's QMat structure */
   float zp; /* with zeros NULL, every group's z' (z, or z - 128 for 8 bits): a per-tensor zero point, as
              * GGUF's Q4_0 (8) and Q8_0 (0) and symmetric RTN have, needs neither zeros nor mins; 0 with
              * a float offset (Q4_1: mins holds it) */
-  int32_t scales_f16; /* scales hold fp16 (GGUF's d): run_qpart_chunk widens a chunk's rows into fp32 first */
 } qmat_t;
 
 typedef struct {
@@ -82,7 +81,6 @@ typedef struct { /* what the parts share */
   const float *xp;  /* [M, nb * 32] fp32 x zero-padded, for the float path */
   int y_bf16, blas, n_parts, exact;
   int panel_parts; /* bit p: part p runs qpanel.c's panels */
-  int *failed;     /* set by a chunk that could not get its buffer (fp16 scales widened): the call fails */
   int64_t M, K, ldy;
   int64_t first_chunk[Q_MAX_PARTS + 1];
   qpart_t part[Q_MAX_PARTS];

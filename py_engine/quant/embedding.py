@@ -61,7 +61,7 @@ class QuantEmbedding(nn.Module):
             # int8 per channel, symmetric (the default head): w = c * s, c the stored int8 (code - 128);
             # dequantize_packed's (c + 128 - 128) * s in 4 ops instead of ~15 (a decode step gathers one row)
             codes = p.codes.index_select(0, ids.to(p.codes.device))[:, :p.in_features]
-            x = codes.view(torch.int8).float() * p.scales.index_select(0, ids.to(p.codes.device)).float()
+            x = codes.view(torch.int8).float() * p.scales.index_select(0, ids.to(p.codes.device))
         else:
             x = dequantize_packed(gather_rows(p, ids))  # [n, hidden] float32
         return x.to(self.dtype).view(*input_ids.shape, self.embedding_dim)

@@ -55,7 +55,7 @@ class PackedWeight:
     """A QuantizedWeight in quant.c's layout; `unpack()` gives the same bytes back."""
 
     codes: Tensor  # [N, nb * 16] (bits <= 4, two codes a byte) or [N, nb * 32] int8-as-uint8 (code - 128)
-    scales: Tensor  # [N, ng] float32, or float16 where they came as fp16 (GGUF's blocks): widened where read
+    scales: Tensor  # [N, ng] float32
     # [N, ng] uint8; one zero point for every group (symmetric layouts: GGUF's Q4_0 and Q8_0, symmetric RTN) is
     # held as one byte broadcast (stride 0): see `zero`
     zero_points: Tensor
@@ -100,12 +100,9 @@ class PackedWeight:
     @classmethod
     def from_parts(cls, codes: Tensor, scales: Tensor, zero_points: Tensor, bits: int, block_size: int,
                    in_features: int, symmetric: bool, spg: int, offsets: Tensor | None = None) -> "PackedWeight":
-        """The layout of codes already packed (4-bit: two a byte; 8-bit: code - 128), scales [N, ng] (float32,
-        or float16 as GGUF stores them) and zero points [N, ng] (or one, broadcast): one zero point for every
-        group is kept as one byte and no mins (Q4_0 held 25 bytes a block of 32 so against the file's 18);
-        per-group ones get mins = s * z' in float32."""
-        if scales.dtype not in (torch.float32, torch.float16):
-            raise ValueError(f"packed scales are float32 or float16, not {scales.dtype}")
+        """The layout of codes already packed (4-bit: two a byte; 8-bit: code - 128), scales [N, ng] float32
+        and zero points [N, ng] (or one, broadcast): one zero point for every group is kept as one byte and
+        no mins (Q4_0 held 25 bytes a block of 32 so against the file's 18); per-group ones get mins = s * z'."""
         z = zero_points.cpu()
         first = z.reshape(-1)[:1]
         if z.numel() and bool((z == first).all()):  # one zero point: s * z' comes from the scales
@@ -113,11 +110,11 @@ class PackedWeight:
         else:
             zero_points = z.contiguous()
             zf = zero_points.float() - (128 if bits == 8 else 0)  # [N, ng]
-            mins = (scales.float() * zf).contiguous() if zf.any() else None
+            mins = (scales * zf).contiguous() if zf.any() else None
         if offsets is not None:  # w = s * c - (s * z' - offset): quant.c's decode paths take it as it is
             if mins is None and one_value(zero_points):  # one z' (0 for Q4_1): s * z' from the scales
                 z1 = float(int(zero_points.reshape(-1)[0]) - (128 if bits == 8 else 0))
-                mins = None if z1 == 0 else scales.float() * z1
+                mins = None if z1 == 0 else scales * z1
             mins = (-offsets if mins is None else mins - offsets).contiguous()
         return cls(codes.contiguous(), scales.contiguous(), zero_points, mins, bits, block_size, in_features,
                    symmetric, spg, offsets)
@@ -137,7 +134,7 @@ class PackedWeight:
             codes = torch.cat([c & 15, c >> 4], dim=2).reshape(n, -1)
         else:
             codes = self.codes.cpu() ^ 128
-        return QuantizedWeight(codes[:, :padded].contiguous(), self.scales.cpu().float(),
+        return QuantizedWeight(codes[:, :padded].contiguous(), self.scales.cpu(),
                                self.zero_points.cpu().contiguous(), self.bits, self.block_size, self.in_features,
                                self.symmetric, None if self.offsets is None else self.offsets.cpu())
 
@@ -186,7 +183,7 @@ class QMat(ctypes.Structure):
     _fields_ = [("codes", ctypes.c_void_p), ("scales", ctypes.c_void_p), ("mins", ctypes.c_void_p),
                 ("zeros", ctypes.c_void_p), ("bias", ctypes.c_void_p), ("N", ctypes.c_int64),
                 ("ng", ctypes.c_int64), ("spg", ctypes.c_int64), ("bits4", ctypes.c_int32),
-                ("bias_bf16", ctypes.c_int32), ("zp", ctypes.c_float), ("scales_f16", ctypes.c_int32)]
+                ("bias_bf16", ctypes.c_int32), ("zp", ctypes.c_float)]
 
 
 class QuantPlan:
@@ -232,7 +229,7 @@ def qmat(w: PackedWeight, b: Tensor | None) -> QMat:
     zeros = 0 if zero is not None or w.offsets is not None else w.zero_points.data_ptr()
     return QMat(w.codes.data_ptr(), w.scales.data_ptr(), 0 if w.mins is None else w.mins.data_ptr(), zeros,
                 0 if b is None else b.data_ptr(), w.out_features, w.scales.shape[1], w.spg, int(w.bits <= 4),
-                int(b is not None and b.dtype == torch.bfloat16), zp, int(w.scales.dtype == torch.float16))
+                int(b is not None and b.dtype == torch.bfloat16), zp)
 
 
 def cpu_plan_fits(weights: Sequence[PackedWeight], biases: Sequence[Tensor | None]) -> bool:

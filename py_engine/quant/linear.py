@@ -190,7 +190,7 @@ def dequantize_packed(p: PackedWeight) -> Tensor:
         q = p.codes.view(torch.int8).float() + 128.0
     blocks = p.scales.shape[1]
     q = q[:, : blocks * p.block_size].view(n, blocks, p.block_size)  # [N, blocks, block]
-    w = (q - p.zero_points.float()[:, :, None]) * p.scales.float()[:, :, None]
+    w = (q - p.zero_points.float()[:, :, None]) * p.scales[:, :, None]
     if p.offsets is not None:
         w = w + p.offsets[:, :, None]
     return w.reshape(n, -1)[:, : p.in_features]

@@ -114,11 +114,10 @@ def test_gated_linear_matches_torch(kernels, dtype):
 
 
 def test_best_variant_follows_the_flags():
-    avx2 = {"avx2", "fma", "f16c"}
+    avx2 = {"avx2", "fma"}
     avx512 = avx2 | {"avx512f", "avx512bw", "avx512vl", "avx512dq"}
     assert best_variant(set()) is None
     assert best_variant({"avx2"}) is None  # no FMA
-    assert best_variant({"avx2", "fma"}) is None  # no F16C (fp16 scales)
     assert best_variant(avx2) == "avx2"
     assert best_variant(avx512 - {"avx512vl"}) == "avx2"
     assert best_variant(avx512) == "avx512"
@@ -199,13 +198,12 @@ def test_prefill_panels_match_the_reference(kernels, layout, shape):
 
 
 def per_group_layout(p: PackedWeight) -> PackedWeight:
-    """p as PackedWeight held every layout before one zero point became one byte: fp32 scales, an [N, ng]
-    zero-point tensor, and mins = s * z' in fp32 wherever a z' is not 0 (Q4_0: 8 s). The kernels still take it."""
+    """p as PackedWeight held every layout before one zero point became one byte: an [N, ng] zero-point
+    tensor, and mins = s * z' in fp32 wherever a z' is not 0 (Q4_0: 8 s). The kernels still take it."""
     zeros = p.zero_points.contiguous()
     z = zeros.float() - (128 if p.bits == 8 else 0)
-    scales = p.scales.float()
-    mins = p.mins if p.offsets is not None else (scales * z).contiguous() if bool(z.any()) else None
-    return PackedWeight(p.codes, scales, zeros, mins, p.bits, p.block_size, p.in_features, p.symmetric, p.spg,
+    mins = p.mins if p.offsets is not None else (p.scales * z).contiguous() if bool(z.any()) else None
+    return PackedWeight(p.codes, p.scales, zeros, mins, p.bits, p.block_size, p.in_features, p.symmetric, p.spg,
                         p.offsets)
 
 
@@ -213,23 +211,16 @@ def per_group_layout(p: PackedWeight) -> PackedWeight:
 @pytest.mark.parametrize("layout", [c for c in LAYOUTS if c[2]] + [(8, 1040, True, False)],
                          ids=lambda c: f"{c[0]}bit-g{c[1]}")
 @pytest.mark.parametrize("rows", [1, 7, 20, 45])
-@pytest.mark.parametrize("scales", [torch.float32, torch.float16], ids=str)
-def test_one_zero_point_gives_the_per_group_layouts_outputs_bit_for_bit(kernels, layout, rows, scales):
+def test_one_zero_point_gives_the_per_group_layouts_outputs_bit_for_bit(kernels, layout, rows):
     """Symmetric layouts hold one zero point and no mins; every path (decode rows, tiles, panels or sgemm, the
     exact path) takes s * z' from the scales and gives the per-group layout's floats exactly (zp * s is the one
-    rounding of s * z' the mins held). fp16 scales (GGUF's) are widened where read: the same
-    floats as the fp32 layout of those values."""
+    rounding of s * z' the mins held)."""
     bits, group, symmetric, offsets = layout
     k = 256 if group < 1040 else 1040
     q, q2 = weights(bits, group, symmetric, 72, k, offsets), weights(bits, group, symmetric, 40, k, offsets)
-    if scales == torch.float16:  # values an fp16 holds, as in a GGUF file
-        q, q2 = (QuantizedWeight(w.codes, w.scales.half().float(), w.zero_points, bits, w.block_size, k, symmetric)
-                 for w in (q, q2))
-    packed, packed2 = (PackedWeight.pack(w) for w in (q, q2))
-    packed, packed2 = (PackedWeight.from_parts(p.codes, p.scales.to(scales), p.zero_points, p.bits, p.block_size,
-                                               p.in_features, p.symmetric, p.spg) for p in (packed, packed2))
-    assert packed.mins is None and packed.zero == (8 if bits == 4 else 128) and packed.scales.dtype == scales
-    assert packed.nbytes == packed.codes.numel() + packed.scales.nbytes + 1  # no mins, one zero point byte
+    packed, packed2 = PackedWeight.pack(q), PackedWeight.pack(q2)
+    assert packed.mins is None and packed.zero == (8 if bits == 4 else 128)
+    assert packed.nbytes == packed.codes.numel() + packed.scales.numel() * 4 + 1  # no mins, one zero point byte
     old, old2 = per_group_layout(packed), per_group_layout(packed2)
     assert (old.mins is not None) == (bits == 4) and old.nbytes > packed.nbytes
     bias = torch.randn(72)

@@ -1,8 +1,7 @@
 """GGUF's Q4_0, Q4_1 and Q8_0 tensors as QuantLinear weights, kept as integer codes (nothing re-rounded).
 
 ggml's blocks of 32 values (ggml-common.h), and the QuantizedWeight each becomes (groups of 32 along
-the input dimension, scales in float32 from the blocks' fp16; the kernels' PackedWeight keeps them in
-fp16 and one zero point byte, so a Q4_0 block takes the file's 18 bytes, Q8_0's 34):
+the input dimension, scales in float32 from the blocks' fp16):
 
     Q8_0  fp16 d, int8 q[32]                   w = d * q            codes q + 128, zero point 128
     Q4_0  fp16 d, 16 bytes of nibbles          w = d * (q - 8)      codes q, zero point 8
@@ -67,15 +66,16 @@ def gguf_packed(t: GGUFTensor, rows: np.ndarray | None = None) -> PackedWeight:
     blocks = np.asarray(t.data).reshape(n, nb, -1)  # [N, blocks, bytes per block]
     if rows is not None:
         blocks = blocks[rows]
-    half = lambda lo: torch.from_numpy(np.ascontiguousarray(blocks[..., lo:lo + 2]).view(np.float16)[..., 0])  # noqa: E731
-    scales, offsets = half(0), None  # fp16 as in the file (the kernels widen them): 2 bytes a block less than fp32
+    half = lambda lo: torch.from_numpy(  # noqa: E731
+        np.ascontiguousarray(blocks[..., lo:lo + 2]).view(np.float16)[..., 0].astype(np.float32))
+    scales, offsets = half(0), None
     if t.type_name == "Q8_0":
         codes, zero, bits = blocks[..., 2:], 128, 8
     else:
         start = 2 if t.type_name == "Q4_0" else 4
         codes, zero, bits = blocks[..., start:start + BLOCK // 2], 8 if t.type_name == "Q4_0" else 0, 4
         if t.type_name == "Q4_1":
-            offsets = half(2).float()
+            offsets = half(2)
     codes = torch.from_numpy(np.ascontiguousarray(codes).reshape(n, -1))
     # one zero point per type: held as one byte, no mins (quant.c takes s * z' from the scales)
     return PackedWeight.from_parts(codes, scales, broadcast_zero(zero, (n, nb)), bits, BLOCK, k,
