@@ -109,12 +109,13 @@ def prompt_ids(length: int) -> list[int]:
 
 
 def source_tree(revision: str) -> Path:
-    """py_engine as of a git revision, unpacked once under .cache (for `ruvllm@REV`)."""
+    """py_engine as of a git revision, unpacked once under .cache, or under $RUVLLM_BENCH_TREES where the
+    cache is shared read-only (for `ruvllm@REV`); a directory is taken as a source tree (`ruvllm@/work/main`)."""
     import subprocess
 
     if Path(revision).is_dir():  # a source tree (another checkout), as it is
         return Path(revision)
-    folder = CACHE / f"src-{revision}"
+    folder = Path(os.environ.get("RUVLLM_BENCH_TREES") or CACHE) / f"src-{revision}"
     if not (folder / "py_engine").is_dir():
         folder.mkdir(parents=True, exist_ok=True)
         archive = subprocess.run(["git", "archive", revision, "py_engine"], cwd=REPO, check=True,

@@ -26,10 +26,18 @@ runs `llama-server -np 16 -c 8192 -t 2` (a -DGGML_NATIVE=ON build) and `ruvllm s
 on the very same GGUF (f32, or q8_0 / q4_0 made by llama-quantize; ruvllm keeps
 Q8_0 / Q4_0 codes as they are), alternating the two servers in each round on the
 same token-id prompts (`ignore_eos`), and reports output tok/s per level, the
-paired ratio ruvllm / llama-server per round, and each server's peak RSS (ruvllm's
-KV budget is 8192 fp32 positions, as llama-server's -c 8192; its default is 1 GiB).
+paired ratio ruvllm / llama-server per round, and each server's peak RSS with its
+RssAnon / RssFile split at the largest sampled RSS.
+
+KV cache: the same precision and positions as llama-server's. llama-server's default
+KV type is f16 (`-ctk f16 -ctv f16`), so `ruvllm serve` gets `--kv-cache-dtype fp16`
+and a budget of 8192 fp16 positions (kv_bytes(8192, 2): 96 MiB for Qwen2.5-0.5B, as
+llama-server's -c 8192; serve's own default budget is 1 GiB). `--kv-cache-dtypes
+fp16,auto` adds a ruvllm server with the model's fp32 KV over 8192 fp32 positions
+(`ruvllm@auto`, 192 MiB: the setting before the 16-bit cache), alternating too.
 `--baseline DIR` adds `ruvllm serve` run from another source tree (old code vs new, same
-environment, alternating too). The issue's workload is prompt 128 + 64 generated (`--gen-length 64`).
+environment, alternating too; it gets the fp32 budget and its own default KV dtype).
+The issue's workload is prompt 128 + 64 generated (`--gen-length 64`).
 """
 from __future__ import annotations
 
@@ -56,7 +64,8 @@ from tests.server.server_harness import free_port, http_process  # noqa: E402
 
 GGUF_DIR = REPO / "benchmarks" / ".cache" / "qwen2.5-0.5b-random-seed0-gguf"
 VOCAB = 151936  # Qwen2.5's: the token-id prompts of the A/B against llama-server
-CONTEXT = 8192  # llama-server's -c; ruvllm serve gets a KV budget of as many fp32 positions (kv_bytes)
+CONTEXT = 8192  # llama-server's -c; ruvllm serve gets a KV budget of as many positions (kv_bytes)
+KV_BYTES_PER_VALUE = {"fp16": 2, "bf16": 2, "auto": 4}  # ruvllm's --kv-cache-dtype on the f32-activation model
 
 
 def convert(sdist_dir: Path) -> Path:
@@ -152,17 +161,18 @@ def llama_server(bin_dir: Path, gguf: Path, threads: int, log: Path) -> Iterator
 def one_server(kind: str, url: str, process: subprocess.Popen, levels: list[int], prompt_len: int,
                gen_len: int, iterations: int) -> dict[str, Any]:
     from decode_engines import RssWatch
-    from native_server.bench.workload import Workload
 
     loaded = peak_rss_mib(process.pid)  # VmHWM once it answers: the load's peak (weights, load transients)
-    with RssWatch(process) as watch:  # its RssAnon / RssFile when its RSS was largest (after startup)
-        rows = _levels(kind, url, process, levels, Workload(prompt_len, gen_len), gen_len, iterations)
-    return {"rows": rows, "peak_rss_mib": peak_rss_mib(process.pid), "peak_split": watch.split,
-            "loaded_peak_rss_mib": loaded}
+    with RssWatch(process, interval=0.05) as watch:  # (the server loaded before: its load peak is in VmHWM only)
+        result = _levels(kind, process, url, levels, prompt_len, gen_len, iterations)
+    return {**result, "peak_split_mib": watch.split, "loaded_peak_rss_mib": loaded}
 
 
-def _levels(kind: str, url: str, process: subprocess.Popen, levels: list[int], workload, gen_len: int,
-            iterations: int) -> list[dict[str, Any]]:
+def _levels(kind: str, process: subprocess.Popen, url: str, levels: list[int], prompt_len: int, gen_len: int,
+            iterations: int) -> dict[str, Any]:
+    from native_server.bench.workload import Workload
+
+    workload = Workload(prompt_len, gen_len)
     run_level_sync(url, workload.prompts(2, VOCAB, "warmup"), gen_len, 1)
     rows = []
     for level in levels:
@@ -174,7 +184,7 @@ def _levels(kind: str, url: str, process: subprocess.Popen, levels: list[int], w
                      "output_tok_per_cpu_s": result.output_tokens / cpu if cpu > 0 else None})  # steadier figure
         print(format_table(rows[-1:]) + f"\n  server CPU {cpu:.2f} s, "
               f"{rows[-1]['output_tok_per_cpu_s'] or float('nan'):.2f} output tok per CPU-s", flush=True)
-    return rows
+    return {"rows": rows, "peak_rss_mib": peak_rss_mib(process.pid)}
 
 
 def process_cpu_s(pid: int) -> float:
@@ -184,28 +194,33 @@ def process_cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def kv_bytes(tokens: int) -> int:
-    """fp32 K and V of `tokens` positions in every layer: ruvllm's KV budget matching llama-server's -c."""
+def kv_bytes(tokens: int, bytes_per_value: int = 2) -> int:
+    """K and V of `tokens` positions in every layer, `bytes_per_value` each (2: fp16, llama-server's default
+    -ctk/-ctv f16; 4: fp32): ruvllm's KV budget matching llama-server's -c."""
     from decode_engines import model_config
 
     c = model_config()
     head_dim = c["hidden_size"] // c["num_attention_heads"]
-    return tokens * c["num_hidden_layers"] * 2 * c["num_key_value_heads"] * head_dim * 4
+    return tokens * c["num_hidden_layers"] * 2 * c["num_key_value_heads"] * head_dim * bytes_per_value
 
 
 def native_ab(bin_dir: Path, quant: str, levels: list[int], rounds: int, threads: int, prompt_len: int,
               gen_len: int, iterations: int, backends: list[str] | None = None, llama: bool = True,
-              ruvllm_flags: list[str] | None = None, baseline: Path | None = None) -> dict[str, Any]:
-    """ruvllm serve (once per attention backend: `ruvllm:BACKEND`, or `ruvllm` for the default), the same
-    served from another checkout (`ruvllm-baseline`: old code vs new, paired) and llama-server on one GGUF,
-    alternating (the order rotates each round), `rounds` times."""
+              ruvllm_flags: list[str] | None = None, baseline: Path | None = None,
+              kv_dtypes: list[str] | None = None, logs: Path | None = None) -> dict[str, Any]:
+    """ruvllm serve (once per attention backend: `ruvllm:BACKEND`, or `ruvllm` for the default, and per KV
+    dtype after the first of kv_dtypes: `ruvllm@auto`), the same served from another checkout
+    (`ruvllm-baseline`: old code vs new, paired) and llama-server on one GGUF, alternating (the order rotates
+    each round), `rounds` times."""
     from decode_engines import gguf_file
     from server_bench import serve
 
     gguf = gguf_file(quant, bin_dir)
-    logs = REPO / "benchmarks" / ".cache" / "logs" / "llama_server"
+    logs = logs or REPO / "benchmarks" / ".cache" / "logs" / "llama_server"
     logs.mkdir(parents=True, exist_ok=True)
+    kv_dtypes = kv_dtypes or ["fp16"]
     kinds = [f"ruvllm:{b}" for b in backends] if backends else ["ruvllm"]
+    kinds += [f"{k}@{kv}" for kv in kv_dtypes[1:] for k in kinds]
     kinds += ["ruvllm-baseline"] if baseline is not None else []
     kinds += ["llama-server"] if llama else []
     runs = []
@@ -214,10 +229,14 @@ def native_ab(bin_dir: Path, quant: str, levels: list[int], rounds: int, threads
         for kind in order:
             print(f"== round {rnd}: {kind} on {gguf.name}", flush=True)
             if kind.startswith("ruvllm"):
-                backend = ["--attention-backend", kind.split(":")[1]] if ":" in kind else []
+                name, _, kv = kind.partition("@")
+                kv = kv or ("auto" if kind == "ruvllm-baseline" else kv_dtypes[0])
+                backend = ["--attention-backend", name.split(":")[1]] if ":" in name else []
+                kv_flags = ["--kv-cache-dtype", kv] if kv != "auto" else []  # (a baseline may predate the flag's fp16)
                 server = serve(str(gguf), "--max-concurrent", str(max(levels)), "--kv-cache-memory",
-                               str(kv_bytes(CONTEXT)), "--max-context", str(CONTEXT), *backend, *(ruvllm_flags or []),
-                               log=logs / f"{kind.replace(':', '-')}.log",
+                               str(kv_bytes(CONTEXT, KV_BYTES_PER_VALUE[kv])), "--max-context", str(CONTEXT),
+                               *kv_flags, *backend, *(ruvllm_flags or []),
+                               log=logs / f"{kind.replace(':', '-').replace('@', '-')}.log",
                                checkout=baseline if kind == "ruvllm-baseline" else None)
             else:
                 server = llama_server(bin_dir, gguf, threads, logs / "llama-server.log")
@@ -241,13 +260,18 @@ def native_ab(bin_dir: Path, quant: str, levels: list[int], rounds: int, threads
             if per_cpu:
                 cpu_ratios.setdefault(f"{a} / {b}", {})[f"c{level}"] = statistics.median(per_cpu)
     rss = {kind: max(r["peak_rss_mib"] for r in runs if r["server"] == kind) for kind in kinds}
-    split = {kind: max((r["peak_split"] for r in runs if r["server"] == kind), key=lambda v: v.get("rss", 0))
-             for kind in kinds}  # MiB {rss, anon, file} at each server's largest RSS seen while it served
+    split = {kind: max((r["peak_split_mib"] for r in runs if r["server"] == kind), key=lambda x: x.get("rss", 0))
+             for kind in kinds}  # RssAnon / RssFile at the largest sampled RSS, of the round with the largest
     if kinds == ["ruvllm", "llama-server"]:  # the report's earlier shape
         ratios = ratios["ruvllm / llama-server"]
     return {"gguf": str(gguf), "quant": quant, "threads": threads, "ruvllm_flags": ruvllm_flags or [],
             "baseline": str(baseline) if baseline is not None else None, "gen_length": gen_len, "runs": runs,
-            "paired_ratio": ratios, "paired_ratio_per_cpu_s": cpu_ratios, "peak_rss_mib": rss, "peak_split": split}
+            "kv_cache": {"ruvllm": f"--kv-cache-dtype {kv_dtypes[0]}, --kv-cache-memory "
+                                   f"{kv_bytes(CONTEXT, KV_BYTES_PER_VALUE[kv_dtypes[0]])} = {CONTEXT} positions "
+                                   "(fp16: llama-server's default f16 KV precision, and its -c)",
+                         "kv_dtypes": kv_dtypes, "llama-server": f"-c {CONTEXT}, f16 K and V (its default)"},
+            "paired_ratio": ratios, "paired_ratio_per_cpu_s": cpu_ratios, "peak_rss_mib": rss,
+            "peak_split_mib": split}
 
 
 def main() -> int:
@@ -267,17 +291,24 @@ def main() -> int:
     parser.add_argument("--no-llama-server", action="store_true", help="with --llama-cpp-bin: ruvllm servers only")
     parser.add_argument("--baseline", type=Path, help="with --llama-cpp-bin: also serve from this ruvllm source tree "
                         "(e.g. `git archive main | tar -x -C DIR`), alternating: old code vs new, paired")
-    parser.add_argument("--ruvllm-flags", default="", help="more `ruvllm serve` flags, e.g. '--kv-cache-dtype int4'")
+    parser.add_argument("--ruvllm-flags", default="", help="more `ruvllm serve` flags, e.g. '--kv-hot-tokens 64'")
+    parser.add_argument("--kv-cache-dtypes", default="fp16", help="ruvllm's --kv-cache-dtype, the first for `ruvllm` "
+                        "(default fp16: llama-server's f16 KV), each other a server of its own (`ruvllm@auto`: fp32 "
+                        "KV), each with a budget of 8192 positions of its bytes")
+    parser.add_argument("--log-dir", type=Path, help="the servers' logs (default benchmarks/.cache/logs/llama_server)")
     parser.add_argument("--out", type=Path, help="the JSON report (default results/llama_server_QUANT.json)")
     args = parser.parse_args()
     levels = [int(x) for x in args.levels.split(",")]
+    if not set(args.kv_cache_dtypes.split(",")) <= set(KV_BYTES_PER_VALUE):
+        parser.error(f"--kv-cache-dtypes: each one of {', '.join(KV_BYTES_PER_VALUE)}")
     if args.sdist_dir is not None:
         convert(args.sdist_dir)  # the f32 GGUF every other is made from
     if args.llama_cpp_bin is not None:
         backends = args.ruvllm_backends.split(",") if args.ruvllm_backends else None
         result = native_ab(args.llama_cpp_bin, args.quant, levels, args.rounds, args.threads, args.prompt_length,
                            args.gen_length, args.iterations, backends, not args.no_llama_server,
-                           args.ruvllm_flags.split(), args.baseline)
+                           args.ruvllm_flags.split(), args.baseline, args.kv_cache_dtypes.split(","),
+                           args.log_dir)
         sys.path.insert(0, str(REPO / "benchmarks"))
         from decode_speed import machine
 
@@ -288,8 +319,8 @@ def main() -> int:
             print(format_table(run["rows"]))
         print(f"output tok/s ratios (paired, median over rounds): {result['paired_ratio']}; per server CPU-s: "
               f"{result['paired_ratio_per_cpu_s']}; "
-              f"peak RSS MiB {result['peak_rss_mib']} (anon / file at the largest RSS: {result.get('peak_split')}); "
-              f"wrote {out}")
+              f"peak RSS MiB {result['peak_rss_mib']}; anon / file at the largest sampled RSS "
+              f"{result['peak_split_mib']}; wrote {out}")
         return 0
     if args.venv is None or args.sdist_dir is None:
         parser.error("--venv and --sdist-dir (llama-cpp-python's server), or --llama-cpp-bin (llama-server)")

@@ -4,8 +4,10 @@
 
 1. One layer's paged attention for decode rows (Qwen2.5-0.5B's heads: 14 over 2 KV heads, head_dim 64,
    16-token blocks): TorchPagedAttention / cold_attention (gather, dequantize, SDPA) against
-   CpuPagedAttention (py_engine/kernels/paged.c), 1 and 16 rows, 160- and 1024-token contexts,
-   full-precision and int8/int4 cold blocks (all but the last 128 tokens cold).
+   CpuPagedAttention (py_engine/kernels/paged.c), 1 and 16 rows, 160- to 4096-token contexts,
+   full-precision (fp32) and fp16 blocks (--kv-cache-dtype fp16: half the bytes read) and int8/int4 cold
+   blocks (all but the last 128 tokens cold). `--skip-steps --contexts 1024,4096 --kv auto,fp16` runs
+   just the fp32 / fp16 pairs (with --skip-steps).
 2. Decode steps of an in-process LLMEngine on the Qwen2.5-0.5B-shape Q4_0 GGUF (benchmarks/.cache, made by
    llama_cpp_bench.py): 1 and 16 sequences (prompt 128) with `--attention-backend torch` (before) and `cpu`
    (after: C attention, and a single stream as one rk_decode_step call), against the dense `LLM` on the
@@ -63,7 +65,9 @@ def attention_case(rows: int, context: int, kv: str):
     keys = torch.randn(rows * nb, BS, KV, D)
     values = torch.randn_like(keys)
     spec, quant, cold, counts = AttentionSpec(D ** -0.5), None, None, None
-    if kv != "auto":
+    if kv == "fp16":  # the whole cache in 16 bits, fp32 queries
+        keys, values = keys.half(), values.half()
+    elif kv != "auto":
         quant = KVQuantConfig(kv, HOT, BS)
         config = SimpleNamespace(num_key_value_heads=KV, head_dim=D, num_hidden_layers=1)
         cold = ColdPool(config, rows * nb, quant, "cpu")
@@ -79,10 +83,14 @@ def attention_case(rows: int, context: int, kv: str):
             lambda: fast.attend_cold(q, keys, values, cold, 0, fast.prepare(meta), spec, quant))
 
 
-def attention_table(rounds: int) -> list[dict]:
+CASES = [(1, 160, "auto"), (16, 160, "auto"), (1, 1024, "auto"), (16, 1024, "auto"), (1, 1024, "fp16"),
+         (16, 1024, "fp16"), (16, 1024, "int8"), (1, 1024, "int4"), (16, 1024, "int4"), (16, 4096, "auto"),
+         (16, 4096, "fp16")]
+
+
+def attention_table(rounds: int, cases: list[tuple[int, int, str]] = CASES) -> list[dict]:
     rows = []
-    for n, context, kv in [(1, 160, "auto"), (16, 160, "auto"), (1, 1024, "auto"), (16, 1024, "auto"),
-                           (16, 1024, "int8"), (1, 1024, "int4"), (16, 1024, "int4")]:
+    for n, context, kv in cases:
         torch_fn, c_fn = attention_case(n, context, kv)
         samples = {"torch": [], "c": []}
         for _ in range(rounds):
@@ -136,7 +144,7 @@ def step_table(gguf: Path, rounds: int, steps: int) -> list[dict]:
 
     rng = random.Random(0)
     prompts = [[rng.randrange(1000, 100000) for _ in range(128)] for _ in range(16)]
-    kv_bytes = 8192 * 24 * 2 * KV * D * 4  # 8192 fp32 positions, as llama_cpp_bench.py gives serve
+    kv_bytes = 8192 * 24 * 2 * KV * D * 4  # 8192 fp32 positions (llama_cpp_bench.py now gives serve fp16 ones)
     engines = {b: LLMEngine(str(gguf), dtype="float32", device="cpu", attention_backend=b, max_num_seqs=16,
                             kv_cache_memory=kv_bytes, max_model_len=8192) for b in ("torch", "cpu")}
     dense = LLM(str(gguf), dtype="float32", device="cpu")
@@ -164,13 +172,17 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=24, help="decode steps timed per setting and round")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--skip-steps", action="store_true", help="only the attention table")
+    parser.add_argument("--contexts", help="attention cases of these contexts only, e.g. 1024,4096")
+    parser.add_argument("--kv", help="attention cases of these KV settings only, e.g. auto,fp16")
     parser.add_argument("--output", type=Path, default=HERE / "results" / "paged_decode_speed.json")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     info = machine()
     print("one layer's decode attention (CPU time per call):", flush=True)
     with kernel_step(cpu_kernels()):  # as the engine runs a step: torch on one thread, the kernels' pool on all
-        attention = attention_table(args.rounds)
+        cases = [c for c in CASES if (not args.contexts or str(c[1]) in args.contexts.split(","))
+                 and (not args.kv or c[2] in args.kv.split(","))]
+        attention = attention_table(args.rounds, cases)
     result = {"machine": info, "threads": args.threads, "attention": attention}
     if not args.skip_steps:
         print(f"decode steps on {args.gguf.name}:", flush=True)

@@ -8,7 +8,9 @@ padding to the longest context. Prompt chunks keep the torch path
 (TorchPagedAttention, cold_attention), which also stays the oracle the tests
 hold this backend to. The torch path also runs where the kernel refuses the
 shapes (py_engine.kernels.paged.supported says why: head_dim not a multiple
-of 8, dtypes other than fp32/bf16, groups too large for its stack arrays).
+of 8, queries other than fp32/bf16 or caches other than fp32/bf16/fp16, groups
+too large for its stack arrays). A 16-bit cache (--kv-cache-dtype fp16 / bf16)
+beside fp32 queries is read in place, widened to fp32 as the kernel goes.
 """
 from __future__ import annotations
 

@@ -92,7 +92,8 @@ class LLMEngine:
         """lora_modules: adapter name -> peft folder, loaded now; enable_lora: adapters may be loaded later
         (load_lora) even if none is given now. See native_server/lora.py. xlora: a peft X-LoRA folder
         applied to every request (py_engine/adapters/xlora.py); it takes no other adapters.
-        kv_cache_dtype "int8" / "int4": the two-tier KV cache, kv_hot_tokens in the model's dtype
+        kv_cache_dtype "fp16" / "bf16": every block in that dtype (an fp32 model's cache in half the bytes);
+        "int8" / "int4": the two-tier KV cache, kv_hot_tokens in the model's dtype
         (py_engine/models/kv_quant.py, cold_attention.py). max_num_batched_tokens: the tokens of one step
         (None: default_batched_tokens for the device)."""
         if xlora is not None and (lora_modules or enable_lora):
@@ -174,13 +175,13 @@ class LLMEngine:
     def _allocate_kv(self, block_size: int, kv_cache_memory: int | None, gpu_memory_fraction: float,
                      max_num_seqs: int, max_num_batched_tokens: int,
                      backend: PagedAttentionBackend) -> PagedKVCache:
-        config, dtype = self.model_config, next(self.model.parameters()).dtype
+        config, quant = self.model_config, self.kv_quant
+        dtype = quant.storage(next(self.model.parameters()).dtype)  # the (hot) blocks': fp16 / bf16, or the model's
         reserve = activation_reserve(config, max_num_batched_tokens, max_num_seqs)
         budget = memory_budget(self.device, kv_cache_memory, gpu_memory_fraction, reserve)
         # On CPU without a budget, stop at what max_num_seqs full-length sequences could fill.
         cap = -(-max_num_seqs * self.max_model_len // block_size) if (
             kv_cache_memory is None and self.device.type == "cpu") else None
-        quant = self.kv_quant
         if quant.enabled:
             if cap is not None:  # the same cap: what max_num_seqs full-length sequences could fill
                 budget = min(budget, two_tier_bytes(config, quant, dtype, max_num_seqs, max_num_batched_tokens,

@@ -151,8 +151,9 @@ class ColdPool:
 
 
 class PagedKVCache:
-    """Per layer, keys and values [num_blocks, block_size, kv_heads, head_dim] (layout: paged_attention.py),
-    and with int8/int4 KV a ColdPool of num_cold_blocks."""
+    """Per layer, keys and values [num_blocks, block_size, kv_heads, head_dim] (layout: paged_attention.py)
+    of `dtype` (the model's, or fp16 / bf16 with --kv-cache-dtype: every backend widens them to the queries'
+    dtype as it reads), and with int8/int4 KV a ColdPool of num_cold_blocks."""
 
     def __init__(self, config: ModelConfig, num_blocks: int, block_size: int, dtype: torch.dtype,
                  device: torch.device | str, backend: PagedAttentionBackend | None = None,
@@ -171,8 +172,9 @@ class PagedKVCache:
         self.cold_bytes_per_token = cold_bytes_per_block(config, self.quant) / block_size if self.quant else 0.0
         mib = 2 * len(self.keys) * self.keys[0].numel() * dtype.itemsize / 2**20
         if self.cold is None:
-            logger.info("KV cache: %d blocks of %d tokens (%d tokens, %.1f MiB) on %s, %s attention",
-                        num_blocks, block_size, num_blocks * block_size, mib, device, self.backend.name)
+            logger.info("KV cache: %d blocks of %d tokens (%d tokens, %.1f MiB of %s) on %s, %s attention",
+                        num_blocks, block_size, num_blocks * block_size, mib, str(dtype).removeprefix("torch."),
+                        device, self.backend.name)
             return
         logger.info("KV cache: %s, %d hot tokens: %d hot blocks of %d tokens (%.0f bytes/token, %.1f MiB) + %d "
                     "cold blocks (%.0f bytes/token, %.1f MiB) = %d tokens on %s, %s attention%s", self.quant.dtype,

@@ -100,7 +100,7 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="weights' dtype (auto: the checkpoint's)")
     p.add_argument("--cache-dir", metavar="DIR", help="model cache (default: $RUVLLM_CACHE_DIR or ~/.cache/ruvllm)")
     add_quantization_options(p)
-    add_kv_cache_options(p)
+    add_kv_cache_options(p, paged=True)
     lora = p.add_argument_group("LoRA adapters (native_server/lora.py)")
     lora.add_argument("--lora-modules", nargs="+", action="append", metavar="NAME=PATH",
                       help="peft LoRA adapters to serve; a request's `model` picks one by NAME (repeatable)")

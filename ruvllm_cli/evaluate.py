@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from py_engine.adapters.config import add_lora_options, lora_from_args
-from py_engine.models.kv_quant import KVQuantConfig, add_kv_cache_options
+from py_engine.models.kv_quant import add_kv_cache_options, dense_kv_config
 from py_engine.quant.config import add_quantization_options, quant_config_from_args
 
 MAX_DEFAULT_WINDOW = 4096  # long-context models: a window past this costs far more than it tells
@@ -81,7 +81,7 @@ def run_eval_ppl(args: argparse.Namespace) -> int:
 
     qconfig = quant_config_from_args(args)  # bad combinations fail before anything loads
     loras, adapter = lora_from_args(args)
-    kv_quant = KVQuantConfig(args.kv_cache_dtype, args.kv_hot_tokens)
+    kv_quant = dense_kv_config(args.kv_cache_dtype, args.kv_hot_tokens)
     path = resolve_model(args.model, args.cache_dir)
     text_path = eval_text_path(path, args.text_file)
     start = time.perf_counter()

@@ -87,7 +87,7 @@ def add_benchmark_parser(subparsers: Any) -> argparse.ArgumentParser:
     engine.add_argument("--cache-dir", metavar="DIR", help="model cache (default: $RUVLLM_CACHE_DIR or ~/.cache/ruvllm)")
     add_quantization_options(engine)
     add_lora_options(engine)  # --lora NAME=PATH loads adapters in process; --adapter NAME (with --url too) runs one
-    add_kv_cache_options(engine)
+    add_kv_cache_options(engine, paged=True)
     p.set_defaults(func=run_benchmark)
     return p
 

@@ -28,7 +28,7 @@ from py_engine.config import GenerationConfig, ModelConfig
 from py_engine.generate import Completion, GenerationChunk, complete, eos_token_ids, start_ids, stream
 from py_engine.hub import resolve_model
 from py_engine.models import CausalLM, DenseKVCache, longrope_switch_length
-from py_engine.models.kv_quant import DEFAULT_HOT_TOKENS, KVQuantConfig
+from py_engine.models.kv_quant import DEFAULT_HOT_TOKENS, KVQuantConfig, dense_kv_config
 from py_engine.models.memory import trim_heap
 from py_engine.cpu.transforms import kernel_step, model_kernels, optimize_for_cpu
 from py_engine.quant.config import QuantConfig
@@ -153,7 +153,7 @@ class LLM:
         computes its scalings for the first k forward calls of a generation only.
         kv_cache_dtype "int8" or "int4": the two-tier KV cache (the most recent kv_hot_tokens tokens
         in the model's dtype, older blocks quantized; py_engine/models/kv_quant.py), as the server's."""
-        kv_quant = KVQuantConfig(kv_cache_dtype, kv_hot_tokens)  # bad values fail before the model loads
+        kv_quant = dense_kv_config(kv_cache_dtype, kv_hot_tokens)  # bad values fail before the model loads
         if backend == "onnx" and kv_quant.enabled:
             raise ValueError("kv_cache_dtype applies to the torch backend")
         self.path: Path = resolve_model(model, cache_dir)

@@ -57,7 +57,7 @@ from torch import Tensor, nn
 
 from ..adapters.layer import AdapterMix, LoraLinear, StackColumns
 from ..kernels import ColdTier, CpuKernels
-from ..kernels.paged import MAX_GROUP_FLOATS, MAX_HEAD_DIM, PagedDecode, PagedStepView
+from ..kernels.paged import KV_TYPES, MAX_GROUP_FLOATS, MAX_HEAD_DIM, PagedDecode, PagedStepView
 from ..models.kv_cache import DenseKVCache, TwoTierDenseKVCache
 from ..models.transformer import DecoderLayer, DecoderModel
 from .layers import DTYPES, KernelAttention, KernelMLP, KernelRMSNorm
@@ -379,10 +379,11 @@ class StackPlan:
         if (kv_heads, head_dim) != (self.kv_heads, self.head_dim) or head_dim % 8 or head_dim > MAX_HEAD_DIM \
                 or self.heads // kv_heads * max(head_dim, block_size) > MAX_GROUP_FLOATS:  # paged.c's bounds
             raise NotStackable("the paged cache's heads or block size do not fit the kernel")
+        kv_dtype = view.keys[0].dtype  # the model's, or --kv-cache-dtype fp16 / bf16 (paged.c widens it)
         for k, v in zip(view.keys, view.values):
-            if any(t.shape != view.keys[0].shape or t.dtype != self.dtype or not t.is_cpu or not t.is_contiguous()
-                   for t in (k, v)):
-                raise NotStackable("the paged cache is not of the step's dtype, contiguous, on the CPU")
+            if any(t.shape != view.keys[0].shape or t.dtype != kv_dtype or kv_dtype not in KV_TYPES or not t.is_cpu
+                   or not t.is_contiguous() for t in (k, v)):
+                raise NotStackable("the paged cache is not fp32, bf16 or fp16 of one dtype, contiguous, on the CPU")
         layers = (Layer * len(self.base_layers))()
         ctypes.memmove(layers, self.base_layers, ctypes.sizeof(layers))
         for i, (k, v) in enumerate(zip(view.keys, view.values)):
@@ -394,7 +395,8 @@ class StackPlan:
         setup.length = (ctypes.c_int64 * 1)(0)
         setup.paged = PagedDecode(seqs=ctypes.addressof(setup.row), tokens=ctypes.addressof(setup.row),
                                   lens=ctypes.addressof(setup.length), rows=1, H=self.heads, KV=kv_heads, D=head_dim,
-                                  bs=block_size, bf16=int(self.dtype == torch.bfloat16), bits=view.bits)
+                                  bs=block_size, bf16=int(self.dtype == torch.bfloat16), bits=view.bits,
+                                  kv=KV_TYPES[kv_dtype])
         setup.q = torch.empty(self.heads * head_dim, dtype=self.dtype)
         return setup
 

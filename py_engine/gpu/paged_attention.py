@@ -29,6 +29,9 @@ even channel in the low nibble; keys' float32 scale and zero point per
 (block, head, channel), values' per (block, token, head)). The kernel reads a
 cold key or value as code * scale + zero (float32, then the cache's dtype, as
 ColdPool.blocks does) and hot ones as they are: one tile may hold both.
+A 16-bit cache (--kv-cache-dtype fp16 / bf16) beside queries of another
+dtype is widened to q's dtype as it is loaded, as the torch oracle's
+`.to(q.dtype)` does.
 A prompt chunk longer than the hot window has later queries that read blocks
 of the chunk itself cold, blocks still in the hot pool (kv_quant.py's
 per-query rule: a query at p reads the blocks ending at or before
@@ -142,7 +145,7 @@ def _attention_kernel(q_ptr, k_cache, v_cache, tables_ptr, qblocks_ptr, out_ptr,
                 k_code = ((tl.load(k_codes + at, mask=cold_mask, other=0).to(tl.int32) >> shift) & 15).to(tl.float32)
                 v_code = ((tl.load(v_codes + at, mask=cold_mask, other=0).to(tl.int32) >> shift) & 15).to(tl.float32)
         k = tl.load(k_cache + (block * kc_s0 + offset * kc_s1 + kv_head * kc_s2)[:, None] + d[None, :],
-                    mask=tile_mask, other=0.0)  # [TILE, BLOCK_D]
+                    mask=tile_mask, other=0.0).to(q_ptr.dtype.element_ty)  # [TILE, BLOCK_D], q's dtype
         if BITS > 0:
             k = tl.where(cold_mask, (k_code * k_scale + k_zero).to(k.dtype), k)
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION)  # [BLOCK_M, TILE]
@@ -165,7 +168,7 @@ def _attention_kernel(q_ptr, k_cache, v_cache, tables_ptr, qblocks_ptr, out_ptr,
         p = tl.exp(s - m_safe[:, None])  # [BLOCK_M, TILE]
         alpha = tl.exp(m - m_safe)  # rescales what came before
         v = tl.load(v_cache + (block * vc_s0 + offset * vc_s1 + kv_head * vc_s2)[:, None] + d[None, :],
-                    mask=tile_mask, other=0.0)  # [TILE, BLOCK_D]
+                    mask=tile_mask, other=0.0).to(q_ptr.dtype.element_ty)  # [TILE, BLOCK_D]
         if BITS > 0:
             v = tl.where(cold_mask, (v_code * v_scale + v_zero).to(v.dtype), v)
         if FAKE:  # values per token over the head's channels
@@ -285,8 +288,9 @@ def paged_attention(out: Tensor, q: Tensor, key_cache: Tensor, value_cache: Tens
     _, block_size, kv_heads, _ = key_cache.shape
     if q.stride(2) != 1 or out.stride(2) != 1 or not key_cache.is_contiguous() or not value_cache.is_contiguous():
         raise ValueError("paged attention needs contiguous caches and head_dim-contiguous q and out")
-    if key_cache.dtype != q.dtype:
-        raise ValueError(f"q is {q.dtype} but the cache holds {key_cache.dtype}")
+    if key_cache.dtype not in (q.dtype, torch.float16, torch.bfloat16) or value_cache.dtype != key_cache.dtype:
+        raise ValueError(f"q is {q.dtype} but the cache holds {key_cache.dtype} / {value_cache.dtype} (q's dtype, "
+                         f"or fp16 / bf16 for both)")
     if splits & (splits - 1) or (splits > 1 and not decode):
         raise ValueError(f"splits must be a power of two, and 1 for prefill; got {splits}")
     if cold is not None:

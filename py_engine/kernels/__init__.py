@@ -15,7 +15,8 @@ of the source and flags, and written atomically so processes may race.
 Variants (VARIANTS): the same sources built once per instruction set, each
 with its own flags (`avx2`, `avx512`, `avx512-vnni`, `avx512-bf16`); the C
 code picks wider or fused instructions under the compiler's feature macros
-(`__AVX512VNNI__`: vpdpbusd for the int8 dot products). At load the best
+(`__AVX512VNNI__`: vpdpbusd for the int8 dot products; `__F16C__`, in the AVX-512 variants:
+vcvtph2ps for an fp16 KV cache). At load the best
 variant the CPU has is chosen: the flags Linux reports from cpuid
 (/proc/cpuinfo, which also drops AVX-512 where the OS does not save its
 registers), confirmed by the loaded library's own cpuid check
@@ -50,16 +51,16 @@ HEADERS = [HERE / "attend.h", HERE / "linear.h", HERE / "paged.h", HERE / "pool.
 FLAGS = ["-O3", "-ffp-contract=off", "-shared", "-fPIC", "-pthread"]  # no contraction: torch rounds each op
 # Macros for an A/B build of the kernels (benchmarks: `ruvllm:int8+DQ_ROWS8=4`), e.g. "Q_ROWS8=4 Q_PREFETCH=1024"
 FLAGS += [f"-D{d}" for d in os.environ.get("RUVLLM_KERNEL_DEFINES", "").split()]
-AVX512 = ("avx512f", "avx512bw", "avx512vl", "avx512dq")
-# name -> (/proc/cpuinfo flags it needs, compiler flags), worst first: the last one the CPU has wins
+AVX512 = ("avx512f", "avx512bw", "avx512vl", "avx512dq", "f16c")  # F16C: every AVX-512 CPU has it (fp16 KV)
+AVX512_FLAGS = ("-mavx2", "-mfma", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mf16c")
+# name -> (/proc/cpuinfo flags it needs, compiler flags), worst first: the last one the CPU has wins. The plain
+# avx2 variant is the portable one: no F16C, fp16 converted with integer AVX2 (attend.h)
 VARIANTS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "avx2": (("avx2", "fma"), ("-mavx2", "-mfma")),
-    "avx512": (("avx2", "fma", *AVX512), ("-mavx2", "-mfma", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq")),
-    "avx512-vnni": (("avx2", "fma", *AVX512, "avx512_vnni"),
-                    ("-mavx2", "-mfma", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512vnni")),
+    "avx512": (("avx2", "fma", *AVX512), AVX512_FLAGS),
+    "avx512-vnni": (("avx2", "fma", *AVX512, "avx512_vnni"), (*AVX512_FLAGS, "-mavx512vnni")),
     "avx512-bf16": (("avx2", "fma", *AVX512, "avx512_vnni", "avx512_bf16"),
-                    ("-mavx2", "-mfma", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512vnni",
-                     "-mavx512bf16")),
+                    (*AVX512_FLAGS, "-mavx512vnni", "-mavx512bf16")),
 }
 log = logging.getLogger("ruvllm.kernels")
 _lock = threading.RLock()  # cpu_kernels holds it while kernel_variant takes it

@@ -1,12 +1,60 @@
 /* Attention's small vector pieces, shared by the dense decode step (decode.c) and paged decode
- * (paged.c): loads of fp32 or bf16 rows widened to fp32, dot products, and the int8/int4 codes of a
- * two-tier cache's cold blocks (py_engine/models/kv_quant.py) read as floats. */
+ * (paged.c): loads of fp32, bf16 or fp16 rows widened to fp32, dot products, and the int8/int4 codes of a
+ * two-tier cache's cold blocks (py_engine/models/kv_quant.py) read as floats.
+ *
+ * Element types (`t` below; a 0/1 "bf16" flag is the same argument): 0 fp32, 1 bf16, 2 fp16 (IEEE half, the
+ * server's --kv-cache-dtype fp16 cache, llama.cpp's default -ctk/-ctv f16). fp16 converts with F16C where the
+ * build has it (the AVX-512 variants: every AVX-512 CPU has F16C) and otherwise with integer AVX2 (the plain
+ * avx2 variant, the portable one): both exact, and stores round to nearest even as torch's .to(float16). */
 #pragma once
 #include <immintrin.h>
 #include <stdint.h>
 #include <string.h>
 
 #include "linear.h" /* load1, hsum8 */
+
+enum { KV_F32 = 0, KV_BF16 = 1, KV_F16 = 2 };
+
+static inline int64_t elem_size(int t) { return t == KV_F32 ? 4 : 2; }
+
+static inline uint16_t f32_to_f16(float f) { /* round to nearest even, as torch's .to(torch.float16) */
+#ifdef __F16C__
+  return _cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT);
+#else
+  uint32_t x;
+  memcpy(&x, &f, 4);
+  const uint32_t sign = (x >> 16) & 0x8000u;
+  x &= 0x7fffffffu;
+  if (x >= 0x47800000u) return (uint16_t)(sign | (x > 0x7f800000u ? 0x7e00u : 0x7c00u)); /* >= 2^16: inf, NaN */
+  if (x < 0x38800000u) { /* below 2^-14: a subnormal half; adding 0.5 rounds the bits into place */
+    float g;
+    memcpy(&g, &x, 4);
+    g += 0.5f;
+    memcpy(&x, &g, 4);
+    return (uint16_t)(sign | (x - 0x3f000000u));
+  }
+  x += 0xc8000fffu + ((x >> 13) & 1u); /* rebias the exponent (15 - 127), round to nearest even */
+  return (uint16_t)(sign | (x >> 13));   /* a carry out of 65504 gives inf, as it should */
+#endif
+}
+
+static inline __m256 f16x8(const uint16_t *p) { /* 8 halves as floats */
+#ifdef __F16C__
+  return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+#else
+  /* Normals: (exponent, mantissa) moved into a float's place, the exponent rebiased (127 - 15); subnormals
+   * (exponent 0): the mantissa as an integer times 2^-24, with no subnormal float arithmetic (exact under
+   * flush-to-zero / denormals-are-zero too); an all-ones exponent (inf, NaN) gets the float's all-ones one. */
+  const __m256i h = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p));
+  const __m256i em = _mm256_and_si256(h, _mm256_set1_epi32(0x7fff));
+  const __m256 normal = _mm256_castsi256_ps(_mm256_add_epi32(_mm256_slli_epi32(em, 13), _mm256_set1_epi32(0x38000000)));
+  const __m256 tiny = _mm256_mul_ps(_mm256_cvtepi32_ps(em), _mm256_set1_ps(0x1p-24f));
+  __m256 f = _mm256_blendv_ps(normal, tiny, _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(0x400), em)));
+  const __m256i special = _mm256_cmpgt_epi32(em, _mm256_set1_epi32(0x7bff));
+  f = _mm256_or_ps(f, _mm256_castsi256_ps(_mm256_and_si256(special, _mm256_set1_epi32(0x7f800000))));
+  return _mm256_or_ps(f, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_and_si256(h, _mm256_set1_epi32(0x8000)), 16)));
+#endif
+}
 
 static inline float r(float f, int bf16) { /* the value torch would hold in the tensor's dtype */
   if (!bf16) return f;
@@ -17,7 +65,11 @@ static inline float r(float f, int bf16) { /* the value torch would hold in the 
   memcpy(&f, &u, 4);
   return f;
 }
-static inline void st(void *p, int bf16, int64_t i, float v) {
+static inline void st(void *p, int bf16, int64_t i, float v) { /* bf16: the element type t */
+  if (bf16 == KV_F16) {
+    ((uint16_t *)p)[i] = f32_to_f16(v);
+    return;
+  }
   if (!bf16) {
     ((float *)p)[i] = v;
     return;
@@ -28,6 +80,7 @@ static inline void st(void *p, int bf16, int64_t i, float v) {
 }
 
 static inline __m256 load8(const void *p, int bf16, int64_t i) { /* a bf16 is an fp32's top half */
+  if (bf16 == KV_F16) return f16x8((const uint16_t *)p + i);
   if (!bf16) return _mm256_loadu_ps((const float *)p + i);
   __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)p + i));
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
@@ -61,7 +114,7 @@ static inline void cold_axpy(float *acc, float w, const uint8_t *code, int bits,
     _mm256_storeu_ps(acc + i, _mm256_fmadd_ps(ww, codes8(code, bits, i), _mm256_loadu_ps(acc + i)));
 }
 
-/* acc[0..D) += w * row, row fp32 or bf16. */
+/* acc[0..D) += w * row, row of element type t (fp32, bf16, fp16). */
 static inline void axpy(float *acc, float w, const void *row, int bf16, int64_t D) {
   const __m256 ww = _mm256_set1_ps(w);
   for (int64_t i = 0; i < D; i += 8)

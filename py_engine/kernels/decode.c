@@ -167,7 +167,7 @@ int rk_attend_one(const void *qkv, const void *cos, const void *sin, void *keys,
 }
 
 /* One token of one sequence over a paged cache (the server's single-stream step, step.c): rope, the
- * new key and value written at `slot` of p's caches (TorchPagedAttention.write's layout), the rotated
+ * new key and value written at `slot` of p's caches (TorchPagedAttention.write's layout, p->kv's type), the rotated
  * queries stored in q (H * D of the dtype, what torch's tensor would hold), then paged.c's attention
  * over p's one row. scratch: D floats. */
 int rk_paged_attend_one(const void *qkv, const void *cos, const void *sin, int64_t rot, int64_t slot, void *q,
@@ -180,8 +180,8 @@ int rk_paged_attend_one(const void *qkv, const void *cos, const void *sin, int64
     rope(&a, qkv, (H + g) * D, scratch);
     const int64_t row = (slot * KV + g) * D;
     for (int64_t i = 0; i < D; ++i) {
-      st((void *)p->keys, p->bf16, row + i, scratch[i]);
-      st((void *)p->values, p->bf16, row + i, load1(qkv, p->bf16, (H + KV + g) * D + i));
+      st((void *)p->keys, p->kv, row + i, scratch[i]); /* rounded once to the cache's type */
+      st((void *)p->values, p->kv, row + i, load1(qkv, p->bf16, (H + KV + g) * D + i));
     }
   }
   for (int64_t h = 0; h < H; ++h) {

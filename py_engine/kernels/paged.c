@@ -13,7 +13,9 @@
  *   q . (code * scale + zero) = (q * scale) . code + q . zero.
  * Softmax is online, block by block (running max and sum, the accumulator
  * rescaled when the max grows), in fp32 as attention.py's; the output is
- * rounded once to the cache's dtype.
+ * rounded once to q's dtype. The hot blocks hold fp32, bf16 or fp16 (a->kv:
+ * --kv-cache-dtype fp16 / bf16 stores them apart from the model's dtype),
+ * widened to fp32 as they are read.
  */
 #include <math.h>
 #include <stdint.h>
@@ -31,13 +33,13 @@ static inline __m256 hsum8x8(const __m256 *a) {
   return _mm256_add_ps(_mm256_permute2f128_ps(t0, t1, 0x20), _mm256_permute2f128_ps(t0, t1, 0x31));
 }
 
-/* q . key for keys rows[0], rows[stride], ... rows[7 stride] (elements of the dtype). */
-static inline __m256 dot8(const float *q, const void *rows, int64_t stride, int bf16, int64_t D) {
+/* q . key for keys rows[0], rows[stride], ... rows[7 stride] (elements of type t). */
+static inline __m256 dot8(const float *q, const void *rows, int64_t stride, int t, int64_t D) {
   __m256 acc[8];
   for (int j = 0; j < 8; ++j) acc[j] = _mm256_setzero_ps();
   for (int64_t i = 0; i < D; i += 8) {
     const __m256 qv = _mm256_loadu_ps(q + i);
-    for (int j = 0; j < 8; ++j) acc[j] = _mm256_fmadd_ps(qv, load8(rows, bf16, j * stride + i), acc[j]);
+    for (int j = 0; j < 8; ++j) acc[j] = _mm256_fmadd_ps(qv, load8(rows, t, j * stride + i), acc[j]);
   }
   return hsum8x8(acc);
 }
@@ -57,7 +59,7 @@ static inline __m256 cold_dot8(const float *qs, const uint8_t *codes, int64_t st
  * block), eight tokens a step where they are there. */
 static void block_scores(const paged_t *a, int64_t id, int cold, int64_t g, int64_t lo, int64_t hi, const float *q,
                          float *qs, float *qz, float *sc) {
-  const int64_t D = a->D, G = a->H / a->KV, esz = a->bf16 ? 2 : 4, bs = a->bs;
+  const int64_t D = a->D, G = a->H / a->KV, esz = elem_size(a->kv), bs = a->bs;
   if (cold) {
     const int64_t packed = D * a->bits / 8, stride = a->KV * packed;
     const float *ks = a->ks + (id * a->KV + g) * D, *kz = a->kz + (id * a->KV + g) * D;
@@ -83,11 +85,14 @@ static void block_scores(const paged_t *a, int64_t id, int cold, int64_t g, int6
     const char *keys = (const char *)a->keys + ((id * bs) * a->KV + g) * D * esz;
     for (int64_t h = 0; h < G; ++h) {
       int64_t o = lo;
-      if (a->bf16)
-        for (; o + 8 <= hi; o += 8) _mm256_storeu_ps(sc + h * bs + o, dot8(q + h * D, keys + o * stride * 2, stride, 1, D));
+      const float *qh = q + h * D;
+      if (a->kv == KV_F16) /* each type its own loop: load8 inlined without a branch */
+        for (; o + 8 <= hi; o += 8) _mm256_storeu_ps(sc + h * bs + o, dot8(qh, keys + o * stride * 2, stride, KV_F16, D));
+      else if (a->kv == KV_BF16)
+        for (; o + 8 <= hi; o += 8) _mm256_storeu_ps(sc + h * bs + o, dot8(qh, keys + o * stride * 2, stride, KV_BF16, D));
       else
-        for (; o + 8 <= hi; o += 8) _mm256_storeu_ps(sc + h * bs + o, dot8(q + h * D, keys + o * stride * 4, stride, 0, D));
-      for (; o < hi; ++o) sc[h * bs + o] = dot(q + h * D, keys + o * stride * esz, a->bf16, D);
+        for (; o + 8 <= hi; o += 8) _mm256_storeu_ps(sc + h * bs + o, dot8(qh, keys + o * stride * 4, stride, KV_F32, D));
+      for (; o < hi; ++o) sc[h * bs + o] = dot(q + h * D, keys + o * stride * esz, a->kv, D);
     }
   }
   for (int64_t h = 0; h < G; ++h)
@@ -111,10 +116,10 @@ static void exps(float *s, int64_t lo, int64_t hi, float top) {
   }
 }
 
-/* acc[0..D) += sum_o w[o] * row_o for rows `stride` apart (dtype elements, or cold codes when bits):
+/* acc[0..D) += sum_o w[o] * row_o for rows `stride` apart (elements of type t, or cold codes when bits):
  * the accumulator stays in registers, 32 channels at a time. */
 static inline void rows_axpy(float *acc, const float *w, int64_t lo, int64_t hi, const void *rows, int64_t stride,
-                             int bf16, int bits, int64_t D) {
+                             int t, int bits, int64_t D) {
   int64_t c = 0;
   for (; c + 32 <= D; c += 32) {
     __m256 a0 = _mm256_loadu_ps(acc + c), a1 = _mm256_loadu_ps(acc + c + 8), a2 = _mm256_loadu_ps(acc + c + 16),
@@ -127,8 +132,8 @@ static inline void rows_axpy(float *acc, const float *w, int64_t lo, int64_t hi,
         a2 = _mm256_fmadd_ps(p, codes8(row, bits, c + 16), a2), a3 = _mm256_fmadd_ps(p, codes8(row, bits, c + 24), a3);
       } else {
         const int64_t r = o * stride + c;
-        a0 = _mm256_fmadd_ps(p, load8(rows, bf16, r), a0), a1 = _mm256_fmadd_ps(p, load8(rows, bf16, r + 8), a1);
-        a2 = _mm256_fmadd_ps(p, load8(rows, bf16, r + 16), a2), a3 = _mm256_fmadd_ps(p, load8(rows, bf16, r + 24), a3);
+        a0 = _mm256_fmadd_ps(p, load8(rows, t, r), a0), a1 = _mm256_fmadd_ps(p, load8(rows, t, r + 8), a1);
+        a2 = _mm256_fmadd_ps(p, load8(rows, t, r + 16), a2), a3 = _mm256_fmadd_ps(p, load8(rows, t, r + 24), a3);
       }
     }
     _mm256_storeu_ps(acc + c, a0), _mm256_storeu_ps(acc + c + 8, a1), _mm256_storeu_ps(acc + c + 16, a2);
@@ -138,7 +143,7 @@ static inline void rows_axpy(float *acc, const float *w, int64_t lo, int64_t hi,
     __m256 a0 = _mm256_loadu_ps(acc + c);
     for (int64_t o = lo; o < hi; ++o)
       a0 = _mm256_fmadd_ps(_mm256_set1_ps(w[o]), bits ? codes8((const uint8_t *)rows + o * stride, bits, c)
-                                                      : load8(rows, bf16, o * stride + c), a0);
+                                                      : load8(rows, t, o * stride + c), a0);
     _mm256_storeu_ps(acc + c, a0);
   }
 }
@@ -147,7 +152,7 @@ static inline void rows_axpy(float *acc, const float *w, int64_t lo, int64_t hi,
  * the weights. */
 static void block_values(const paged_t *a, int64_t id, int cold, int64_t g, int64_t lo, int64_t hi, float *sc,
                          float *m, float *l, float *acc) {
-  const int64_t D = a->D, G = a->H / a->KV, esz = a->bf16 ? 2 : 4, bs = a->bs;
+  const int64_t D = a->D, G = a->H / a->KV, esz = elem_size(a->kv), bs = a->bs;
   for (int64_t h = 0; h < G; ++h) {
     float *s = sc + h * bs, *ah = acc + h * D, top = m[h];
     for (int64_t o = lo; o < hi; ++o) top = s[o] > top ? s[o] : top;
@@ -169,8 +174,10 @@ static void block_values(const paged_t *a, int64_t id, int cold, int64_t g, int6
       }
       rows_axpy(ah, w, lo, hi, a->vc + first * packed, a->KV * packed, 0, a->bits, D);
       for (int64_t i = 0; i < D; ++i) ah[i] += zsum;
-    } else if (a->bf16) {
-      rows_axpy(ah, s, lo, hi, (const char *)a->values + first * D * esz, a->KV * D, 1, 0, D);
+    } else if (a->kv == KV_F16) {
+      rows_axpy(ah, s, lo, hi, (const char *)a->values + first * D * esz, a->KV * D, KV_F16, 0, D);
+    } else if (a->kv == KV_BF16) {
+      rows_axpy(ah, s, lo, hi, (const char *)a->values + first * D * esz, a->KV * D, KV_BF16, 0, D);
     } else {
       rows_axpy(ah, s, lo, hi, (const char *)a->values + first * D * esz, a->KV * D, 0, 0, D);
     }
@@ -206,7 +213,8 @@ static void attend_row_head(const void *context, int64_t chunk) {
  * not take (the caller checked them; this guards the stack arrays). */
 int rk_paged_decode(const paged_t *a) {
   if (a->D % 8 || a->D > 512 || a->KV < 1 || a->H % a->KV || (a->H / a->KV) * a->D > 8192 || a->bs < 1
-      || (a->H / a->KV) * a->bs > 8192 || (a->n_cold && a->bits != 8 && a->bits != 4))
+      || (a->H / a->KV) * a->bs > 8192 || (a->n_cold && a->bits != 8 && a->bits != 4) || a->kv < KV_F32
+      || a->kv > KV_F16)
     return -1;
   pool_run(a->rows * a->KV, attend_row_head, a, sizeof *a);
   return 0;

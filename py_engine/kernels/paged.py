@@ -31,7 +31,7 @@ class PagedDecode(ctypes.Structure):
                 ("lens", P), ("n_cold", P), ("q_token_stride", I64), ("q_head_stride", I64),
                 ("table_stride", I64), ("rows", I64), ("H", I64), ("KV", I64), ("D", I64), ("bs", I64),
                 ("window", I64), ("scale", F32), ("softcap", F32), ("bf16", I32), ("bits", I32),
-                ("kc", P), ("vc", P), ("ks", P), ("kz", P), ("vs", P), ("vz", P)]
+                ("kc", P), ("vc", P), ("ks", P), ("kz", P), ("vs", P), ("vz", P), ("kv", I32)]
 
     @classmethod
     def for_rows(cls, tables: Tensor, seqs: Tensor, tokens: Tensor, lens: Tensor,
@@ -47,6 +47,11 @@ class PagedDecode(ctypes.Structure):
         return args
 
 
+# The hot blocks' element types paged.c reads (paged_t.kv, attend.h's KV_*): the model's fp32 or bf16, or a
+# --kv-cache-dtype fp16 / bf16 cache beside a model of another dtype
+KV_TYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
+
+
 def supported(kernels: CpuKernels | None, q: Tensor, key_cache: Tensor) -> str | None:
     """Why paged_decode cannot take these (None: it can)."""
     if kernels is None:
@@ -55,8 +60,8 @@ def supported(kernels: CpuKernels | None, q: Tensor, key_cache: Tensor) -> str |
     heads = q.shape[1]
     if q.device.type != "cpu" or key_cache.device.type != "cpu":
         return "not on the CPU"
-    if q.dtype not in (torch.float32, torch.bfloat16) or key_cache.dtype != q.dtype:
-        return f"q {q.dtype} with a {key_cache.dtype} cache (fp32 or bf16, the same)"
+    if q.dtype not in (torch.float32, torch.bfloat16) or key_cache.dtype not in KV_TYPES:
+        return f"q {q.dtype} with a {key_cache.dtype} cache (q fp32 or bf16; the cache fp32, bf16 or fp16)"
     if head_dim % 8 or head_dim > MAX_HEAD_DIM or q.stride(2) != 1 or not key_cache.is_contiguous():
         return f"head_dim {head_dim} (a multiple of 8 up to {MAX_HEAD_DIM}, contiguous)"
     if heads % kv_heads or heads // kv_heads * max(head_dim, block_size) > MAX_GROUP_FLOATS:
@@ -77,7 +82,7 @@ def paged_decode(kernels: CpuKernels, args: PagedDecode, q: Tensor, key_cache: T
     args.q_token_stride, args.q_head_stride = q.stride(0), q.stride(1)
     args.H, args.KV, args.D, args.bs = q.shape[1], kv_heads, head_dim, block_size
     args.window, args.scale, args.softcap = window or 0, scale, softcap or 0.0
-    args.bf16 = q.dtype == torch.bfloat16
+    args.bf16, args.kv = q.dtype == torch.bfloat16, KV_TYPES[key_cache.dtype]
     if cold is not None:
         kc, vc, ks, kz, vs, vz = cold
         args.kc, args.vc, args.ks, args.kz, args.vs, args.vz = (t.data_ptr() for t in (kc, vc, ks, kz, vs, vz))
@@ -97,7 +102,7 @@ class PagedStepView:
     """One sequence decoding one token over a paged cache: what the one-call stack (py_engine/cpu/stack.py,
     rk_decode_step) needs to run the step on it. The server's PagedKVStep.decode_view builds it."""
 
-    keys: list[Tensor]  # per layer [num_blocks, block_size, KV, D]; the list object names the cache
+    keys: list[Tensor]  # per layer [num_blocks, block_size, KV, D] (fp32, bf16 or fp16); the list names the cache
     values: list[Tensor]
     cold: list[tuple[Tensor, ...]] | None  # per layer (key codes, value codes, key scales, key zeros, value scales,
     bits: int  # value zeros) of the cold pool (native_server.kv_cache.ColdPool), or None; its bits (8 or 4)

@@ -137,6 +137,9 @@ int rk_variant_supported(void) {
   ok = ok && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
 #endif
+#ifdef __F16C__
+  ok = ok && __builtin_cpu_supports("f16c");
+#endif
 #ifdef __AVX512VNNI__
   ok = ok && __builtin_cpu_supports("avx512vnni");
 #endif

@@ -446,7 +446,7 @@ static inline __m256 stored8(__m256 v, int bf16) { /* what a bf16 tensor would h
 /* gated [M, N] = silu(y[:, :N]) * y[:, N:] for y [M, 2N], with torch's roundings in bf16
  * (silu in fp32 from the stored gate, stored; the product stored). Vectorized: on one thread,
  * scalar expf took ~3 us per 1000 values, ~0.4 ms of a 24-layer token. */
-static void gate(const void *y, void *gated, int bf16, int64_t M, int64_t N) {
+static void gate(const void *y, void *gated, int bf16, int64_t M, int64_t N, int64_t ldo) { /* ldo: gated's row */
   for (int64_t m = 0; m < M; ++m) {
     int64_t n = 0;
     for (; n + 8 <= N; n += 8) {
@@ -458,16 +458,16 @@ static void gate(const void *y, void *gated, int bf16, int64_t M, int64_t N) {
       if (bf16) {
         const __m256i h = _mm256_srli_epi32(_mm256_castps_si256(v), 16); /* already rounded: the top halves */
         const __m128i packed = _mm_packus_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
-        _mm_storeu_si128((__m128i *)((uint16_t *)gated + m * N + n), packed);
+        _mm_storeu_si128((__m128i *)((uint16_t *)gated + m * ldo + n), packed);
       } else {
-        _mm256_storeu_ps((float *)gated + m * N + n, v);
+        _mm256_storeu_ps((float *)gated + m * ldo + n, v);
       }
     }
     for (; n < N; ++n) {
       const float g = load1(y, bf16, m * 2 * N + n), u = load1(y, bf16, m * 2 * N + N + n);
       const float v = as_stored(as_stored(g / (1.f + expf(-g)), bf16) * u, bf16);
-      if (bf16) ((uint16_t *)gated)[m * N + n] = to_bf16(v);
-      else ((float *)gated)[m * N + n] = v;
+      if (bf16) ((uint16_t *)gated)[m * ldo + n] = to_bf16(v);
+      else ((float *)gated)[m * ldo + n] = v;
     }
   }
 }
@@ -476,39 +476,130 @@ typedef struct {
   const void *y;
   void *gated;
   int bf16;
-  int64_t M, N, rows;
+  int64_t M, N, ldo, rows;
 } gate_t;
 
 static void gate_chunk(const void *context, int64_t c) {
   const gate_t *a = context;
   const int64_t m0 = c * a->rows, m1 = m0 + a->rows < a->M ? m0 + a->rows : a->M;
   const int64_t in = a->bf16 ? 2 : 4;
-  gate((const char *)a->y + m0 * 2 * a->N * in, (char *)a->gated + m0 * a->N * in, a->bf16, m1 - m0, a->N);
+  gate((const char *)a->y + m0 * 2 * a->N * in, (char *)a->gated + m0 * a->ldo * in, a->bf16, m1 - m0, a->N, a->ldo);
+}
+
+/* gated [M, N] (rows ldo apart) = silu(y[:, :N]) * y[:, N:] for y [M, 2N], rows split over the pool. */
+static void gate_rows(const void *y, void *gated, int bf16, int64_t M, int64_t N, int64_t ldo) {
+  gate_t a = {y, gated, bf16, M, N, ldo, 0};
+  a.rows = 16384 / N + 1; /* ~64 KB of output a chunk */
+  if (a.rows >= M) gate(y, gated, bf16, M, N, ldo); /* decode: no pool wake-up for one chunk */
+  else pool_run((M + a.rows - 1) / a.rows, gate_chunk, &a, sizeof a);
 }
 
 /* gated [M, N] = silu(y[:, :N]) * y[:, N:] for y [M, 2N] (fp32 or bf16: the dtype's roundings, as gate()),
  * rows split over the pool: in a 128-token prefill torch's single-threaded silu and product took ~7% of the CPU. */
 int rk_gate(const void *y, void *gated, int bf16, int64_t M, int64_t N) {
   if (M < 1 || N < 1) return -1;
-  gate_t a = {y, gated, bf16, M, N, 0};
-  a.rows = 16384 / N + 1; /* ~64 KB of output a chunk */
-  if (a.rows >= M) gate(y, gated, bf16, M, N); /* decode: no pool wake-up for one chunk */
-  else pool_run((M + a.rows - 1) / a.rows, gate_chunk, &a, sizeof a);
+  gate_rows(y, gated, bf16, M, N, N);
+  return 0;
+}
+
+/* Rows n0..n1 of w, as a matrix of their own. */
+static qmat_t rows_of(const qmat_t *w, int64_t n0, int64_t n1) {
+  qmat_t r = *w;
+  r.codes += n0 * row_bytes(w);
+  r.scales += n0 * w->ng;
+  if (r.mins) r.mins += n0 * w->ng;
+  if (r.zeros) r.zeros += n0 * w->ng;
+  if (r.bias) r.bias = (const char *)r.bias + n0 * (w->bias_bf16 ? 2 : 4);
+  r.N = n1 - n0;
+  return r;
+}
+
+/* W rows a panel chunk takes: 32 (two panels) at a time, ~8 chunks a thread (896 rows at 2 threads: 14 chunks,
+ * where 4 a thread gave 7 and one thread ran 4 of them), at most Q_MAX_DEQUANT bytes of panels (a byte a code). */
+static int64_t panel_rows(const qmat_t *w) {
+  const int64_t nb = nb_of(w);
+  int64_t rows = w->N / (8 * pool_threads()) + 1;
+  if (rows * nb * 32 > Q_MAX_DEQUANT) rows = Q_MAX_DEQUANT / (nb * 32) + 1;
+  return (rows + 31) / 32 * 32;
+}
+
+/* The parts' products into y [M, sum of N_p] (job: x's buffers set), their rows split over the pool; panel parts
+ * in chunks of panel_chunk rows (0: panel_rows). */
+static void run_parts(qjob_t *job, int n_parts, const qmat_t *parts, void *y, float *xg, const float *xs,
+                      int64_t panel_chunk) {
+  const int64_t M = job->M, nb = nb_of(&parts[0]);
+  int64_t ldy = 0, column = 0, group = 0;
+  for (int p = 0; p < n_parts; ++p) ldy += parts[p].N;
+  job->ldy = ldy;
+  job->first_chunk[0] = 0;
+  for (int p = 0; p < n_parts; ++p) {
+    const qmat_t *w = &parts[p];
+    float *part_xg = NULL;
+    if (has_mins(w) || (job->panel_parts >> p & 1 && !w->bits4)) { /* X_g per row of x for this part's grouping */
+      part_xg = xg + group * M;
+      for (int64_t m = 0; m < M; ++m)
+        for (int64_t g = 0; g < w->ng; ++g) {
+          float s = 0.f;
+          for (int64_t b = g * w->spg; b < (g + 1) * w->spg; ++b) s += xs[m * nb + b];
+          part_xg[m * w->ng + g] = s;
+        }
+      group += w->ng;
+    }
+    int64_t rows;
+    if (job->panel_parts >> p & 1) {
+      rows = panel_chunk ? panel_chunk : panel_rows(w);
+    } else {
+      rows = job->blas ? w->N / (2 * pool_threads()) + 1 : q_chunk_rows(w->N, row_bytes(w));
+      if (job->blas && rows * job->K > Q_MAX_DEQUANT) rows = Q_MAX_DEQUANT / job->K + 1; /* the per-thread fp32 buffer */
+      rows = (rows + Q_ROWS - 1) / Q_ROWS * Q_ROWS;
+    }
+    job->part[p] = (qpart_t){*w, part_xg, (char *)y + column * (job->y_bf16 ? 2 : 4), rows};
+    job->first_chunk[p + 1] = job->first_chunk[p] + (w->N + rows - 1) / rows;
+    column += w->N;
+  }
+  pool_run(job->first_chunk[n_parts], run_qchunk, job, sizeof *job);
+}
+
+/* A gated product with both parts in panels and no y from the caller: gate and up rows c0..c1 at a time into a
+ * block of about Q_GATE_BLOCK_BYTES (whole panel chunks, at least one), gated as it fills: the [M, 2N] product
+ * never exists whole (a 128-token prefill of Qwen2.5-0.5B held 4.75 MiB of it beside the 2.4 MiB output). Each
+ * output is the same products in the same order as in one call (a panel's rows are independent), so bit for
+ * bit the same. Time against the whole product (4864 x 896 int8, 2 threads, shared machine): 0.90x at 128
+ * rows (the block's gate reads stay in L2), 0.96x at 512; chunks cut to fit 256 columns were 1.06x. */
+#ifndef Q_GATE_BLOCK_BYTES
+#define Q_GATE_BLOCK_BYTES (1 << 19)
+#endif
+static int gated_blocks(qjob_t *job, const qmat_t *parts, void *gated, float *xg, const float *xs, void **buffer,
+                        int64_t *size) {
+  const int64_t M = job->M, N = parts[0].N, ysize = job->y_bf16 ? 2 : 4;
+  const int64_t chunk = panel_rows(&parts[0]); /* the whole call's chunks: each passes over every row of x */
+  int64_t cb = Q_GATE_BLOCK_BYTES / (M * 2 * ysize) / chunk * chunk;
+  cb = cb < chunk ? chunk : cb > N ? N : cb;
+  void *yb = grow(buffer, size, M * 2 * cb * ysize);
+  if (!yb) return -2;
+  for (int64_t c0 = 0; c0 < N; c0 += cb) {
+    const int64_t c1 = c0 + cb < N ? c0 + cb : N;
+    const qmat_t two[2] = {rows_of(&parts[0], c0, c1), rows_of(&parts[1], c0, c1)};
+    run_parts(job, 2, two, yb, xg, xs, chunk);
+    gate_rows(yb, (char *)gated + c0 * ysize, job->y_bf16, M, c1 - c0, N);
+  }
   return 0;
 }
 
 /* As rk_qlinear_parts, then, when gated is not NULL (two parts of equal N: gate and up),
- * gated [M, N] = silu(gate) * up: a SiLU MLP's hidden layer in one call. */
+ * gated [M, N] = silu(gate) * up: a SiLU MLP's hidden layer in one call. y may then be NULL: the product is
+ * the call's own (in column blocks where both parts run panels, see gated_blocks). */
 int rk_qlinear_parts(const void *x, int x_bf16, int n_parts, const qmat_t *parts, void *y, int y_bf16,
                      int64_t M, int64_t K, int mode, void *gated) {
   if (M < 1 || K < 1 || n_parts < 1 || n_parts > Q_MAX_PARTS || mode < 0 || mode > 2) return -1;
   if (gated && (n_parts != 2 || parts[0].N != parts[1].N)) return -1;
+  if (!y && !gated) return -1;
   const int64_t nb = nb_of(&parts[0]);
   if (nb * 32 < K) return -1;
   for (int p = 0; p < n_parts; ++p)
     if (nb_of(&parts[p]) != nb || parts[p].N < 1) return -1;
-  static __thread void *buffers[7];
-  static __thread int64_t sizes[7];
+  static __thread void *buffers[8];
+  static __thread int64_t sizes[8];
   const int exact = mode == 2;
   int panel_parts = 0, rest = 0; /* parts in panels (qpanel.c), parts not */
   for (int p = 0; p < n_parts; ++p) {
@@ -518,12 +609,13 @@ int rk_qlinear_parts(const void *x, int x_bf16, int n_parts, const qmat_t *parts
   const int blas = rest && M >= QUANT_BLAS_ROWS && blas_available() && (exact || M >= Q_TILE_ROWS);
   int8_t *qx = grow(&buffers[0], &sizes[0], M * nb * 32);
   float *dx = grow(&buffers[1], &sizes[1], M * nb * 4 * 2);
-  float *xf = grow(&buffers[2], &sizes[2], M * K * 4 + 64);
+  /* fp32 x only for sgemm: panels and tiles read qx (a 512-row prefill's xf was 9.5 MiB kept for nothing) */
+  float *xf = blas ? grow(&buffers[2], &sizes[2], M * K * 4 + 64) : NULL;
   float *xp = exact ? grow(&buffers[4], &sizes[4], M * nb * 32 * 4) : NULL;
   int64_t groups = 0;
   for (int p = 0; p < n_parts; ++p) groups += parts[p].ng;
   float *xg = grow(&buffers[3], &sizes[3], M * groups * 4);
-  if (!qx || !dx || !xf || !xg || (exact && !xp)) return -2;
+  if (!qx || !dx || (blas && !xf) || !xg || (exact && !xp)) return -2;
   float *xs = dx + M * nb;
   if (exact) {
     pad_x(x, x_bf16, M, K, nb, xp, xs);
@@ -545,40 +637,13 @@ int rk_qlinear_parts(const void *x, int x_bf16, int n_parts, const qmat_t *parts
     job.qxp = qxp;
     job.dxp = dxp;
   }
-  int64_t ldy = 0, column = 0, group = 0;
-  for (int p = 0; p < n_parts; ++p) ldy += parts[p].N;
-  job.ldy = ldy;
-  for (int p = 0; p < n_parts; ++p) {
-    const qmat_t *w = &parts[p];
-    float *part_xg = NULL;
-    if (has_mins(w) || (panel_parts >> p & 1 && !w->bits4)) { /* X_g per row of x for this part's grouping */
-      part_xg = xg + group * M;
-      for (int64_t m = 0; m < M; ++m)
-        for (int64_t g = 0; g < w->ng; ++g) {
-          float s = 0.f;
-          for (int64_t b = g * w->spg; b < (g + 1) * w->spg; ++b) s += xs[m * nb + b];
-          part_xg[m * w->ng + g] = s;
-        }
-      group += w->ng;
-    }
-    int64_t rows;
-    if (panel_parts >> p & 1) { /* 32 rows (two panels) at a time, ~8 chunks a thread (896 rows at 2 threads:
-                                  * 14 chunks, where 4 a thread gave 7 and one thread ran 4 of them) */
-      rows = w->N / (8 * pool_threads()) + 1;
-      if (rows * nb * 32 > Q_MAX_DEQUANT) rows = Q_MAX_DEQUANT / (nb * 32) + 1; /* panel bytes: a byte a code */
-      rows = (rows + 31) / 32 * 32;
-    } else {
-      rows = blas ? w->N / (2 * pool_threads()) + 1 : q_chunk_rows(w->N, row_bytes(w));
-      if (blas && rows * K > Q_MAX_DEQUANT) rows = Q_MAX_DEQUANT / K + 1; /* the per-thread fp32 buffer */
-      rows = (rows + Q_ROWS - 1) / Q_ROWS * Q_ROWS;
-    }
-    job.part[p] = (qpart_t){*w, part_xg, (char *)y + column * (y_bf16 ? 2 : 4), rows};
-    job.first_chunk[p + 1] = job.first_chunk[p] + (w->N + rows - 1) / rows;
-    column += w->N;
-  }
-  pool_run(job.first_chunk[n_parts], run_qchunk, &job, sizeof job);
-  if (gated) return rk_gate(y, gated, y_bf16, M, parts[0].N);
-  return 0;
+  if (gated && !y && panel_parts == 3) return gated_blocks(&job, parts, gated, xg, xs, &buffers[7], &sizes[7]);
+  void *whole = y ? NULL : aligned_alloc(64, (size_t)((M * (parts[0].N + parts[1].N) * (y_bf16 ? 2 : 4) + 63) / 64 * 64));
+  if (!y && !whole) return -2;
+  run_parts(&job, n_parts, parts, y ? y : whole, xg, xs, 0);
+  const int status = gated ? rk_gate(y ? y : whole, gated, y_bf16, M, parts[0].N) : 0;
+  free(whole);
+  return status;
 }
 
 /* Rows of x from which the int8-x path multiplies in fp32 (sgemm on exact x) instead. */

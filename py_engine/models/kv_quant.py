@@ -30,13 +30,23 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-KV_CACHE_DTYPES = ("auto", "int8", "int4")
+# The server's paged cache takes them all; the dense cache (LLM, generate, chat, eval ppl) DENSE_KV_CACHE_DTYPES.
+KV_CACHE_DTYPES = ("auto", "fp16", "bf16", "int8", "int4")
+DENSE_KV_CACHE_DTYPES = ("auto", "int8", "int4")
+FLOAT_KV_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 DEFAULT_HOT_TOKENS = 128
 
 
 @dataclass(frozen=True)
 class KVQuantConfig:
-    """The KV cache's storage: "auto" (the model's dtype throughout), "int8" or "int4" cold blocks."""
+    """The KV cache's storage: "auto" (the model's dtype throughout), "fp16" or "bf16" (every block in 16 bits,
+    whatever the model's dtype: the server's paged cache only), "int8" or "int4" cold blocks (the hot window
+    in the model's dtype).
+
+    One value, as vLLM's --kv-cache-dtype: fp16 and int8/int4 do not combine. The two-tier cache's hot window
+    is a small share of its bytes (kv_hot_tokens per sequence), so a 16-bit one would save little, and keeping
+    it in the model's dtype keeps the tiers' arithmetic (cold_attention.py, the Triton and C cold paths)
+    bit for bit the dense two-tier cache's."""
 
     dtype: str = "auto"
     hot_tokens: int = DEFAULT_HOT_TOKENS  # 0 is allowed here for the no-hot-tail ablation; check() refuses it
@@ -51,7 +61,12 @@ class KVQuantConfig:
 
     @property
     def enabled(self) -> bool:
-        return self.dtype != "auto"
+        """A two-tier cache (int8/int4 cold blocks)."""
+        return self.dtype in ("int8", "int4")
+
+    def storage(self, model_dtype: torch.dtype) -> torch.dtype:
+        """The dtype of the (hot) blocks: fp16/bf16 as asked, else the model's."""
+        return FLOAT_KV_DTYPES.get(self.dtype, model_dtype)
 
     @property
     def bits(self) -> int:
@@ -79,6 +94,17 @@ class KVQuantConfig:
         (float32) of its keys' channels (shared by the block's tokens) and of its own values."""
         codes = 2 * kv_heads * head_dim * self.bits / 8
         return codes + 8 * kv_heads * head_dim / self.block_size + 8 * kv_heads
+
+
+def dense_kv_config(dtype: str, hot_tokens: int = DEFAULT_HOT_TOKENS) -> KVQuantConfig:
+    """KVQuantConfig for a dense cache (LLM, generate, chat, eval ppl): its dtypes keep the model's dtype or
+    int8/int4 cold blocks; fp16 / bf16 are refused with a message naming the server, which stores them."""
+    if dtype in FLOAT_KV_DTYPES:
+        raise ValueError(f"kv_cache_dtype {dtype!r} is the server's paged cache (ruvllm serve); the dense cache "
+                         f"takes {', '.join(DENSE_KV_CACHE_DTYPES)}")
+    if dtype not in DENSE_KV_CACHE_DTYPES:
+        raise ValueError(f"kv_cache_dtype {dtype!r} is not one of {', '.join(DENSE_KV_CACHE_DTYPES)}")
+    return KVQuantConfig(dtype, hot_tokens)
 
 
 def quantize(x: Tensor, dim: int, bits: int) -> tuple[Tensor, Tensor, Tensor]:
@@ -116,11 +142,16 @@ def fake_quantize_blocks(keys: Tensor, values: Tensor, bits: int) -> tuple[Tenso
     return k, v
 
 
-def add_kv_cache_options(parser) -> None:
-    """--kv-cache-dtype and --kv-hot-tokens, shared by serve, benchmark, generate, chat and eval ppl."""
-    parser.add_argument("--kv-cache-dtype", default="auto", choices=KV_CACHE_DTYPES,
-                        help="KV cache storage: auto (the model's dtype), or int8 / int4 blocks once they leave "
-                             "the hot window (keys per channel, values per token, as KIVI)")
+def add_kv_cache_options(parser, paged: bool = False) -> None:
+    """--kv-cache-dtype and --kv-hot-tokens, shared by serve and benchmark (paged: the server's cache, which also
+    takes fp16 / bf16) and by generate, chat and eval ppl (the dense cache)."""
+    choices = KV_CACHE_DTYPES if paged else DENSE_KV_CACHE_DTYPES
+    parser.add_argument("--kv-cache-dtype", default="auto", choices=choices,
+                        help="KV cache storage: auto (the model's dtype)"
+                             + ("; fp16 or bf16 (every block 16-bit: half an fp32 model's cache, as llama.cpp's "
+                                "default f16 cache)" if paged else "")
+                             + "; or int8 / int4 blocks once they leave the hot window (keys per channel, values "
+                               "per token, as KIVI; the window keeps the model's dtype)")
     parser.add_argument("--kv-hot-tokens", type=int, default=DEFAULT_HOT_TOKENS, metavar="N",
                         help=f"most recent tokens kept in the model's dtype with int8/int4 KV (default "
                              f"{DEFAULT_HOT_TOKENS}; at least one block, at most the context)")

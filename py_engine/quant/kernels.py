@@ -207,16 +207,17 @@ class QuantPlan:
         """x [..., K] fp32 or bf16 on the CPU -> [..., sum of N] in x's dtype; with gated (two parts,
         gate and up, of N each) F.silu(gate) * up [..., N] instead."""
         x = x.contiguous() if self.perm is None else x.index_select(-1, self.perm)  # a contiguous copy
-        y = torch.empty(*x.shape[:-1], self.out, dtype=x.dtype)
-        out = torch.empty(*x.shape[:-1], self.out // 2, dtype=x.dtype) if gated else None
+        # gated: the [..., 2 N] product is the call's own (quant.c makes it in column blocks where it can)
+        y = torch.empty(*x.shape[:-1], self.out // 2 if gated else self.out, dtype=x.dtype)
         if x.numel() == 0:  # no rows (an empty batch): nothing to call
-            return y if out is None else out
+            return y
         bf16 = int(x.dtype == torch.bfloat16)
-        status = self._fn(x.data_ptr(), bf16, len(self.weights), ctypes.addressof(self._mats), y.data_ptr(),
-                          bf16, x.numel() // self.k, self.k, self.mode, None if out is None else out.data_ptr())
+        status = self._fn(x.data_ptr(), bf16, len(self.weights), ctypes.addressof(self._mats),
+                          None if gated else y.data_ptr(), bf16, x.numel() // self.k, self.k, self.mode,
+                          y.data_ptr() if gated else None)
         if status != 0:
             raise RuntimeError(f"rk_qlinear_parts failed ({status}) for x {tuple(x.shape)} {x.dtype}")
-        return y if out is None else out
+        return y
 
 
 def qmat(w: PackedWeight, b: Tensor | None) -> QMat:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import resource
 import sys
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -26,6 +27,7 @@ from typing import Iterator
 import torch
 from torch import Tensor, nn
 
+from ..kernels import cpu_kernels
 from ..models.memory import release_library_pages, trim_heap
 from .config import QuantConfig
 from .embedding import install_quant_embedding
@@ -118,15 +120,28 @@ def _drain(weights: dict[str, QuantizedWeight]) -> Iterator[tuple[str, Quantized
         yield name, weights.pop(name)
 
 
-def rtn(weight: Tensor, bits: int, block_size: int | None, symmetric: bool, chunk: int = 1 << 22,
+# Values quantized at a time (whole rows): the block's float source (4 MiB of fp32 pages mapped from the
+# checkpoint, given back once read) and its codes are the transient beside the codes kept. 4M values took
+# 16 MiB of mapped source and ~8 MiB of freed codes at once: the int8 0.5B model's quantize peak (659 MiB)
+# was its head's last blocks.
+RTN_CHUNK = 1 << 20
+
+
+def rtn(weight: Tensor, bits: int, block_size: int | None, symmetric: bool, chunk: int = RTN_CHUNK,
         pages: MappedPages | None = None) -> QuantizedWeight:
-    """quantize_rtn's bytes, a block of ~4M values (whole rows) at a time: rows are independent.
+    """quantize_rtn's bytes, a block of RTN_CHUNK values (whole rows) at a time: rows are independent.
 
     In one C pass each on the CPU kernels (quant.c's rk_quantize_rtn: torch's ~20 passes took
     30-50 s for a 0.5B model on a busy 2-core machine), else with quantize_rtn (whole, the
     151936 x 896 LM head made ~10 temporaries of 0.5 GB). With `pages`, each block's mapped
     float pages are given back once read, so a large head never becomes resident whole.
     """
+    with _torch_one_thread():
+        return _rtn(weight, bits, block_size, symmetric, chunk, pages)
+
+
+def _rtn(weight: Tensor, bits: int, block_size: int | None, symmetric: bool, chunk: int,
+         pages: MappedPages | None) -> QuantizedWeight:
     n, k = weight.shape
     rows = max(1, chunk // max(k, 1))
     out: QuantizedWeight | None = None  # filled block by block (a torch.cat of the blocks held the codes twice)
@@ -206,10 +221,16 @@ def _quantized_table(weight: Tensor, bias: Tensor | None, qconfig: QuantConfig, 
     return layer
 
 
-def rtn_packed(weight: Tensor, bits: int, block_size: int | None, symmetric: bool, chunk: int = 1 << 22,
+def rtn_packed(weight: Tensor, bits: int, block_size: int | None, symmetric: bool, chunk: int = RTN_CHUNK,
                pages: MappedPages | None = None) -> PackedWeight:
-    """PackedWeight.pack(rtn(...)), packed a block of ~4M values at a time: the unpacked byte-a-code
+    """PackedWeight.pack(rtn(...)), packed a block of RTN_CHUNK values at a time: the unpacked byte-a-code
     codes of a large table (130 MB for Qwen2.5-0.5B's head) never exist whole."""
+    with _torch_one_thread():
+        return _rtn_packed(weight, bits, block_size, symmetric, chunk, pages)
+
+
+def _rtn_packed(weight: Tensor, bits: int, block_size: int | None, symmetric: bool, chunk: int,
+                pages: MappedPages | None) -> PackedWeight:
     n, k = weight.shape
     rows = max(1, chunk // max(k, 1))
     codes = scales = zeros = None
@@ -228,6 +249,24 @@ def rtn_packed(weight: Tensor, bits: int, block_size: int | None, symmetric: boo
         layout = (part.block_size, part.spg)
         del part
     return PackedWeight.from_parts(codes, scales, zeros, bits, layout[0], k, symmetric, layout[1])  # pack's mins
+
+
+@contextmanager
+def _torch_one_thread() -> Iterator[None]:
+    """torch on one thread while blocks are quantized (the kernels' pool keeps torch's count): each block's
+    copy and code flip is a few MB, and on a busy machine every torch op over 2 OpenMP threads waited
+    milliseconds for the second (1M-value blocks on 2 threads took 9 CPU s to quantize the 0.5B model)."""
+    threads, kernels = torch.get_num_threads(), cpu_kernels()
+    if kernels is None:  # quantize_rtn's torch passes do the work: all of torch's threads
+        yield
+        return
+    if not kernels.threads:
+        kernels.set_threads(threads)
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 def _replace(model: nn.Module, name: str, module: nn.Module) -> None:

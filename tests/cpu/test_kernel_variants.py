@@ -115,11 +115,12 @@ def test_gated_linear_matches_torch(kernels, dtype):
 
 def test_best_variant_follows_the_flags():
     avx2 = {"avx2", "fma"}
-    avx512 = avx2 | {"avx512f", "avx512bw", "avx512vl", "avx512dq"}
+    avx512 = avx2 | {"avx512f", "avx512bw", "avx512vl", "avx512dq", "f16c"}
     assert best_variant(set()) is None
     assert best_variant({"avx2"}) is None  # no FMA
     assert best_variant(avx2) == "avx2"
     assert best_variant(avx512 - {"avx512vl"}) == "avx2"
+    assert best_variant(avx512 - {"f16c"}) == "avx2"  # the AVX-512 builds convert fp16 KV with F16C
     assert best_variant(avx512) == "avx512"
     assert best_variant(avx512 | {"avx512_vnni"}) == "avx512-vnni"
     assert best_variant(avx512 | {"avx512_bf16"}) == "avx512"  # bf16 builds on vnni
@@ -195,6 +196,41 @@ def test_prefill_panels_match_the_reference(kernels, layout, shape):
     xr = fake_quantize_blocks(x, packed.sub_blocks * 32) if int8 else x
     expected = torch.cat([F.linear(xr, q.dequantize(), bias), F.linear(xr, q2.dequantize())], -1)
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=3e-4)
+
+
+def _rows(q: QuantizedWeight, lo: int, hi: int) -> QuantizedWeight:
+    take = lambda t: None if t is None else t[lo:hi].contiguous()  # noqa: E731
+    return QuantizedWeight(take(q.codes), take(q.scales), take(q.zero_points), q.bits, q.block_size,
+                           q.in_features, q.symmetric, take(q.offsets))
+
+
+@needs_kernels
+@pytest.mark.parametrize("layout", LAYOUTS + [(8, 96, True, False)],
+                         ids=lambda c: f"{c[0]}bit-g{c[1]}{'-q4_1' if c[3] else ''}")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("rows", [20, 256])
+def test_gated_product_equals_the_whole_product_gated(kernels, layout, dtype, rows):
+    """silu(gate(x)) * up(x) in one call (a SiLU MLP's hidden layer; 20 rows: a batch in tiles, the product
+    whole; one row: tests/quant/test_quant_kernels.py). With both parts in panels (a prefill on
+    VNNI builds) quant.c makes the [rows, 2N] product in column blocks of about 512 KiB (gated_blocks): here
+    N = 1100 at 256 rows on 2 threads is 6 blocks in fp32 (192 columns: 2 chunks of 96 rows; the last 140: a
+    partial panel) and 3 in bf16; g96 is one group a row (per-channel int8).
+    Every value equals the whole product gated (QuantPlan without gated, then silu_gate) bit for bit, and
+    the reference on x as the kernels round it."""
+    bits, group, symmetric, offsets = layout
+    n, k = 1100, 96
+    both = weights(bits, group, symmetric, 2 * n, k, offsets)
+    gate, up = _rows(both, 0, n), _rows(both, n, 2 * n)
+    bias = torch.randn(n, generator=torch.Generator().manual_seed(8))
+    plan = QuantPlan(kernels, [PackedWeight.pack(gate), PackedWeight.pack(up)], [bias, None], QuantPlan.INT8_BLOCKS)
+    x = torch.randn(rows, k, generator=torch.Generator().manual_seed(rows)).to(dtype)
+    got = plan(x, gated=True)
+    assert got.shape == (rows, n) and got.dtype == dtype
+    assert torch.equal(got, kernels.silu_gate(plan(x)))
+    xr = fake_quantize_blocks(x.float(), 128) if rows < kernels.int8_rows_for(bits) else x.float()
+    expected = F.silu(F.linear(xr, gate.dequantize(), bias)) * F.linear(xr, up.dequantize())
+    tolerance = dict(rtol=2 ** -6, atol=3e-2) if dtype == torch.bfloat16 else dict(rtol=1e-5, atol=3e-4)
+    torch.testing.assert_close(got.float(), expected, **tolerance)
 
 
 def per_group_layout(p: PackedWeight) -> PackedWeight:

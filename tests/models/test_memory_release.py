@@ -20,6 +20,7 @@ from safetensors.torch import load_file, save_file  # noqa: E402
 from py_engine.models import load_model, loader  # noqa: E402
 from py_engine.models.memory import library_mappings, release_library_pages  # noqa: E402
 from tests.model_cases import FAMILIES, save_hf_model  # noqa: E402
+from tests.requires import HARDWARE, kernels_missing  # noqa: E402
 
 pytestmark = [pytest.mark.skipif(not sys.platform.startswith("linux"),
                                  reason="hardware: /proc/self/smaps and madvise are Linux's"),
@@ -192,3 +193,77 @@ def test_llm_trims_the_heap_after_its_tokenizer(monkeypatch):
     monkeypatch.setattr(backend, "trim_heap", lambda: order.append("trim"))
     backend.LLM("tiny-shakespeare", device="cpu", dtype="float32")
     assert order[-2:] == ["tokenizer", "trim"]
+
+
+def test_a_quantized_table_holds_a_chunk_of_its_mapped_source_at_a_time(tmp_path, monkeypatch):
+    """An LM head quantized from the mapped float32 checkpoint (transform.rtn_packed, as quantize_model does
+    it) gives each block's source pages back once read: the mapping never holds more than RTN_CHUNK values
+    (4 MiB) and the file's folios at its ends (blocks of 4M values held 16 MiB: the int8 0.5B model's quantize
+    peak was its head's); the packed table equals the one-shot PackedWeight.pack(quantize_rtn(...))."""
+    from py_engine.quant import transform
+    from py_engine.quant.kernels import PackedWeight
+    from py_engine.quant.mapped import MappedPages
+    from py_engine.quant.rtn import quantize_rtn
+
+    source = torch.randn(12288, 512, generator=torch.Generator().manual_seed(2))  # 24 MiB
+    save_file({"w": source}, tmp_path / "model.safetensors")
+    tensor = loader.Checkpoint(tmp_path).get("w")  # mapped lazily
+    pages = MappedPages()
+    held: list[int] = []
+    release = pages.release
+    monkeypatch.setattr(pages, "release", lambda t: held.append(mapping_rss(tensor.data_ptr())) or release(t))
+    packed = transform.rtn_packed(tensor, 8, None, True, pages=pages)
+    chunk_bytes = transform.RTN_CHUNK * 4
+    assert len(held) >= 6 and max(held) <= chunk_bytes + (4 << 20) + 2 * PAGE, [h >> 10 for h in held]
+    whole = PackedWeight.pack(quantize_rtn(source, 8, None, True))
+    for name in ("codes", "scales", "zero_points"):
+        assert torch.equal(getattr(packed, name), getattr(whole, name)), name
+    assert packed.mins is None and whole.mins is None
+
+
+MLP_PEAK = """
+import json, sys
+sys.path.insert(0, sys.argv[1])
+import torch
+from py_engine.kernels import cpu_kernels
+from py_engine.models.memory import rss_mb, trim_heap
+from py_engine.quant.kernels import PackedWeight, QuantPlan
+from py_engine.quant.rtn import quantize_rtn
+kernels = cpu_kernels()
+kernels.set_threads(2)
+rows, hidden, inter = 512, 896, 4864  # a 512-token step of Qwen2.5-0.5B's MLP, int8 per channel
+g = torch.Generator().manual_seed(0)
+packed = lambda n, k: PackedWeight.pack(quantize_rtn(torch.randn(n, k, generator=g), 8, None, True), consume=True)
+gate_up = QuantPlan(kernels, [packed(inter, hidden), packed(inter, hidden)], [None, None])
+down = QuantPlan(kernels, [packed(hidden, inter)], [None])
+x = torch.randn(rows, hidden, generator=g)
+trim_heap()  # what quantizing freed goes back: the step's buffers are new pages
+with open("/proc/self/clear_refs", "w") as f:
+    f.write("5")  # VmHWM := VmRSS
+before = rss_mb()
+down(gate_up(x, gated=True))
+print(json.dumps({"panels": kernels.int8_rows_for(8) > rows, "before": before["rss"], "peak": rss_mb()["peak"]}))
+"""
+
+
+def test_a_prefill_mlp_on_the_panels_holds_its_output_not_the_whole_product():
+    """One 512-row int8 MLP step (gate/up, SiLU, down) in a fresh process: on the panels (AVX-512 VNNI) its
+    peak over the RSS before is the gated output (9.5 MiB) and the down projection's (1.75 MiB) plus the
+    kernels' scratch (int8 x, panel buffers, a 1.25 MiB block of the product): ~16 MiB, bound at 19; the
+    [512, 9728] product (19 MiB) beside the output and an fp32 copy of x for sgemm that the panels never read
+    (9.5 MiB, kept) made it ~35 MiB."""
+    import json
+    import subprocess
+
+    from py_engine.kernels import cpu_kernels
+
+    if cpu_kernels() is None:
+        pytest.skip(str(kernels_missing()))
+    repo = Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, "-c", MLP_PEAK, str(repo)], capture_output=True, text=True, check=True,
+                          timeout=300)
+    mib = json.loads(done.stdout.strip().splitlines()[-1])
+    if not mib["panels"]:
+        pytest.skip(f"{HARDWARE}no AVX-512 VNNI: prefill runs MKL's sgemm on fp32 x, the product whole")
+    outputs = 512 * (4864 + 896) * 4 / 2**20
+    assert mib["peak"] - mib["before"] <= outputs + 8, mib

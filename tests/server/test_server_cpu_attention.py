@@ -179,11 +179,13 @@ def test_shapes_the_kernel_refuses_take_the_torch_path(c_calls):
     assert not c_calls and "head_dim 12" in next(iter(backend._refusals.values()))
 
 
-@pytest.mark.parametrize("kv_cache_dtype,dtype", [("auto", "float32"), ("int4", "float32"), ("int4", "bfloat16")])
+@pytest.mark.parametrize("kv_cache_dtype,dtype", [("auto", "float32"), ("int4", "float32"), ("int4", "bfloat16"),
+                                                   ("fp16", "float32")])
 def test_a_single_stream_runs_as_one_c_call_and_equals_the_dense_engine(model_dir, kv_cache_dtype, dtype):
     """One sequence decoding alone takes the one-call stack (rk_decode_step) over the paged cache, hot and cold
     blocks; its greedy tokens equal the per-module path's (stack off: the same kernels call by call) and, in
-    fp32, the dense LLM's (same KV settings) and the torch backend's."""
+    fp32, the dense LLM's (same KV settings; with fp16 KV, which the dense cache does not store, its fp32 one:
+    on this model the rounding flips no token) and the torch backend's."""
     from native_server.engine import LLMEngine
     from py_engine.backends.torch import LLM
     from py_engine.cpu.stack import StackPlan
@@ -221,7 +223,8 @@ def test_a_single_stream_runs_as_one_c_call_and_equals_the_dense_engine(model_di
         assert max(calls) >= 3  # steps that read cold blocks
     assert got == tokens("cpu", stack=False)[0]
     if dtype == "float32":  # bf16 roundings differ in order between the dense and paged kernels and torch's
-        dense = LLM(str(model_dir), device="cpu", dtype=dtype, **kv).generate(prompt, params)
+        dense_kv = kv if kv_cache_dtype != "fp16" else {}
+        dense = LLM(str(model_dir), device="cpu", dtype=dtype, **dense_kv).generate(prompt, params)
         assert got == dense.token_ids == tokens("torch")[0]
 
 
@@ -242,4 +245,103 @@ def test_every_kernel_variant_equals_the_oracle(variant, c_calls):
         want = cold_attention.attend(q, key_cache, value_cache, cold, 1, meta, SPECS["window"], quant)
         got = backend.attend_cold(q, key_cache, value_cache, cold, 1, backend.prepare(meta), SPECS["window"], quant)
         check(got, want, dtype)
+    assert [k is kernels for k in c_calls] == [True, True]  # this variant's library ran both
+
+
+# A 16-bit cache beside fp32 / bf16 queries (--kv-cache-dtype fp16 / bf16). Against the oracle fed the same
+# 16-bit blocks: fp32 queries differ only in summation order; bf16 ones by about one ulp of the output (the
+# oracle widens the blocks to bf16, the kernel to fp32). Against the fp32 blocks the cache was rounded from:
+# fp16 keeps 11 significant bits (relative error <= 2^-11 per value), which on these unit-variance
+# inputs moved outputs by < 2e-3 (seen: ~6e-4); bf16 keeps 8 (2^-8: < 1.5e-2, seen ~5e-3).
+ROUNDED = {torch.float16: (2e-3, 2e-3), torch.bfloat16: (1.5e-2, 1.5e-2)}
+
+
+@pytest.mark.parametrize("q_dtype,kv_dtype", [(torch.float32, torch.float16), (torch.bfloat16, torch.float16),
+                                              (torch.float32, torch.bfloat16)], ids=["fp32-fp16", "bf16-fp16",
+                                                                                     "fp32-bf16"])
+@pytest.mark.parametrize("block_size", [4, 16, 32])
+@pytest.mark.parametrize("spec", list(SPECS), ids=list(SPECS))
+def test_16_bit_blocks_equal_the_torch_backend_on_the_same_blocks(q_dtype, kv_dtype, block_size, spec, c_calls):
+    q, key_cache, value_cache, meta, _ = random_step(block_size, torch.float32, seed=block_size + 1)
+    keys, values = key_cache.to(kv_dtype), value_cache.to(kv_dtype)
+    backend = backend_for("cpu")
+    got = backend.attend(q.to(q_dtype), keys, values, backend.prepare(meta), SPECS[spec])
+    assert got.dtype == q_dtype and len(c_calls) == 1
+    want = TorchPagedAttention().attend(q.to(q_dtype), keys, values, meta, SPECS[spec])
+    check(got, want, q_dtype)
+    if q_dtype == torch.float32:  # what rounding the cache to 16 bits costs
+        exact = TorchPagedAttention().attend(q, key_cache, value_cache, meta, SPECS[spec])
+        torch.testing.assert_close(got, exact, atol=ROUNDED[kv_dtype][0], rtol=ROUNDED[kv_dtype][1])
+
+
+def one_token_rows(kv_dtype, values: torch.Tensor, head_dim=64):
+    """Each row of `values` [rows, head_dim] alone in its own block as a one-token context: attention's output is
+    that value row read back widened (softmax weight 1), through the kernel's fp16 / bf16 loads."""
+    rows = values.shape[0]
+    value_cache = torch.zeros(rows, 4, 1, head_dim, dtype=kv_dtype)
+    value_cache[:, 0, 0] = values
+    key_cache = torch.zeros_like(value_cache)
+    meta = metadata([(0, 1)] * rows, [[i] for i in range(rows)], 4)
+    return torch.zeros(rows, 1, head_dim), key_cache, value_cache, meta
+
+
+def every_half() -> torch.Tensor:
+    """All 65,536 fp16 bit patterns but NaNs (normals, subnormals, zeros, infinities) as [1024, 64] fp16."""
+    bits = torch.arange(-2**15, 2**15, dtype=torch.int32).to(torch.int16)
+    halves = bits.view(torch.float16)
+    return halves.masked_fill(halves.isnan(), 1.0).view(1024, 64)
+
+
+@pytest.mark.parametrize("variant", ["avx2", "avx512", "avx512-vnni", "avx512-bf16"])
+def test_every_kernel_variant_reads_and_writes_fp16_as_torch(variant, c_calls):
+    """Each build widens every fp16 bit pattern as torch does (avx2: integer AVX2, the AVX-512 builds: F16C),
+    rounds fp32 to fp16 as torch's .to(float16) (ties, subnormals, overflow; step.c's cache write,
+    rk_paged_attend_one), and runs the paged decode over an fp16 cache."""
+    import ctypes
+
+    from native_server.cpu_attention import CpuPagedAttention
+    from py_engine.kernels import kernel_variant, variant_fits
+    from py_engine.kernels.paged import PagedDecode
+
+    if not variant_fits(variant):
+        pytest.skip(f"hardware: this CPU lacks the {variant} instructions")
+    kernels = kernel_variant(variant)
+    assert kernels is not None, f"the {variant} variant did not build"
+    backend = CpuPagedAttention(kernels)
+    halves = every_half()
+    q, key_cache, value_cache, meta = one_token_rows(torch.float16, halves)
+    got = backend.attend(q, key_cache, value_cache, backend.prepare(meta), SPECS["full"])
+    assert torch.equal(got[:, 0], halves.float())  # inf and -inf included
+    # the write: fp32 values -> the cache through rk_paged_attend_one (rot 0: no rotation), against torch's rounding
+    gen = torch.Generator().manual_seed(5)
+    tricky = torch.tensor([65504.0, 65519.99, 65520.0, 1e6, -70000.0, 2.0**-24, 2.0**-25, 2.0**-25 * 1.0001,
+                           3 * 2.0**-26, 6.1e-5, 1 + 2.0**-11, 1 + 3 * 2.0**-11, -0.0, float("inf"), 1e-9, 0.1])
+    ties = torch.cat([(torch.arange(1024.0) + 0.5) * 2.0**-24, 1 + (2 * torch.arange(512.0) + 1) * 2.0**-11])
+    spread = torch.randn(4096 - 16 - 1536, generator=gen) * torch.logspace(-9, 5, 4096 - 16 - 1536)
+    x = torch.cat([tricky, ties, -ties[::3], spread])[:4096]  # subnormal and normal ties: to even
+    lib = kernels.lib
+    lib.rk_paged_attend_one.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 2 + [ctypes.c_void_p] * 3
+    heads, kv_heads, head_dim = 2, 2, 64
+    written = torch.empty(0)
+    for start in range(0, len(x), 2 * kv_heads * head_dim):
+        kv = x[start:start + 2 * kv_heads * head_dim]  # the keys, then the values of the new token
+        qkv = torch.cat([torch.zeros(heads * head_dim), kv])
+        keys, values = (torch.zeros(1, 1, kv_heads, head_dim, dtype=torch.float16) for _ in range(2))
+        table, row = torch.zeros(1, dtype=torch.int64), torch.zeros(2, dtype=torch.int64)
+        length = torch.ones(1, dtype=torch.int64)
+        p = PagedDecode(keys=keys.data_ptr(), values=values.data_ptr(), tables=table.data_ptr(), seqs=row.data_ptr(),
+                        tokens=row.data_ptr(), lens=length.data_ptr(), table_stride=1, rows=1, H=heads, KV=kv_heads,
+                        D=head_dim, bs=1, scale=1.0, kv=2)
+        out, qbuf, scratch = torch.empty(heads * head_dim), torch.empty(heads * head_dim), torch.empty(head_dim)
+        p.out = out.data_ptr()
+        assert lib.rk_paged_attend_one(qkv.data_ptr(), None, None, 0, 0, qbuf.data_ptr(), scratch.data_ptr(),
+                                       ctypes.byref(p)) == 0
+        written = torch.cat([written, keys.flatten().float(), values.flatten().float()])
+        if keys.isfinite().all():  # (0 * inf scores are NaN) one key: attention gives back its value
+            torch.testing.assert_close(out.view(heads, head_dim), values.float().view(kv_heads, head_dim))
+    assert torch.equal(written, x.to(torch.float16).float())
+    q, key_cache, value_cache, meta, _ = random_step(16, torch.float32, seed=8)
+    keys, values = key_cache.to(torch.float16), value_cache.to(torch.float16)
+    want = TorchPagedAttention().attend(q, keys, values, meta, SPECS["window-softcap"])
+    check(backend.attend(q, keys, values, backend.prepare(meta), SPECS["window-softcap"]), want, torch.float32)
     assert [k is kernels for k in c_calls] == [True, True]  # this variant's library ran both

@@ -11,6 +11,7 @@ import random
 import pytest
 import torch
 
+from native_server import sampler
 from native_server.sampler import SamplingRow, sample
 from py_engine.sampling import Sampler, SamplingParams, sample_token, token_probabilities
 
@@ -37,8 +38,11 @@ def random_logits(rng: torch.Generator, rows: int, vocab: int) -> torch.Tensor:
     return torch.where((torch.arange(rows) % 4 == 3)[:, None], ties, x)
 
 
+@pytest.mark.parametrize("group", [None, 1, 5])  # rows sampled together: all 24 (the default budget here), 1, 5
 @pytest.mark.parametrize("vocab", [50, 300, 5000])  # past each walk width: 64, then 2048, then a full sort
-def test_same_u_gives_the_reference_token(vocab):
+def test_same_u_gives_the_reference_token(vocab, group, monkeypatch):
+    if group is not None:
+        monkeypatch.setattr(sampler, "CHUNK_BYTES", 8 * vocab * group)
     rng, gen = random.Random(vocab), torch.Generator().manual_seed(vocab)
     for _ in range(12):
         logits = random_logits(gen, 24, vocab)

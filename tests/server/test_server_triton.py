@@ -101,6 +101,17 @@ def test_the_two_tier_kv_cache_gives_the_oracle_backends_tokens(model_dir, corpu
     assert triton.block_manager.num_demoted > 0 and min(cold_rows.values()) > 0
 
 
+@pytest.mark.parametrize("kv_cache_dtype", ["fp16", "bf16"])
+def test_a_16_bit_kv_cache_gives_the_oracle_backends_tokens(model_dir, corpus, kv_cache_dtype):
+    """fp32 queries over a 16-bit cache: store_kv rounds once as the oracle's write does, and the kernel widens
+    the blocks to q's dtype as it loads them, as the oracle's gather does (decode rows and prompt chunks)."""
+    if kv_cache_dtype == "bf16" and not ON_GPU:  # seen with triton 3.9.0: a 0.0156 error where torch rounds
+        pytest.skip("GPU: Triton's interpreter truncates fp32 to bf16 in store_kv (GPUs round to nearest even)")
+    batch = [(f"r{i}", p, mixed_params(i)) for i, p in enumerate(prompts(corpus, 4, seed=6, lengths=(2, 30)))]
+    triton = same_outputs(model_dir, batch, block_size=16, max_num_batched_tokens=16, kv_cache_dtype=kv_cache_dtype)
+    assert triton.kv.keys[0].dtype == {"fp16": torch.float16, "bf16": torch.bfloat16}[kv_cache_dtype]
+
+
 @pytest.mark.parametrize("family", sorted(SLIDING))
 def test_sliding_window_and_softcap_families_give_the_oracle_backends_tokens(tmp_path, corpus, family):
     folder = build_tiny_model(tmp_path / family, family, seed=4, num_key_value_heads=1, **SLIDING[family])
