@@ -16,7 +16,10 @@ head 4-bit too, `+g32` uses groups of 32), `ruvllm:nohuge` (float weights left i
 for when nothing is quantized); the
 parent sets environment variants such as `:thp` before this starts.
 `ruvllm@REV` runs py_engine as of git revision REV (unpacked under .cache),
-to measure against the engine before a change. `llama.cpp` runs the same
+or from the source tree at a path (`ruvllm@/work/main`), to measure against
+the engine before a change. `ruvllm:gguf-q4_0` / `:gguf-q8_0` loads the GGUF
+that llama-quantize made (gguf_file: the file llama-bench and llama-server
+run) instead of the float checkpoint, as `ruvllm serve FILE.gguf` does. `llama.cpp` runs the same
 weights as GGUF (f32, or bf16 made from it; `llama.cpp:q8_0` and
 `llama.cpp:q4_0` quantize it with llama.cpp's own quantizer) through
 llama-cpp-python, in that package's own environment (decode_speed.py
@@ -107,9 +110,11 @@ def prompt_ids(length: int) -> list[int]:
 
 def source_tree(revision: str) -> Path:
     """py_engine as of a git revision, unpacked once under .cache, or under $RUVLLM_BENCH_TREES where the
-    cache is shared read-only (for `ruvllm@REV`)."""
+    cache is shared read-only (for `ruvllm@REV`); a directory is taken as a source tree (`ruvllm@/work/main`)."""
     import subprocess
 
+    if Path(revision).is_dir():  # a source tree (another checkout), as it is
+        return Path(revision)
     folder = Path(os.environ.get("RUVLLM_BENCH_TREES") or CACHE) / f"src-{revision}"
     if not (folder / "py_engine").is_dir():
         folder.mkdir(parents=True, exist_ok=True)
@@ -129,6 +134,11 @@ def ruvllm_runner(folder: Path, dtype: str, options: set[str], revision: str = "
     pages = {}  # float weights in 2 MiB pages, as load_quantized asks when nothing is quantized (not: `nohuge`)
     if "huge_pages" in inspect.signature(load_model).parameters:  # older revisions have no such option
         pages["huge_pages"] = method is None and "nohuge" not in options
+    kind = next((o[5:] for o in options if o.startswith("gguf-")), None)
+    if kind is not None:  # the GGUF's own codes (Q4_0 / Q8_0 blocks) in place of the float checkpoint
+        from py_engine.hub import resolve_model
+
+        folder = resolve_model(str(gguf_file(kind, Path(os.environ.get("LLAMA_CPP_BIN", "/nonexistent")))))
     model, config = load_model(folder, dtype=dtype, **pages)
     RSS_STAGES["load"] = _rss()
     if method is not None:  # in-situ quantization, before the CPU transforms (as LLM(quantization=...) does)

@@ -138,11 +138,15 @@ def summarize(runs: list[dict], args: argparse.Namespace) -> list[dict]:
 
 
 def paired_ratios(runs: list[dict], args: argparse.Namespace) -> list[dict]:
-    """Each engine's decode and prefill over transformers' (and llama.cpp's) in the same round."""
+    """Each engine's decode and prefill over transformers' (and llama.cpp's) in the same round; a `ruvllm@OLD:opts`
+    engine is the base of `ruvllm:opts` (the same options, new code against old)."""
     out = []
-    bases = [b for b in args.engines if b == "transformers" or b.startswith(("llama.cpp", "llama-bench"))]
+    old = lambda e: "@" in e.partition(":")[0]  # noqa: E731
+    bases = [b for b in args.engines if b == "transformers" or b.startswith(("llama.cpp", "llama-bench")) or old(b)]
     for base, dtype in ((b, d) for b in bases for d in args.dtypes):
         for engine in (e for e in args.engines if e.startswith("ruvllm")):
+            if old(base) and (old(engine) or engine.partition(":")[2] != base.partition(":")[2]):
+                continue
             ratio: dict[str, float | None] = {}
             for n in map(str, args.prompt_lengths):
                 for metric in ("decode_tok_s", "prefill_tok_s"):

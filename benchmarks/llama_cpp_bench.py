@@ -162,9 +162,10 @@ def one_server(kind: str, url: str, process: subprocess.Popen, levels: list[int]
                gen_len: int, iterations: int) -> dict[str, Any]:
     from decode_engines import RssWatch
 
+    loaded = peak_rss_mib(process.pid)  # VmHWM once it answers: the load's peak (weights, load transients)
     with RssWatch(process, interval=0.05) as watch:  # (the server loaded before: its load peak is in VmHWM only)
         result = _levels(kind, process, url, levels, prompt_len, gen_len, iterations)
-    return {**result, "peak_split_mib": watch.split}
+    return {**result, "peak_split_mib": watch.split, "loaded_peak_rss_mib": loaded}
 
 
 def _levels(kind: str, process: subprocess.Popen, url: str, levels: list[int], prompt_len: int, gen_len: int,

@@ -6,7 +6,8 @@ The layout, per output row: K is cut in sub-blocks of 32 columns. 2/3/4-bit
 codes take 16 bytes a sub-block, byte j holding column j in its low nibble and
 column j + 16 in its high one; 8-bit codes take 32 bytes, each code - 128 as
 an int8. Scales [N, groups] fp32 and zero points [N, groups] uint8 hold one
-value per group of `block_size` columns (or one group a row).
+value per group of `block_size` columns (or one group a row); one zero point for
+every group (symmetric layouts) is one byte read through zero strides.
 
 A program computes a [BM, BN] tile of y over a share of K (split-K when the
 tiles alone cannot fill the GPU, as in decode, where M is 1; the shares'
@@ -43,7 +44,7 @@ def _dequant(codes, scale, zero_scaled, DTYPE: tl.constexpr):
 
 @triton.jit
 def _quant_matmul_kernel(x_ptr, codes_ptr, scales_ptr, zeros_ptr, part_ptr, M, N, K, K_CODES, steps_per_split,
-                         x_s0, c_s0, s_s0,
+                         x_s0, c_s0, s_s0, z_s0, z_s1,
                          GROUP: tl.constexpr, BITS4: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
                          BK: tl.constexpr, PRECISION: tl.constexpr):
     pid_m, pid_n, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -59,7 +60,7 @@ def _quant_matmul_kernel(x_ptr, codes_ptr, scales_ptr, zeros_ptr, part_ptr, M, N
     for k0 in range(k_begin, k_end, BK):
         group = k0 // GROUP
         scale = tl.load(scales_ptr + rn * s_s0 + group, mask=nmask, other=0.0)  # [BN]
-        zero_scaled = tl.load(zeros_ptr + rn * s_s0 + group, mask=nmask, other=0).to(tl.float32) * scale
+        zero_scaled = tl.load(zeros_ptr + rn * z_s0 + group * z_s1, mask=nmask, other=0).to(tl.float32) * scale
         if BITS4:
             j = tl.arange(0, BK // 2)
             low = k0 + (j // 16) * 32 + j % 16  # the columns held by low nibbles; high ones are + 16
@@ -83,7 +84,7 @@ def _quant_matmul_kernel(x_ptr, codes_ptr, scales_ptr, zeros_ptr, part_ptr, M, N
 
 @triton.jit
 def _quant_gemv_kernel(x_ptr, codes_ptr, scales_ptr, zeros_ptr, part_ptr, M, N, K, K_CODES, steps_per_split,
-                       x_s0, c_s0, s_s0,
+                       x_s0, c_s0, s_s0, z_s0, z_s1,
                        GROUP: tl.constexpr, BITS4: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
     """One row of x (decode), no tensor cores, so no dequantized tile to stage for them. Within a
     step's one group, sum_k (q_k - z) s x_k = s (sum_k q_k x_k) - z s (sum_k x_k): the products
@@ -101,7 +102,7 @@ def _quant_gemv_kernel(x_ptr, codes_ptr, scales_ptr, zeros_ptr, part_ptr, M, N, 
     for k0 in range(k_begin, k_end, BK):
         group = k0 // GROUP
         scale = tl.load(scales_ptr + rn * s_s0 + group, mask=nmask, other=0.0)  # [BN]
-        zero = tl.load(zeros_ptr + rn * s_s0 + group, mask=nmask, other=0).to(tl.float32)
+        zero = tl.load(zeros_ptr + rn * z_s0 + group * z_s1, mask=nmask, other=0).to(tl.float32)
         if BITS4:
             j = tl.arange(0, BK // 2)
             low = k0 + (j // 16) * 32 + j % 16  # the columns held by low nibbles; high ones are + 16
@@ -174,7 +175,7 @@ def quant_matmul(x: Tensor, packed, split_k: int | None = None, kernel: str | No
     split_k = triton.cdiv(steps, per_split)  # no empty shares
     part = torch.empty(split_k, m, n, dtype=torch.float32, device=x.device)
     args = (x, packed.codes, packed.scales, packed.zero_points, part, m, n, k, k_codes, per_split,
-            x.stride(0), packed.codes.stride(0), packed.scales.stride(0))
+            x.stride(0), packed.codes.stride(0), packed.scales.stride(0), *packed.zero_points.stride())
     grid = (triton.cdiv(m, bm), triton.cdiv(n, bn), split_k)
     if bm == 1:
         _quant_gemv_kernel[grid](*args, GROUP=group, BITS4=packed.bits <= 4, BN=bn, BK=bk, num_warps=warps)

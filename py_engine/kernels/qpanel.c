@@ -55,7 +55,7 @@ static void *p_scratch(int64_t bytes) {
 static int pack(const qmat_t *w, int64_t n0, int64_t n1, packed_t *p) {
   const int64_t nb = nb_of(w), rb = row_bytes(w), ng = w->ng, panels = (n1 - n0 + P_LANES - 1) / P_LANES;
   const int64_t code_bytes = panels * nb * 8 * 64, float_bytes = panels * ng * P_LANES * 4;
-  const int corr = w->mins || !w->bits4;
+  const int corr = has_mins(w) || !w->bits4;
   uint8_t *buf = p_scratch(code_bytes + float_bytes * (corr ? 2 : 1));
   if (!buf) return -1;
   float *sc = (float *)(buf + code_bytes), *mn = corr ? sc + panels * ng * P_LANES : NULL;
@@ -83,7 +83,7 @@ static int pack(const qmat_t *w, int64_t n0, int64_t n1, packed_t *p) {
       for (int64_t l = 0; l < P_LANES; ++l) {
         const int64_t i = (n + l) * ng + g;
         sc[(q * ng + g) * P_LANES + l] = l < live ? w->scales[i] : 0.f;
-        if (mn) mn[(q * ng + g) * P_LANES + l] = l < live ? (w->mins ? w->mins[i] : 0.f) + (w->bits4 ? 0.f : 128.f * w->scales[i]) : 0.f;
+        if (mn) mn[(q * ng + g) * P_LANES + l] = l < live ? (w->mins ? w->mins[i] : w->zp * w->scales[i]) + (w->bits4 ? 0.f : 128.f * w->scales[i]) : 0.f;
       }
   }
   *p = (packed_t){buf, sc, mn, panels, nb, ng, w->spg};

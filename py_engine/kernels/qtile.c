@@ -93,9 +93,10 @@ static inline __attribute__((always_inline)) void tile(const qjob_t *j, const qp
   for (int m = 0; m < mt; ++m)
     for (int r = 0; r < nr; ++r) {
       float y = hsum8(acc[m][r]);
-      if (w->mins && a->xg) {
-        const float *xg = a->xg + (m0 + m) * w->ng, *mr = w->mins + (n + r) * w->ng;
-        for (int64_t g = 0; g < w->ng; ++g) y -= mr[g] * xg[g];
+      if (has_mins(w) && a->xg) {
+        float f;
+        const float *xg = a->xg + (m0 + m) * w->ng, *mr = mins_row(w, n + r, &f);
+        for (int64_t g = 0; g < w->ng; ++g) y -= (f * mr[g]) * xg[g];
       }
       put_q(j, a, m0 + m, n + r, y);
     }
@@ -164,13 +165,15 @@ static inline float hsum16(__m512 v) {
 
 /* The mins term's sum over groups, 16 at a time (a scalar loop per output was as long as the
  * dot products themselves for asymmetric 4-bit groups of 32: K / 32 multiply-adds per output). */
-static inline float zmins(const float *mr, const float *xg, int64_t ng) {
+static inline float zmins(const float *mr, float f, const float *xg, int64_t ng) { /* Σ (f * mr[g]) * xg[g] */
   __m512 acc = _mm512_setzero_ps();
+  const __m512 fv = _mm512_set1_ps(f);
   int64_t g = 0;
-  for (; g + 16 <= ng; g += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(mr + g), _mm512_loadu_ps(xg + g), acc);
+  for (; g + 16 <= ng; g += 16)
+    acc = _mm512_fmadd_ps(_mm512_mul_ps(fv, _mm512_loadu_ps(mr + g)), _mm512_loadu_ps(xg + g), acc);
   if (g < ng) {
     const __mmask16 k = (__mmask16)((1u << (ng - g)) - 1);
-    acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(k, mr + g), _mm512_maskz_loadu_ps(k, xg + g), acc);
+    acc = _mm512_fmadd_ps(_mm512_mul_ps(fv, _mm512_maskz_loadu_ps(k, mr + g)), _mm512_maskz_loadu_ps(k, xg + g), acc);
   }
   return hsum16(acc);
 }
@@ -233,8 +236,12 @@ static inline __attribute__((always_inline)) void ztile(const qjob_t *j, const q
   for (int m = 0; m < mt; ++m)
     for (int r = 0; r < nr; ++r) {
       float y = hsum16(acc[m][r]);
-      if (w->mins && a->xg) y -= zmins(w->mins + (n + r) * w->ng, a->xg + (m0 + m) * w->ng, w->ng);
-      if (uns) y -= 128.f * zmins(w->scales + (n + r) * w->ng, j->dx + (j->M + m0 + m) * nb, nb);
+      if (has_mins(w) && a->xg) {
+        float f;
+        const float *mr = mins_row(w, n + r, &f);
+        y -= zmins(mr, f, a->xg + (m0 + m) * w->ng, w->ng);
+      }
+      if (uns) y -= 128.f * zmins(w->scales + (n + r) * w->ng, 1.f, j->dx + (j->M + m0 + m) * nb, nb);
       put_q(j, a, m0 + m, n + r, y);
     }
 }

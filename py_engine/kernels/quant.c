@@ -9,7 +9,9 @@
  * 8-bit codes: 32 bytes of code - 128 as int8. `mins` holds s * z' per group
  * (z' = z, or z - 128 for 8 bits), `zeros` the zero points themselves; a weight
  * with a float offset per group (w = s * c + m, GGUF's Q4_1) has no zeros and
- * mins = s * z' - m, which both decode paths already subtract.
+ * mins = s * z' - m, which both decode paths already subtract. A weight with one
+ * zero point for every group (symmetric: GGUF's Q4_0 and Q8_0, symmetric RTN)
+ * has neither: its z' is the scalar zp and s * z' is taken from the scales.
  *
  * Decode and batches (int8 x, fewer than Q_TILE_ROWS rows): x is quantized per
  * sub-block of 32 (d = max|x| / 127, q = round(x / d)), or per row for W8A8,
@@ -105,9 +107,10 @@ static inline __attribute__((always_inline)) void rows_q(const qjob_t *j, const 
   }
   for (int r = 0; r < nr; ++r) {
     float y = hsum8(acc[r]);
-    if (w->mins && a->xg) {
-      const float *xg = a->xg + m * w->ng, *mr = w->mins + (n + r) * w->ng;
-      for (int64_t g = 0; g < w->ng; ++g) y -= mr[g] * xg[g];
+    if (has_mins(w) && a->xg) {
+      float f;
+      const float *xg = a->xg + m * w->ng, *mr = mins_row(w, n + r, &f);
+      for (int64_t g = 0; g < w->ng; ++g) y -= (f * mr[g]) * xg[g];
     }
     put_q(j, a, m, n + r, y);
   }
@@ -156,19 +159,20 @@ static inline __attribute__((always_inline)) void rows2f(const qjob_t *j, const 
                              _mm256_broadcast_ss(s1 + g), acc1);
   }
   float y0 = hsum8(acc0), y1 = two ? hsum8(acc1) : 0.f;
-  if (w->mins) {
-    const float *xg = a->xg + m * w->ng, *m0 = w->mins + n * w->ng, *m1 = two ? m0 + w->ng : m0;
+  if (has_mins(w)) {
+    float f;
+    const float *xg = a->xg + m * w->ng, *m0 = mins_row(w, n, &f), *m1 = two ? m0 + w->ng : m0;
     for (int64_t g = 0; g < w->ng; ++g) {
-      y0 -= m0[g] * xg[g];
-      if (two) y1 -= m1[g] * xg[g];
+      y0 -= (f * m0[g]) * xg[g];
+      if (two) y1 -= (f * m1[g]) * xg[g];
     }
   }
   put_q(j, a, m, n, y0);
   if (two) put_q(j, a, m, n + 1, y1);
 }
 
-/* Rows r0..r1 of W as fp32 [rows, K], exactly (q - z) * s as QuantizedWeight.dequantize; with no zero
- * points (zeros NULL: a float offset per group, llama.cpp's Q4_1) exactly s * c - mins, i.e. d * q + m.
+/* Rows r0..r1 of W as fp32 [rows, K], exactly (q - z) * s as QuantizedWeight.dequantize (zeros NULL: z' = zp);
+ * with a float offset per group (zeros NULL and mins: llama.cpp's Q4_1) exactly s * c - mins, i.e. d * q + m.
  * AVX-512 builds: 16 values a step, stored in place (the same operations per value). */
 static void dequantize_rows(const qmat_t *w, int64_t r0, int64_t r1, int64_t K, float *out) {
   const int64_t rb = row_bytes(w);
@@ -178,7 +182,7 @@ static void dequantize_rows(const qmat_t *w, int64_t r0, int64_t r1, int64_t K, 
     const uint8_t *c = w->codes + n * rb;
     float *o = out + (n - r0) * K;
     for (int64_t g = 0; g < w->ng; ++g) {
-      const __m512 z = _mm512_set1_ps(w->zeros ? (float)w->zeros[n * w->ng + g] - offset : 0.f);
+      const __m512 z = _mm512_set1_ps(w->zeros ? (float)w->zeros[n * w->ng + g] - offset : w->zp);
       const __m512 s = _mm512_set1_ps(w->scales[n * w->ng + g]);
       const __m512 mn = _mm512_set1_ps(!w->zeros && w->mins ? w->mins[n * w->ng + g] : 0.f);
       for (int64_t b = g * w->spg; b < (g + 1) * w->spg; ++b) {
@@ -210,7 +214,7 @@ static void dequantize_rows(const qmat_t *w, int64_t r0, int64_t r1, int64_t K, 
     float tmp[32];
     for (int64_t b = 0; b < nb; ++b) {
       const int64_t g = b / w->spg;
-      const __m256 z = _mm256_set1_ps(w->zeros ? (float)w->zeros[n * w->ng + g] - offset : 0.f);
+      const __m256 z = _mm256_set1_ps(w->zeros ? (float)w->zeros[n * w->ng + g] - offset : w->zp);
       const __m256 s = _mm256_set1_ps(w->scales[n * w->ng + g]);
       const __m256 mn = _mm256_set1_ps(!w->zeros && w->mins ? w->mins[n * w->ng + g] : 0.f);
       __m256i v8;
@@ -531,7 +535,7 @@ static void run_parts(qjob_t *job, int n_parts, const qmat_t *parts, void *y, fl
   for (int p = 0; p < n_parts; ++p) {
     const qmat_t *w = &parts[p];
     float *part_xg = NULL;
-    if (w->mins || (job->panel_parts >> p & 1 && !w->bits4)) { /* X_g per row of x for this part's grouping */
+    if (has_mins(w) || (job->panel_parts >> p & 1 && !w->bits4)) { /* X_g per row of x for this part's grouping */
       part_xg = xg + group * M;
       for (int64_t m = 0; m < M; ++m)
         for (int64_t g = 0; g < w->ng; ++g) {

@@ -55,11 +55,14 @@
 typedef struct { /* one quantized matrix, as kernels.py's QMat structure */
   const uint8_t *codes; /* [N, nb * (bits4 ? 16 : 32)] */
   const float *scales;  /* [N, ng] */
-  const float *mins;    /* [N, ng] s * z', or NULL when every z' is 0 */
-  const uint8_t *zeros; /* [N, ng] the zero points z */
+  const float *mins;    /* [N, ng] s * z' per group (a float offset m folded in: s * z' - m), or NULL: s * zp */
+  const uint8_t *zeros; /* [N, ng] the zero points z, or NULL: every group's z' is zp */
   const void *bias;     /* [N] or NULL */
   int64_t N, ng, spg;   /* rows, groups per row, sub-blocks per group */
   int32_t bits4, bias_bf16;
+  float zp; /* with zeros NULL, every group's z' (z, or z - 128 for 8 bits): a per-tensor zero point, as
+             * GGUF's Q4_0 (8) and Q8_0 (0) and symmetric RTN have, needs neither zeros nor mins; 0 with
+             * a float offset (Q4_1: mins holds it) */
 } qmat_t;
 
 typedef struct {
@@ -85,6 +88,15 @@ typedef struct { /* what the parts share */
 _Static_assert(sizeof(qjob_t) <= POOL_MAX_CONTEXT, "the pool copies at most POOL_MAX_CONTEXT bytes");
 
 static inline int64_t nb_of(const qmat_t *w) { return w->ng * w->spg; }
+
+/* Whether y takes a zero-point term Σ_g s_g z'_g X_g off: per-group mins, or one z' for every group. */
+static inline int has_mins(const qmat_t *w) { return w->mins || w->zp != 0.f; }
+/* The term's factors for row n: s z' of group g is f * m[g] (mins: f = 1; else the scales, f = zp): zp * s is
+ * the same one rounding of s * z' a mins tensor held, so both layouts give the same floats. */
+static inline const float *mins_row(const qmat_t *w, int64_t n, float *f) {
+  *f = w->mins ? 1.f : w->zp;
+  return (w->mins ? w->mins : w->scales) + n * w->ng;
+}
 static inline int64_t row_bytes(const qmat_t *w) { return nb_of(w) * (w->bits4 ? 16 : 32); }
 
 /* Sum of 4 adjacent u8 x s8 products per int32 lane, added to acc: vpdpbusd where the build has

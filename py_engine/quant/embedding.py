@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .kernels import PackedWeight
+from .kernels import PackedWeight, broadcast_zero
 from .linear import QuantLinear, dequantize_packed
 from .rtn import QuantizedWeight
 
@@ -81,7 +81,9 @@ def gather_rows(p: PackedWeight, ids: Tensor) -> PackedWeight:
     """The rows `ids` of a packed weight, as a packed weight of len(ids) rows."""
     ids = ids.to(p.codes.device)
     take = lambda t: None if t is None else t.index_select(0, ids)  # noqa: E731
-    return PackedWeight(take(p.codes), take(p.scales), take(p.zero_points), take(p.mins), p.bits, p.block_size,
+    zeros = take(p.zero_points) if p.zero is None else broadcast_zero(p.zero, (len(ids), p.zero_points.shape[1]),
+                                                                      p.zero_points.device)
+    return PackedWeight(take(p.codes), take(p.scales), zeros, take(p.mins), p.bits, p.block_size,
                         p.in_features, p.symmetric, p.spg, take(p.offsets))
 
 

@@ -56,8 +56,12 @@ class PackedWeight:
 
     codes: Tensor  # [N, nb * 16] (bits <= 4, two codes a byte) or [N, nb * 32] int8-as-uint8 (code - 128)
     scales: Tensor  # [N, ng] float32
-    zero_points: Tensor  # [N, ng] uint8
-    mins: Tensor | None  # [N, ng] float32 s * z' (z' = z, or z - 128 for 8 bits); None when all z' are 0
+    # [N, ng] uint8; one zero point for every group (symmetric layouts: GGUF's Q4_0 and Q8_0, symmetric RTN) is
+    # held as one byte broadcast (stride 0): see `zero`
+    zero_points: Tensor
+    # [N, ng] float32 s * z' (z' = z, or z - 128 for 8 bits) for per-group zero points; None when all z' are 0
+    # or there is one zero point (quant.c takes s * z' from the scales then)
+    mins: Tensor | None
     bits: int
     block_size: int
     in_features: int
@@ -89,14 +93,37 @@ class PackedWeight:
             same = consume and codes.data_ptr() == q.codes.data_ptr() and codes.is_contiguous()
             codes = codes.bitwise_xor_(128) if same else codes ^ 128  # code - 128 as an int8's bits
             offset = 128
-        z = q.zero_points.cpu().float() - offset  # [N, ng]
-        scales = q.scales.cpu().float().contiguous()
-        mins = None if not z.any() else (scales * z).contiguous()
         offsets = None if q.offsets is None else q.offsets.cpu().float().contiguous()
+        return cls.from_parts(codes.contiguous(), q.scales.cpu().float().contiguous(), q.zero_points.cpu(),
+                              q.bits, q.block_size, q.in_features, q.symmetric, nb // q.blocks, offsets)
+
+    @classmethod
+    def from_parts(cls, codes: Tensor, scales: Tensor, zero_points: Tensor, bits: int, block_size: int,
+                   in_features: int, symmetric: bool, spg: int, offsets: Tensor | None = None) -> "PackedWeight":
+        """The layout of codes already packed (4-bit: two a byte; 8-bit: code - 128), scales [N, ng] float32
+        and zero points [N, ng] (or one, broadcast): one zero point for every group is kept as one byte and
+        no mins (Q4_0 held 25 bytes a block of 32 so against the file's 18); per-group ones get mins = s * z'."""
+        z = zero_points.cpu()
+        first = z.reshape(-1)[:1]
+        if z.numel() and bool((z == first).all()):  # one zero point: s * z' comes from the scales
+            zero_points, mins = broadcast_zero(int(first), scales.shape), None
+        else:
+            zero_points = z.contiguous()
+            zf = zero_points.float() - (128 if bits == 8 else 0)  # [N, ng]
+            mins = (scales * zf).contiguous() if zf.any() else None
         if offsets is not None:  # w = s * c - (s * z' - offset): quant.c's decode paths take it as it is
+            if mins is None and one_value(zero_points):  # one z' (0 for Q4_1): s * z' from the scales
+                z1 = float(int(zero_points.reshape(-1)[0]) - (128 if bits == 8 else 0))
+                mins = None if z1 == 0 else scales * z1
             mins = (-offsets if mins is None else mins - offsets).contiguous()
-        return cls(codes.contiguous(), scales, q.zero_points.cpu().contiguous(), mins, q.bits, q.block_size,
-                   q.in_features, q.symmetric, nb // q.blocks, offsets)
+        return cls(codes.contiguous(), scales.contiguous(), zero_points, mins, bits, block_size, in_features,
+                   symmetric, spg, offsets)
+
+    @property
+    def zero(self) -> int | None:
+        """The zero point of every group when the layout holds one (a broadcast byte), else None."""
+        z = self.zero_points
+        return int(z.reshape(-1)[0]) if one_value(z) else None
 
     def unpack(self) -> QuantizedWeight:
         """The QuantizedWeight this was packed from, byte for byte."""
@@ -107,13 +134,15 @@ class PackedWeight:
             codes = torch.cat([c & 15, c >> 4], dim=2).reshape(n, -1)
         else:
             codes = self.codes.cpu() ^ 128
-        return QuantizedWeight(codes[:, :padded].contiguous(), self.scales.cpu(), self.zero_points.cpu(),
-                               self.bits, self.block_size, self.in_features, self.symmetric,
-                               None if self.offsets is None else self.offsets.cpu())
+        return QuantizedWeight(codes[:, :padded].contiguous(), self.scales.cpu(),
+                               self.zero_points.cpu().contiguous(), self.bits, self.block_size, self.in_features,
+                               self.symmetric, None if self.offsets is None else self.offsets.cpu())
 
     def to(self, device: torch.device | str) -> "PackedWeight":
         move = lambda t: None if t is None else t.to(device)  # noqa: E731
-        return PackedWeight(move(self.codes), move(self.scales), move(self.zero_points), move(self.mins),
+        zero = self.zero
+        zeros = move(self.zero_points) if zero is None else broadcast_zero(zero, self.zero_points.shape, device)
+        return PackedWeight(move(self.codes), move(self.scales), zeros, move(self.mins),
                             self.bits, self.block_size, self.in_features, self.symmetric, self.spg,
                             move(self.offsets))
 
@@ -127,9 +156,25 @@ class PackedWeight:
 
     @property
     def nbytes(self) -> int:
+        """Bytes held (a broadcast zero point: one; offsets are folded into mins, which the kernels read)."""
         kept = (self.codes, self.scales, self.mins) if self.offsets is not None else (
-            self.codes, self.scales, self.zero_points, self.mins)  # with offsets the zero points are all 0
-        return sum(t.numel() * t.element_size() for t in kept if t is not None)
+            self.codes, self.scales, self.zero_points, self.mins)
+        return sum(held_bytes(t) for t in kept if t is not None)
+
+
+def broadcast_zero(zero: int, shape, device: torch.device | str = "cpu") -> Tensor:
+    """One uint8 zero point seen as [N, ng] (stride 0: one byte held)."""
+    return torch.full((1, 1), zero, dtype=torch.uint8, device=device).expand(*shape)
+
+
+def one_value(t: Tensor) -> bool:
+    """Whether t holds one element (a broadcast view: stride 0 wherever its size is above 1)."""
+    return t.numel() > 0 and all(st == 0 or size == 1 for st, size in zip(t.stride(), t.shape))
+
+
+def held_bytes(t: Tensor) -> int:
+    """Bytes a tensor's elements take in memory: one element for a broadcast view of one value."""
+    return t.element_size() if one_value(t) else t.numel() * t.element_size()
 
 
 class QMat(ctypes.Structure):
@@ -138,7 +183,7 @@ class QMat(ctypes.Structure):
     _fields_ = [("codes", ctypes.c_void_p), ("scales", ctypes.c_void_p), ("mins", ctypes.c_void_p),
                 ("zeros", ctypes.c_void_p), ("bias", ctypes.c_void_p), ("N", ctypes.c_int64),
                 ("ng", ctypes.c_int64), ("spg", ctypes.c_int64), ("bits4", ctypes.c_int32),
-                ("bias_bf16", ctypes.c_int32)]
+                ("bias_bf16", ctypes.c_int32), ("zp", ctypes.c_float)]
 
 
 class QuantPlan:
@@ -155,12 +200,7 @@ class QuantPlan:
         self.perm = perm
         self.weights, self.biases = list(weights), [None if b is None else b.contiguous() for b in biases]
         self.k, self.out, self.mode = weights[0].in_features, sum(w.out_features for w in weights), mode
-        self._mats = (QMat * len(weights))(*(
-            QMat(w.codes.data_ptr(), w.scales.data_ptr(), 0 if w.mins is None else w.mins.data_ptr(),
-                 0 if w.offsets is not None else w.zero_points.data_ptr(),  # NULL: dequantize as s * c - mins
-                 0 if b is None else b.data_ptr(), w.out_features, w.scales.shape[1],
-                 w.spg, int(w.bits <= 4), int(b is not None and b.dtype == torch.bfloat16))
-            for w, b in zip(self.weights, self.biases)))
+        self._mats = (QMat * len(weights))(*(qmat(w, b) for w, b in zip(self.weights, self.biases)))
         self._fn = kernels.lib.rk_qlinear_parts
 
     def __call__(self, x: Tensor, gated: bool = False) -> Tensor:
@@ -178,6 +218,19 @@ class QuantPlan:
         if status != 0:
             raise RuntimeError(f"rk_qlinear_parts failed ({status}) for x {tuple(x.shape)} {x.dtype}")
         return y
+
+
+def qmat(w: PackedWeight, b: Tensor | None) -> QMat:
+    """quant.c's view of one packed weight: zeros NULL for one zero point (then zp is its z') or a float
+    offset (dequantized as s * c - mins, zp 0)."""
+    zero = None if w.offsets is not None or w.mins is not None else w.zero  # with mins: z' per group
+    if w.offsets is None and w.mins is not None and w.zero_points.numel() > 1 and w.zero is not None:
+        raise ValueError("a packed weight with one zero point holds no mins (PackedWeight.from_parts)")
+    zp = 0.0 if zero is None else float(zero - (128 if w.bits == 8 else 0))
+    zeros = 0 if zero is not None or w.offsets is not None else w.zero_points.data_ptr()
+    return QMat(w.codes.data_ptr(), w.scales.data_ptr(), 0 if w.mins is None else w.mins.data_ptr(), zeros,
+                0 if b is None else b.data_ptr(), w.out_features, w.scales.shape[1], w.spg, int(w.bits <= 4),
+                int(b is not None and b.dtype == torch.bfloat16), zp)
 
 
 def cpu_plan_fits(weights: Sequence[PackedWeight], biases: Sequence[Tensor | None]) -> bool:

@@ -248,10 +248,7 @@ def _rtn_packed(weight: Tensor, bits: int, block_size: int | None, symmetric: bo
             whole[i:i + rows].copy_(piece)
         layout = (part.block_size, part.spg)
         del part
-    offset = 128 if bits == 8 else 0
-    z = zeros.float() - offset  # PackedWeight.pack's mins, over the whole table
-    mins = None if not z.any() else (scales * z).contiguous()
-    return PackedWeight(codes, scales, zeros, mins, bits, layout[0], k, symmetric, layout[1])
+    return PackedWeight.from_parts(codes, scales, zeros, bits, layout[0], k, symmetric, layout[1])  # pack's mins
 
 
 @contextmanager

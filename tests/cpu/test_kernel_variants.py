@@ -231,3 +231,39 @@ def test_gated_product_equals_the_whole_product_gated(kernels, layout, dtype, ro
     expected = F.silu(F.linear(xr, gate.dequantize(), bias)) * F.linear(xr, up.dequantize())
     tolerance = dict(rtol=2 ** -6, atol=3e-2) if dtype == torch.bfloat16 else dict(rtol=1e-5, atol=3e-4)
     torch.testing.assert_close(got.float(), expected, **tolerance)
+
+
+def per_group_layout(p: PackedWeight) -> PackedWeight:
+    """p as PackedWeight held every layout before one zero point became one byte: an [N, ng] zero-point
+    tensor, and mins = s * z' in fp32 wherever a z' is not 0 (Q4_0: 8 s). The kernels still take it."""
+    zeros = p.zero_points.contiguous()
+    z = zeros.float() - (128 if p.bits == 8 else 0)
+    mins = p.mins if p.offsets is not None else (p.scales * z).contiguous() if bool(z.any()) else None
+    return PackedWeight(p.codes, p.scales, zeros, mins, p.bits, p.block_size, p.in_features, p.symmetric, p.spg,
+                        p.offsets)
+
+
+@needs_kernels
+@pytest.mark.parametrize("layout", [c for c in LAYOUTS if c[2]] + [(8, 1040, True, False)],
+                         ids=lambda c: f"{c[0]}bit-g{c[1]}")
+@pytest.mark.parametrize("rows", [1, 7, 20, 45])
+def test_one_zero_point_gives_the_per_group_layouts_outputs_bit_for_bit(kernels, layout, rows):
+    """Symmetric layouts hold one zero point and no mins; every path (decode rows, tiles, panels or sgemm, the
+    exact path) takes s * z' from the scales and gives the per-group layout's floats exactly (zp * s is the one
+    rounding of s * z' the mins held)."""
+    bits, group, symmetric, offsets = layout
+    k = 256 if group < 1040 else 1040
+    q, q2 = weights(bits, group, symmetric, 72, k, offsets), weights(bits, group, symmetric, 40, k, offsets)
+    packed, packed2 = PackedWeight.pack(q), PackedWeight.pack(q2)
+    assert packed.mins is None and packed.zero == (8 if bits == 4 else 128)
+    assert packed.nbytes == packed.codes.numel() + packed.scales.numel() * 4 + 1  # no mins, one zero point byte
+    old, old2 = per_group_layout(packed), per_group_layout(packed2)
+    assert (old.mins is not None) == (bits == 4) and old.nbytes > packed.nbytes
+    bias = torch.randn(72)
+    x = torch.randn(rows, k, generator=torch.Generator().manual_seed(rows))
+    for mode in (QuantPlan.INT8_BLOCKS, QuantPlan.EXACT):
+        new = QuantPlan(kernels, [packed, packed2], [bias, None], mode)(x)
+        assert torch.equal(new, QuantPlan(kernels, [old, old2], [bias, None], mode)(x)), mode
+        expected = torch.cat([F.linear(x, q.dequantize(), bias), F.linear(x, q2.dequantize())], -1)
+        if mode == QuantPlan.EXACT:
+            torch.testing.assert_close(new, expected, rtol=1e-5, atol=3e-4)

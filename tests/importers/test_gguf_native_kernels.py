@@ -11,16 +11,19 @@ gguf = pytest.importorskip("gguf")
 np = pytest.importorskip("numpy")
 
 from tests.importers.gguf_builder import byte_level_vocab, hf_model, write_gguf  # noqa: E402
-from tests.cpu.test_cpu_stack import _both  # noqa: E402
+from tests.cpu.test_cpu_stack import _both, decode_logits  # noqa: E402
+from tests.cpu.test_kernel_variants import per_group_layout  # noqa: E402
 from tests.tiny_models import train_tokenizer  # noqa: E402
 
 from py_engine.hub import resolve_model  # noqa: E402
-from py_engine.importers.gguf.quantized import gguf_packed, gguf_weight  # noqa: E402
+from py_engine.importers.gguf import quantized  # noqa: E402
+from py_engine.importers.gguf.quantized import gguf_packed, gguf_weight, packed_from_file  # noqa: E402
 from py_engine.importers.gguf.reader import GGUFTensor  # noqa: E402
 from py_engine.kernels import cpu_kernels  # noqa: E402
 from py_engine.models import load_model  # noqa: E402
 from py_engine.cpu.transforms import optimize_for_cpu  # noqa: E402
 from py_engine.quant.kernels import PackedWeight, fake_quantize_blocks  # noqa: E402
+from py_engine.quant.mapped import MappedPages  # noqa: E402
 from py_engine.quant.linear import QuantLinear, set_int8_activations  # noqa: E402
 from tests.requires import GPU, kernels_missing  # noqa: E402
 
@@ -47,6 +50,7 @@ def test_codes_dequantize_to_ggml_reference_exactly(qtype):
     assert torch.equal(QuantLinear(q).dequantize(), ref)
     back = packed.unpack()
     assert torch.equal(back.codes, q.codes) and torch.equal(back.scales, q.scales)
+    assert torch.equal(back.zero_points, q.zero_points) and back.zero_points.is_contiguous()  # the one byte, as [N, ng]
     assert (back.offsets is None) == (q.offsets is None)
     if q.offsets is not None:
         assert torch.equal(back.offsets, q.offsets)
@@ -111,3 +115,43 @@ def test_one_call_step_equals_the_module_path(qtype, int8_activations, tmp_path,
     fast, slow = _both(model, ids)
     assert calls["n"] > 0
     assert torch.equal(fast, slow)
+
+
+@pytest.mark.parametrize("qtype,block_bytes,zero", [("Q4_0", 16 + 4, 8), ("Q8_0", 32 + 4, 128)])
+def test_symmetric_blocks_hold_codes_and_scales_only(qtype, block_bytes, zero, monkeypatch):
+    """Q4_0 / Q8_0 have one zero point (8, and 128 on codes + 128): a block of 32 holds its codes and an fp32
+    scale, no mins (8 s, which Q4_0 held beside them) and no zero-point byte; the file's 18 / 34 bytes came
+    to 25 / 37 so. The file's chunked copy (the 151936-row token_embd) keeps the one byte too."""
+    t, ref = tensor(qtype, n=40)
+    n, k = t.shape
+    for packed in (gguf_packed(t), gguf_packed(t, np.arange(n)[::-1].copy())):
+        assert packed.mins is None and packed.zero == zero
+        assert packed.nbytes == n * (k // 32) * block_bytes + 1
+        assert QuantLinear(packed).nbytes == packed.nbytes
+    monkeypatch.setattr(quantized, "CHUNK_ROWS", 16)  # 40 rows: three chunks
+    chunked = packed_from_file(t, None, MappedPages())
+    assert chunked.zero == zero and chunked.mins is None and chunked.nbytes == packed.nbytes
+    assert torch.equal(chunked.codes, gguf_packed(t).codes) and torch.equal(chunked.scales, gguf_packed(t).scales)
+    assert torch.equal(QuantLinear(chunked).dequantize(), ref)
+
+
+@kernels_only
+@pytest.mark.parametrize("qtype", ["Q4_0", "Q8_0"])
+def test_logits_equal_the_per_group_layouts(qtype, tmp_path):
+    """A Q4_0 / Q8_0 model (its head and quantized embedding table too) gives the logits it gave in the layout
+    with an [N, ng] zero-point tensor and mins, bit for bit: prefill (40 rows: panels or sgemm), decode steps."""
+    train_tokenizer(tmp_path)
+    vocab = byte_level_vocab(tmp_path / "tokenizer.json", "gpt-2")
+    path = write_gguf(tmp_path / "m.gguf", hf_model("llama", len(vocab.tokens), intermediate_size=160), vocab,
+                      qtype)
+    model, _ = load_model(resolve_model(str(path), str(tmp_path / "cache")))
+    layers = [m for m in model.modules() if isinstance(m, QuantLinear)]
+    assert len(layers) > 8 and all(m.packed.mins is None and m.packed.zero is not None for m in layers)
+    ids = torch.arange(48).reshape(1, 48) * 5 % len(vocab.tokens)
+    with torch.no_grad():
+        new, held = decode_logits(model, ids, 40), sum(m.nbytes for m in layers)
+        for m in layers:
+            m.packed, m._plan, m._token = per_group_layout(m.packed), None, object()
+        old = decode_logits(model, ids, 40)
+    assert sum(m.nbytes for m in layers) > held
+    assert torch.equal(new, old)

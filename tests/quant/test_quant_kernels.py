@@ -109,6 +109,26 @@ def test_qweight_gives_back_its_bytes(layout):
         assert torch.equal(getattr(consumed.qweight, name), getattr(q, name)), name
 
 
+@pytest.mark.parametrize("layout", [(4, 32, True), (4, 128, False), (8, None, True), (8, 64, False)], ids=str)
+def test_rtn_tables_packed_in_chunks_equal_one_pack(layout):
+    """transform.rtn_packed (the LM head's path: the table quantized and packed ~4M values at a time) in several
+    chunks equals PackedWeight.pack of the whole; symmetric layouts hold one zero-point byte and no mins."""
+    from py_engine.quant.kernels import PackedWeight
+    from py_engine.quant.transform import rtn_packed
+
+    bits, group, symmetric = layout
+    w = torch.randn(70, 96, generator=torch.Generator().manual_seed(4))
+    whole = PackedWeight.pack(quantize_rtn(w, bits, group, symmetric))
+    chunked = rtn_packed(w, bits, group, symmetric, chunk=96 * 16)  # 16 rows a chunk: five chunks
+    for name in ("codes", "scales", "zero_points", "mins"):
+        a, b = getattr(chunked, name), getattr(whole, name)
+        assert (a is None) == (b is None) and (a is None or torch.equal(a, b)), name
+    assert (chunked.zero, chunked.nbytes) == (whole.zero, whole.nbytes)
+    if symmetric:
+        assert whole.zero == 1 << (bits - 1) and whole.mins is None
+        assert whole.nbytes == whole.codes.numel() + whole.scales.numel() * 4 + 1
+
+
 @needs_kernels
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("rows", [1, 5, 37])

@@ -22,7 +22,7 @@ from torch import nn
 from py_engine.quant.embedding import install_quant_embedding
 from py_engine.quant.linear import QuantLinear
 from py_engine.quant.mapped import MappedPages
-from py_engine.quant.kernels import PackedWeight
+from py_engine.quant.kernels import PackedWeight, broadcast_zero
 from py_engine.quant.rtn import QuantizedWeight
 
 from .reader import GGUFTensor
@@ -68,20 +68,18 @@ def gguf_packed(t: GGUFTensor, rows: np.ndarray | None = None) -> PackedWeight:
         blocks = blocks[rows]
     half = lambda lo: torch.from_numpy(  # noqa: E731
         np.ascontiguousarray(blocks[..., lo:lo + 2]).view(np.float16)[..., 0].astype(np.float32))
-    scales, offsets, mins = half(0), None, None
+    scales, offsets = half(0), None
     if t.type_name == "Q8_0":
         codes, zero, bits = blocks[..., 2:], 128, 8
     else:
         start = 2 if t.type_name == "Q4_0" else 4
         codes, zero, bits = blocks[..., start:start + BLOCK // 2], 8 if t.type_name == "Q4_0" else 0, 4
-        if zero:
-            mins = scales * float(zero)  # s * z' as PackedWeight.pack makes it
         if t.type_name == "Q4_1":
             offsets = half(2)
-            mins = -offsets
     codes = torch.from_numpy(np.ascontiguousarray(codes).reshape(n, -1))
-    return PackedWeight(codes, scales, torch.full((n, nb), zero, dtype=torch.uint8), mins, bits, BLOCK, k,
-                        t.type_name != "Q4_1", 1, offsets)
+    # one zero point per type: held as one byte, no mins (quant.c takes s * z' from the scales)
+    return PackedWeight.from_parts(codes, scales, broadcast_zero(zero, (n, nb)), bits, BLOCK, k,
+                                   t.type_name != "Q4_1", 1, offsets)
 
 
 CHUNK_ROWS = 8192  # rows copied at a time before their mapped pages are given back
@@ -106,9 +104,11 @@ def packed_from_file(t: GGUFTensor, rows: np.ndarray | None, pages: MappedPages)
             empty = lambda x: None if x is None else torch.empty(n, x.shape[1], dtype=x.dtype)  # noqa: E731
             out = PackedWeight(*(empty(getattr(part, f)) for f in names[:4]), part.bits, part.block_size,
                                part.in_features, part.symmetric, part.spg, empty(part.offsets))
+            if part.zero is not None:  # every chunk's: the type's one zero point
+                out.zero_points = broadcast_zero(part.zero, (n, part.zero_points.shape[1]))
         for f in names:
             whole = getattr(out, f)
-            if whole is not None:
+            if whole is not None and not (f == "zero_points" and out.zero is not None):
                 whole[r:r + CHUNK_ROWS].copy_(getattr(part, f))
     assert out is not None
     return out
