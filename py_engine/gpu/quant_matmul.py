@@ -43,10 +43,10 @@ def _dequant(codes, scale, zero_scaled, DTYPE: tl.constexpr):
 
 
 @triton.jit
-def _quant_matmul_kernel(x_ptr, codes_ptr, scales_ptr, zeros_ptr, part_ptr, M, N, K, K_CODES, steps_per_split,
-                         x_s0, c_s0, s_s0, z_s0, z_s1,
-                         GROUP: tl.constexpr, BITS4: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-                         BK: tl.constexpr, PRECISION: tl.constexpr):
+def _quant_matmul_kernel(x_ptr, codes_ptr, scales_ptr, zeros_ptr, offsets_ptr, part_ptr, M, N, K, K_CODES,
+                         steps_per_split, x_s0, c_s0, s_s0, z_s0, z_s1, o_s0,
+                         GROUP: tl.constexpr, BITS4: tl.constexpr, OFFSETS: tl.constexpr, BM: tl.constexpr,
+                         BN: tl.constexpr, BK: tl.constexpr, PRECISION: tl.constexpr):
     pid_m, pid_n, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     rm = pid_m * BM + tl.arange(0, BM)
     rn = pid_n * BN + tl.arange(0, BN)
@@ -61,6 +61,8 @@ def _quant_matmul_kernel(x_ptr, codes_ptr, scales_ptr, zeros_ptr, part_ptr, M, N
         group = k0 // GROUP
         scale = tl.load(scales_ptr + rn * s_s0 + group, mask=nmask, other=0.0)  # [BN]
         zero_scaled = tl.load(zeros_ptr + rn * z_s0 + group * z_s1, mask=nmask, other=0).to(tl.float32) * scale
+        if OFFSETS:  # w = (q - z) s + offset (GGUF Q4_1's per-block minimum)
+            zero_scaled -= tl.load(offsets_ptr + rn * o_s0 + group, mask=nmask, other=0.0)
         if BITS4:
             j = tl.arange(0, BK // 2)
             low = k0 + (j // 16) * 32 + j % 16  # the columns held by low nibbles; high ones are + 16
@@ -83,9 +85,10 @@ def _quant_matmul_kernel(x_ptr, codes_ptr, scales_ptr, zeros_ptr, part_ptr, M, N
 
 
 @triton.jit
-def _quant_gemv_kernel(x_ptr, codes_ptr, scales_ptr, zeros_ptr, part_ptr, M, N, K, K_CODES, steps_per_split,
-                       x_s0, c_s0, s_s0, z_s0, z_s1,
-                       GROUP: tl.constexpr, BITS4: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+def _quant_gemv_kernel(x_ptr, codes_ptr, scales_ptr, zeros_ptr, offsets_ptr, part_ptr, M, N, K, K_CODES,
+                       steps_per_split, x_s0, c_s0, s_s0, z_s0, z_s1, o_s0,
+                       GROUP: tl.constexpr, BITS4: tl.constexpr, OFFSETS: tl.constexpr, BN: tl.constexpr,
+                       BK: tl.constexpr):
     """One row of x (decode), no tensor cores, so no dequantized tile to stage for them. Within a
     step's one group, sum_k (q_k - z) s x_k = s (sum_k q_k x_k) - z s (sum_k x_k): the products
     q_k x_k s accumulate in a [BN, C] tile and are summed across its columns once, at the end."""
@@ -119,7 +122,10 @@ def _quant_gemv_kernel(x_ptr, codes_ptr, scales_ptr, zeros_ptr, part_ptr, M, N, 
             products = (byte.to(tl.int32) ^ 128).to(tl.float32) * xt[None, :]  # the byte holds code - 128
             x_sum = tl.reduce(xt, 0, sum_combine)
         acc += products * scale[:, None]
-        zero_terms += zero * scale * x_sum
+        zero_scaled = zero * scale
+        if OFFSETS:  # w = (q - z) s + offset (GGUF Q4_1's per-block minimum)
+            zero_scaled -= tl.load(offsets_ptr + rn * o_s0 + group, mask=nmask, other=0.0)
+        zero_terms += zero_scaled * x_sum
     out = tl.reduce(acc, 1, sum_combine) - zero_terms
     tl.store(part_ptr + split.to(tl.int64) * M * N + row.to(tl.int64) * N + rn, out, mask=nmask)
 
@@ -174,12 +180,15 @@ def quant_matmul(x: Tensor, packed, split_k: int | None = None, kernel: str | No
     per_split = triton.cdiv(steps, split_k)
     split_k = triton.cdiv(steps, per_split)  # no empty shares
     part = torch.empty(split_k, m, n, dtype=torch.float32, device=x.device)
-    args = (x, packed.codes, packed.scales, packed.zero_points, part, m, n, k, k_codes, per_split,
-            x.stride(0), packed.codes.stride(0), packed.scales.stride(0), *packed.zero_points.stride())
+    offsets = packed.offsets.contiguous() if packed.offsets is not None else packed.scales  # unread without
+    args = (x, packed.codes, packed.scales, packed.zero_points, offsets, part, m, n, k, k_codes, per_split,
+            x.stride(0), packed.codes.stride(0), packed.scales.stride(0), *packed.zero_points.stride(),
+            offsets.stride(0))
     grid = (triton.cdiv(m, bm), triton.cdiv(n, bn), split_k)
+    flags = dict(GROUP=group, BITS4=packed.bits <= 4, OFFSETS=packed.offsets is not None)
     if bm == 1:
-        _quant_gemv_kernel[grid](*args, GROUP=group, BITS4=packed.bits <= 4, BN=bn, BK=bk, num_warps=warps)
+        _quant_gemv_kernel[grid](*args, **flags, BN=bn, BK=bk, num_warps=warps)
     else:
-        _quant_matmul_kernel[grid](*args, GROUP=group, BITS4=packed.bits <= 4, BM=bm, BN=bn, BK=bk,
-                                   PRECISION=dot_precision(x.dtype), num_warps=warps)
+        _quant_matmul_kernel[grid](*args, **flags, BM=bm, BN=bn, BK=bk, PRECISION=dot_precision(x.dtype),
+                                   num_warps=warps)
     return (part[0] if split_k == 1 else part.sum(0)).to(x.dtype)

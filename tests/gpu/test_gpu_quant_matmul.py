@@ -61,18 +61,18 @@ def test_quant_linear_on_cuda_runs_the_triton_kernel(layout):
     assert relative_error(got, reference_forward(layer, x)) < 1e-2
 
 
-@pytest.mark.parametrize("qtype", ["Q4_0", "Q8_0"])  # Q4_1's float offsets: not read by this kernel
-@pytest.mark.parametrize("rows", [1, 37])
-def test_gguf_blocks_with_one_zero_point(qtype, rows):
-    """GGUF layouts as the loader packs them (importers/gguf: one zero-point byte, read through zero strides)
-    against gguf's own dequantization of the same blocks."""
+@pytest.mark.parametrize("qtype", ["Q4_0", "Q8_0", "Q4_1"])
+@pytest.mark.parametrize("rows,kernel", [(1, "gemv"), (1, "mma"), (37, "mma")])
+def test_gguf_blocks_with_one_zero_point(qtype, rows, kernel):
+    """GGUF layouts as the loader packs them (importers/gguf: one zero-point byte, read through zero strides;
+    Q4_1's float minimum per block as offsets) against gguf's own dequantization of the same blocks."""
     from tests.importers.test_gguf_native_kernels import tensor
     from py_engine.importers.gguf.quantized import gguf_packed
 
     t, ref = tensor(qtype, n=64, k=128)
     packed = gguf_packed(t)
-    assert packed.zero_points.stride() == (0, 0) and packed.mins is None
+    assert packed.zero_points.stride() == (0, 0) and (packed.mins is None) == (qtype != "Q4_1")
     packed = packed.to(DEVICE)
     x = torch.randn(rows, 128, generator=torch.Generator().manual_seed(rows)).to(DEVICE)
-    got = quant_matmul(x, packed)
+    got = quant_matmul(x, packed, kernel=kernel)
     assert relative_error(got, x.cpu() @ ref.T) < 1e-5
