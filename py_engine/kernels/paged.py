@@ -76,6 +76,9 @@ def paged_decode(kernels: CpuKernels, args: PagedDecode, q: Tensor, key_cache: T
 
     cold: the layer's (key codes, value codes, key scales, key zeros, value scales, value zeros) of
     the cold pool (kv_cache.ColdPool) when args.n_cold is set."""
+    if value_cache.dtype != key_cache.dtype or value_cache.shape != key_cache.shape or not value_cache.is_contiguous():
+        raise ValueError(f"the value cache ({value_cache.dtype}, {tuple(value_cache.shape)}) must be laid out as the "
+                         f"key cache ({key_cache.dtype}, {tuple(key_cache.shape)}, contiguous): paged.c reads both alike")
     out = torch.empty(q.shape, dtype=q.dtype)
     _, block_size, kv_heads, head_dim = key_cache.shape
     args.q, args.out, args.keys, args.values = q.data_ptr(), out.data_ptr(), key_cache.data_ptr(), value_cache.data_ptr()

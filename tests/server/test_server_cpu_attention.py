@@ -179,13 +179,26 @@ def test_shapes_the_kernel_refuses_take_the_torch_path(c_calls):
     assert not c_calls and "head_dim 12" in next(iter(backend._refusals.values()))
 
 
+def test_a_value_cache_laid_out_unlike_the_key_cache_is_refused_before_the_kernel_reads_it():
+    """paged.c reads keys and values with one element type and one set of strides: a value cache of another
+    dtype would be read with the wrong element size (past its end for fp16 values beside fp32 keys)."""
+    from py_engine.kernels.paged import paged_decode
+
+    q, key_cache, value_cache, meta, _ = random_step(16, torch.float32)
+    args = backend_for("cpu").prepare(meta).kernel_inputs
+    for bad in (value_cache.half(), value_cache[:-1].clone(), value_cache.transpose(1, 2).contiguous().transpose(1, 2)):
+        with pytest.raises(ValueError, match="value cache"):
+            paged_decode(KERNELS, args, q, key_cache, bad, 0.25, None, None)
+    paged_decode(KERNELS, args, q, key_cache, value_cache, 0.25, None, None)  # the same call, laid out alike
+
+
 @pytest.mark.parametrize("kv_cache_dtype,dtype", [("auto", "float32"), ("int4", "float32"), ("int4", "bfloat16"),
-                                                   ("fp16", "float32")])
+                                                   ("fp16", "float32"), ("bf16", "float32")])
 def test_a_single_stream_runs_as_one_c_call_and_equals_the_dense_engine(model_dir, kv_cache_dtype, dtype):
     """One sequence decoding alone takes the one-call stack (rk_decode_step) over the paged cache, hot and cold
     blocks; its greedy tokens equal the per-module path's (stack off: the same kernels call by call) and, in
-    fp32, the dense LLM's (same KV settings; with fp16 KV, which the dense cache does not store, its fp32 one:
-    on this model the rounding flips no token) and the torch backend's."""
+    fp32, the dense LLM's (same KV settings; with fp16 or bf16 KV, which the dense cache does not store, its fp32
+    one: on this model the rounding flips no token) and the torch backend's."""
     from native_server.engine import LLMEngine
     from py_engine.backends.torch import LLM
     from py_engine.cpu.stack import StackPlan
@@ -223,7 +236,7 @@ def test_a_single_stream_runs_as_one_c_call_and_equals_the_dense_engine(model_di
         assert max(calls) >= 3  # steps that read cold blocks
     assert got == tokens("cpu", stack=False)[0]
     if dtype == "float32":  # bf16 roundings differ in order between the dense and paged kernels and torch's
-        dense_kv = kv if kv_cache_dtype != "fp16" else {}
+        dense_kv = kv if kv_cache_dtype not in ("fp16", "bf16") else {}
         dense = LLM(str(model_dir), device="cpu", dtype=dtype, **dense_kv).generate(prompt, params)
         assert got == dense.token_ids == tokens("torch")[0]
 
