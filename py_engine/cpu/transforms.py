@@ -31,13 +31,10 @@ thread: a 150k-element argmax measured ~11 ms with 2 threads, ~0.05 ms with
 """
 from __future__ import annotations
 
-from contextlib import contextmanager
-from typing import Iterator
-
 import torch
 from torch import nn
 
-from ..kernels import CpuKernels, cpu_kernels
+from ..kernels import CpuKernels, cpu_kernels, kernel_step  # noqa: F401 (kernel_step: re-exported)
 from ..models.layers import MLP, Attention, RMSNorm
 from ..models.skeleton import skeleton
 from ..models.transformer import CausalLM, DecoderModel
@@ -118,13 +115,3 @@ def use_cpu_layers(model: nn.Module, kernels: CpuKernels) -> int:
     return count
 
 
-@contextmanager
-def kernel_step(kernels: CpuKernels) -> Iterator[None]:
-    """Run torch single-threaded and the kernels on torch's thread count (see the module docstring)."""
-    threads = torch.get_num_threads()
-    kernels.set_threads(threads)
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)

@@ -36,7 +36,8 @@ import subprocess
 import tempfile
 import threading
 from pathlib import Path
-from typing import Sequence
+from contextlib import contextmanager
+from typing import Iterator, Sequence
 
 import torch
 from torch import Tensor
@@ -414,3 +415,17 @@ def _load(name: str) -> CpuKernels | None:
         log.warning("CPU kernels: cpuid lacks what the %s variant needs", name)
         return None
     return CpuKernels(lib, name)
+
+
+@contextmanager
+def kernel_step(kernels: CpuKernels) -> Iterator[None]:
+    """Run torch single-threaded and the kernels on torch's thread count: a step's small torch ops (and a
+    quantizer's block copies) over 2 OpenMP threads waited milliseconds for the second on a busy machine,
+    while the kernels' own pool does the heavy work (py_engine/cpu/transforms.py's module docstring)."""
+    threads = torch.get_num_threads()
+    kernels.set_threads(threads)
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)

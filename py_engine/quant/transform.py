@@ -27,7 +27,7 @@ from typing import Iterator
 import torch
 from torch import Tensor, nn
 
-from ..kernels import cpu_kernels
+from ..kernels import cpu_kernels, kernel_step
 from ..models.memory import release_library_pages, trim_heap
 from .config import QuantConfig
 from .embedding import install_quant_embedding
@@ -253,22 +253,17 @@ def _rtn_packed(weight: Tensor, bits: int, block_size: int | None, symmetric: bo
 
 @contextmanager
 def _torch_one_thread(weight: Tensor, bits: int) -> Iterator[None]:
-    """torch on one thread while blocks are quantized (the kernels' pool keeps torch's count): each block's
-    copy and code flip is a few MB, and on a busy machine every torch op over 2 OpenMP threads waited
-    milliseconds for the second (1M-value blocks on 2 threads took 9 CPU s to quantize the 0.5B model).
-    Only where quantize_rtn_native takes the weight: elsewhere torch's own passes do the work."""
-    threads, kernels = torch.get_num_threads(), cpu_kernels()
+    """kernel_step while blocks are quantized: each block's copy and code flip is a few MB, and on a busy
+    machine every torch op over 2 OpenMP threads waited milliseconds for the second (1M-value blocks on 2
+    threads took 9 CPU s to quantize the 0.5B model). Only where quantize_rtn_native takes the weight:
+    elsewhere torch's own passes do the work, on all of torch's threads."""
+    kernels = cpu_kernels()
     native = weight.device.type == "cpu" and weight.dtype in (torch.float32, torch.bfloat16) and bits in (4, 8)
-    if kernels is None or not native:  # quantize_rtn's torch passes do the work: all of torch's threads
+    if kernels is None or not native:
         yield
         return
-    if not kernels.threads:
-        kernels.set_threads(threads)
-    torch.set_num_threads(1)
-    try:
+    with kernel_step(kernels):
         yield
-    finally:
-        torch.set_num_threads(threads)
 
 
 def _replace(model: nn.Module, name: str, module: nn.Module) -> None:

@@ -143,3 +143,19 @@ def rss_mb(pid: int) -> float:
 
 def no_traceback(log: str) -> bool:
     return re.search(r"Traceback \(most recent call last\)", log) is None
+
+
+def greedy_completions(server: "Server", prompts: list[str], max_tokens: int) -> list[str]:
+    """The texts of concurrent greedy completions (ignore_eos) of prompts, through the official openai client."""
+    import asyncio
+
+    import openai
+
+    async def run() -> list[str]:
+        client = openai.AsyncOpenAI(base_url=f"{server.url}/v1", api_key="none", max_retries=0, timeout=300)
+        async with client:
+            outs = await asyncio.gather(*(client.completions.create(
+                model=None, prompt=p, max_tokens=max_tokens, temperature=0, extra_body={"ignore_eos": True})
+                for p in prompts))
+        return [o.choices[0].text for o in outs]
+    return asyncio.run(run())

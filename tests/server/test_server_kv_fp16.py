@@ -12,15 +12,12 @@ The C kernel against the oracle, per variant: test_server_cpu_attention.py.
 """
 from __future__ import annotations
 
-import asyncio
-
-import openai
 import pytest
 import torch
 
 from native_server.kv_cache import kv_bytes_per_block
 from py_engine.sampling_params import SamplingParams
-from tests.server.server_harness import Server, metric, no_traceback, running_server
+from tests.server.server_harness import Server, greedy_completions, metric, no_traceback, running_server
 from tests.server.test_server_engine import assert_all_blocks_free, mixed_params, prompts, run
 from tests.tiny_models import TEXT
 
@@ -97,14 +94,7 @@ def test_serve_with_fp16_kv_answers_the_openai_client_as_the_dense_engine(server
     params = SamplingParams.greedy(max_tokens=40, ignore_eos=True)
     expected = [dense.generate(p, params).text for p in PROMPTS]
 
-    async def completions() -> list[str]:
-        client = openai.AsyncOpenAI(base_url=f"{server.url}/v1", api_key="none", max_retries=0, timeout=300)
-        async with client:
-            outs = await asyncio.gather(*(client.completions.create(
-                model=None, prompt=p, max_tokens=40, temperature=0, extra_body={"ignore_eos": True})
-                for p in PROMPTS))
-        return [o.choices[0].text for o in outs]
-    assert asyncio.run(completions()) == expected
+    assert greedy_completions(server, PROMPTS, 40) == expected
     config = ModelConfig.from_file(model_dir)
     per_token = 2 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim * 2  # k, v; 2 bytes
     metrics = server.metrics()

@@ -11,14 +11,11 @@
 """
 from __future__ import annotations
 
-import asyncio
-
 import httpx
-import openai
 import pytest
 
 from native_server.block_manager import BlockManager, extend_block_hashes
-from tests.server.server_harness import Server, metric, no_traceback, running_server, wait_until
+from tests.server.server_harness import Server, greedy_completions, metric, no_traceback, running_server, wait_until
 from tests.tiny_models import TEXT
 
 WORDS = TEXT.split()
@@ -131,14 +128,7 @@ def test_32_concurrent_int4_streams_equal_the_dense_engine(server: Server, model
     dense = LLM(str(model_dir), device="cpu", kv_cache_dtype="int4", kv_hot_tokens=16)
     expected = [dense.generate(p, SamplingParams.greedy(max_tokens=64, ignore_eos=True)).text for p in PROMPTS]
 
-    async def run() -> list[str]:
-        client = openai.AsyncOpenAI(base_url=f"{server.url}/v1", api_key="none", max_retries=0, timeout=300)
-        async with client:
-            outs = await asyncio.gather(*(client.completions.create(
-                model=None, prompt=p, max_tokens=64, temperature=0, extra_body={"ignore_eos": True})
-                for p in PROMPTS))
-        return [o.choices[0].text for o in outs]
-    assert asyncio.run(run()) == expected
+    assert greedy_completions(server, PROMPTS, 64) == expected
     metrics = server.metrics()
     assert metric(metrics, "kv_cache_cold_blocks_total") > 0 and metric(metrics, "kv_cache_demoted_blocks_total") > 0
     assert metric(metrics, "kv_cache_cold_bytes_per_token") < metric(metrics, "kv_cache_hot_bytes_per_token") / 3
