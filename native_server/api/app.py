@@ -38,20 +38,20 @@ from pydantic import BaseModel, ConfigDict
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.staticfiles import StaticFiles
 
-from native_server.context import SHUTTING_DOWN, ServerContext, engine_error
-from native_server.errors import APIError, error_response, install_error_handlers
-from native_server.feedback import FeedbackRequest, FeedbackResponse
-from native_server.learner import learning_metrics
-from native_server.lora import confined_path
-from native_server.outputs import EngineError
-from native_server.middleware import AllowedHosts, APIKey, IsolationHeaders
-from native_server.request_body import DEFAULT_BODY_TIMEOUT, DEFAULT_MAX_BODY_BYTES, RequestBody
-from native_server.protocol import (ChatCompletionRequest, ChatCompletionResponse, CompletionRequest,
+from native_server.api.context import SHUTTING_DOWN, ServerContext, engine_error
+from native_server.api.errors import APIError, error_response, install_error_handlers
+from native_server.learning.feedback import FeedbackRequest, FeedbackResponse
+from native_server.learning.learner import learning_metrics
+from native_server.engine.lora import confined_path
+from native_server.engine.outputs import EngineError
+from native_server.api.middleware import AllowedHosts, APIKey, IsolationHeaders
+from native_server.api.request_body import DEFAULT_BODY_TIMEOUT, DEFAULT_MAX_BODY_BYTES, RequestBody
+from native_server.api.protocol import (ChatCompletionRequest, ChatCompletionResponse, CompletionRequest,
                                     CompletionResponse, ErrorResponse, Int, LoadLoraAdapterRequest, ModelCard,
                                     ModelList, UnloadLoraAdapterRequest)
-from native_server.serving_chat import create_chat_completion
-from native_server.serving_completions import create_completion
-from native_server.streaming import ClientDisconnected
+from native_server.api.serving_chat import create_chat_completion
+from native_server.api.serving_completions import create_completion
+from native_server.api.streaming import ClientDisconnected
 from py_engine.adapters import AdapterError, load_lora
 
 logger = logging.getLogger("ruvllm.server")

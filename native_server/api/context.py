@@ -13,12 +13,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from native_server.errors import APIError
-from native_server.logprobs import TokenTexts
-from native_server.metrics import ServerMetrics
-from native_server.outputs import (AdapterNotFoundError, EngineError, EngineShutdownError, PromptTooLongError, QueueFullError,
+from native_server.api.errors import APIError
+from native_server.api.logprobs import TokenTexts
+from native_server.api.metrics import ServerMetrics
+from native_server.engine.outputs import (AdapterNotFoundError, EngineError, EngineShutdownError, PromptTooLongError, QueueFullError,
                                    RequestFailedError)
-from native_server.templates import DEFAULT_TIMEOUT as DEFAULT_TEMPLATE_TIMEOUT, TemplateRenderer
+from native_server.api.templates import DEFAULT_TIMEOUT as DEFAULT_TEMPLATE_TIMEOUT, TemplateRenderer
 from py_engine.chat import ChatConfig, ChatTemplateError, load_chat_config
 
 LEARNED_PREFIX = "#sona"  # the learning loops' adapters (learner.py): never listed, never named by clients
@@ -27,7 +27,7 @@ SHUTTING_DOWN = "the server is shutting down; retry on another replica or later"
 
 @dataclass
 class ServerContext:
-    engine: Any  # native_server.engine.AsyncEngine
+    engine: Any  # native_server.engine.async_engine.AsyncEngine
     model_name: str  # the id /v1/models lists and responses carry
     accepted_names: tuple[str, ...]  # what `model` may say: the name first, then aliases and the path
     model_path: Path
@@ -37,10 +37,10 @@ class ServerContext:
     draining: bool = False  # set on SIGTERM: new requests get a 503 while running ones finish
     templates: TemplateRenderer = field(default_factory=TemplateRenderer)  # renders in killable workers
     allow_client_chat_template: bool = False  # run templates sent in requests (a documented risk)
-    witness: Any = None  # native_server.witness.WitnessLog with --witness-log
-    feedback: Any = None  # native_server.feedback.FeedbackDesk, with the witness log
-    learner: Any = None  # native_server.learner.Learner (the instant and background loops) with --learning
-    slots: Any = None  # native_server.learner.EngineSlots: which adapter a session's requests run with
+    witness: Any = None  # native_server.learning.witness.WitnessLog with --witness-log
+    feedback: Any = None  # native_server.learning.feedback.FeedbackDesk, with the witness log
+    learner: Any = None  # native_server.learning.learner.Learner (the instant and background loops) with --learning
+    slots: Any = None  # native_server.learning.learner.EngineSlots: which adapter a session's requests run with
     lora_dir: Path | None = None  # with --enable-runtime-lora: the only folder adapters may be loaded from
     max_lora_rank: int = 64
 

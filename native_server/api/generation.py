@@ -18,10 +18,10 @@ from typing import Any, AsyncIterator
 
 import anyio
 
-from native_server.errors import APIError
-from native_server.metrics import ServerMetrics
-from native_server.outputs import EngineError
-from native_server.witness_record import Trace
+from native_server.api.errors import APIError
+from native_server.api.metrics import ServerMetrics
+from native_server.engine.outputs import EngineError
+from native_server.learning.witness_record import Trace
 from py_engine.sampling import SampleOutput
 from py_engine.sampling_params import SamplingParams
 
@@ -64,7 +64,7 @@ class UsageCount:
 class Generation:
     """The jobs of one API request; iterate `deltas()` once."""
 
-    engine: Any  # native_server.engine.AsyncEngine
+    engine: Any  # native_server.engine.async_engine.AsyncEngine
     jobs: list[Job]
     metrics: ServerMetrics
     usage: UsageCount = field(default_factory=UsageCount)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from native_server.errors import APIError
+from native_server.api.errors import APIError
 from py_engine.guided import Budget, GuidedError, token_grammar
 from py_engine.guided.tools import ToolPlan, apply_plan, plan_tools
 from py_engine.sampling_params import SamplingParams

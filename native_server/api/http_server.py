@@ -23,7 +23,7 @@ from types import FrameType
 
 import uvicorn
 
-from native_server.context import ServerContext
+from native_server.api.context import ServerContext
 
 logger = logging.getLogger("ruvllm.server")
 

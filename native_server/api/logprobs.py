@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from native_server.protocol import ChatLogprob, ChatLogprobs, ChatLogprobToken, CompletionLogprobs
+from native_server.api.protocol import ChatLogprob, ChatLogprobs, ChatLogprobToken, CompletionLogprobs
 from py_engine.tokenizer.bytelevel import from_byte_chars
 from py_engine.sampling import SampleOutput
 

@@ -13,7 +13,7 @@ import hmac
 import json
 from typing import Any, Awaitable, Callable
 
-from native_server.errors import error_body
+from native_server.api.errors import error_body
 
 Scope = dict[str, Any]
 Message = dict[str, Any]

@@ -26,8 +26,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Sequence
 
-from native_server.errors import APIError
-from native_server.protocol import ChatCompletionRequest, ChatMessage, CompletionRequest, SamplingFields
+from native_server.api.errors import APIError
+from native_server.api.protocol import ChatCompletionRequest, ChatMessage, CompletionRequest, SamplingFields
 from py_engine.chat import ChatConfig
 from py_engine.generate import start_ids
 from py_engine.guided.tools import messages_for_template

@@ -26,7 +26,7 @@ import itertools
 import re
 from typing import Any, Awaitable, Callable
 
-from native_server.middleware import send_error
+from native_server.api.middleware import send_error
 
 Message = dict[str, Any]
 Receive = Callable[[], Awaitable[Message]]

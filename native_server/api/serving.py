@@ -11,11 +11,11 @@ from typing import Callable
 
 from starlette.requests import Request
 
-from native_server.context import SHUTTING_DOWN, engine_error
-from native_server.errors import APIError
-from native_server.generation import ChoiceResult, Delta, Generation, collect
-from native_server.protocol import Usage
-from native_server.streaming import EventStream, cancel_on_disconnect, prime, sse_body
+from native_server.api.context import SHUTTING_DOWN, engine_error
+from native_server.api.errors import APIError
+from native_server.api.generation import ChoiceResult, Delta, Generation, collect
+from native_server.api.protocol import Usage
+from native_server.api.streaming import EventStream, cancel_on_disconnect, prime, sse_body
 
 
 def usage_of(generation: Generation) -> Usage:

@@ -16,17 +16,17 @@ import uuid
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from native_server.context import ServerContext
-from native_server.errors import APIError
-from native_server.generation import Delta, Generation, Job
-from native_server.guided import prepare, tool_plan, with_tools
-from native_server.logprobs import chat_logprobs
-from native_server.prompts import chat_render_args, check_choices, fit_to_context, sampling_params
-from native_server.protocol import (ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionRequest,
+from native_server.api.context import ServerContext
+from native_server.api.errors import APIError
+from native_server.api.generation import Delta, Generation, Job
+from native_server.api.guided import prepare, tool_plan, with_tools
+from native_server.api.logprobs import chat_logprobs
+from native_server.api.prompts import chat_render_args, check_choices, fit_to_context, sampling_params
+from native_server.api.protocol import (ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionRequest,
                                     ChatCompletionResponse, ChatDelta, ChatResponseMessage, DeltaToolCall, Usage)
-from native_server.serving import event_stream, run_to_end, usage_of
-from native_server.streaming import event
-from native_server.witness_record import route, start_trace
+from native_server.api.serving import event_stream, run_to_end, usage_of
+from native_server.api.streaming import event
+from native_server.learning.witness_record import route, start_trace
 from py_engine.chat import ChatTemplateError
 from py_engine.generate import start_ids
 from py_engine.guided.tools import ChoiceReader, ToolPlan, split_events

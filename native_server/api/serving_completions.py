@@ -16,17 +16,17 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from native_server.context import ServerContext
-from native_server.errors import APIError
-from native_server.generation import Delta, Generation, Job
-from native_server.guided import prepare
-from native_server.logprobs import completion_logprobs
-from native_server.prompts import (check_best_of, check_choices, completion_prompts, fit_to_context,
+from native_server.api.context import ServerContext
+from native_server.api.errors import APIError
+from native_server.api.generation import Delta, Generation, Job
+from native_server.api.guided import prepare
+from native_server.api.logprobs import completion_logprobs
+from native_server.api.prompts import (check_best_of, check_choices, completion_prompts, fit_to_context,
                                    sampling_params)
-from native_server.protocol import CompletionChoice, CompletionRequest, CompletionResponse, Usage
-from native_server.serving import event_stream, run_to_end, usage_of
-from native_server.streaming import event
-from native_server.witness_record import route, start_trace
+from native_server.api.protocol import CompletionChoice, CompletionRequest, CompletionResponse, Usage
+from native_server.api.serving import event_stream, run_to_end, usage_of
+from native_server.api.streaming import event
+from native_server.learning.witness_record import route, start_trace
 
 
 DEFAULT_MAX_TOKENS = 16  # OpenAI's (and vLLM's) default for legacy completions, `null` included

@@ -22,8 +22,8 @@ from pydantic import BaseModel
 from starlette.requests import Request
 from starlette.responses import StreamingResponse
 
-from native_server.context import engine_error
-from native_server.errors import APIError, error_body
+from native_server.api.context import engine_error
+from native_server.api.errors import APIError, error_body
 
 T = TypeVar("T")
 logger = logging.getLogger("ruvllm.server")

@@ -3,7 +3,7 @@
 A chat template is a program (Jinja). The sandbox keeps it from reaching out,
 but not from looping: in-process, a render cannot be stopped, and six
 requests with `{% for ... %}` loops once blocked every completion for 27 s.
-So renders run in `python -m native_server.templates` workers (stdlib +
+So renders run in `python -m native_server.api.templates` workers (stdlib +
 jinja2 only, no torch), each with an address-space limit, a few at a time;
 a render past its deadline has its worker killed and replaced, and the
 request gets a 400. The event loop only awaits pipes: no thread of the
@@ -49,7 +49,7 @@ class _Worker:
     async def start(cls) -> _Worker:
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (str(_ROOT), os.environ.get("PYTHONPATH"))))}
         process = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "native_server.templates", stdin=asyncio.subprocess.PIPE,
+            sys.executable, "-m", "native_server.api.templates", stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE, env=env)
         worker = cls(process)
         try:

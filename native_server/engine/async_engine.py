@@ -27,8 +27,8 @@ import threading
 import time
 from typing import Any, AsyncIterator, Callable
 
-from native_server.engine import LLMEngine
-from native_server.outputs import (EngineDeadError, EngineShutdownError, EngineStats, QueueFullError,
+from native_server.engine.llm_engine import LLMEngine
+from native_server.engine.outputs import (EngineDeadError, EngineShutdownError, EngineStats, QueueFullError,
                                    RequestFailedError, RequestOutput)
 from py_engine.sampling_params import SamplingParams
 

@@ -27,9 +27,9 @@ import time
 import torch
 from torch import Tensor
 
-from native_server.kv_cache import PagedKVCache
-from native_server.paged_attention import PagedMetadata
-from native_server.triton_attention import TritonPagedAttention, TritonStep
+from native_server.engine.kv_cache import PagedKVCache
+from native_server.engine.attention import PagedMetadata
+from native_server.engine.attention.triton import TritonPagedAttention, TritonStep
 from py_engine.gpu.paged_attention import choose_splits
 from py_engine.models import CausalLM
 

@@ -11,9 +11,9 @@ With int8/int4 KV (py_engine/models/kv_quant.py) a `ColdPool` sits beside
 the hot blocks: per layer, codes [blocks, block_size, kv_heads, head_dim *
 bits / 8] and float32 scales and zero points beside them (keys: one per
 channel of a block; values: one per token). `demote` quantizes hot blocks
-into it, once, when the scheduler says they left the hot window; a
-backend with `attend_cold` (Triton) reads them in its kernels, the others
-through cold_attention.py.
+into it, once, when the scheduler says they left the hot window; each
+backend's `attend_cold` reads them (the CPU's and Triton's in their kernels,
+the torch reference through attention/cold.py).
 """
 from __future__ import annotations
 
@@ -22,8 +22,7 @@ import logging
 import torch
 from torch import Tensor
 
-from native_server import cold_attention
-from native_server.paged_attention import PagedAttentionBackend, PagedMetadata, backend_for
+from native_server.engine.attention import PagedAttentionBackend, PagedMetadata, backend_for
 from py_engine.config import ModelConfig
 from py_engine.kernels.paged import PagedStepView
 from py_engine.models.attention import AttentionSpec
@@ -151,7 +150,7 @@ class ColdPool:
 
 
 class PagedKVCache:
-    """Per layer, keys and values [num_blocks, block_size, kv_heads, head_dim] (layout: paged_attention.py)
+    """Per layer, keys and values [num_blocks, block_size, kv_heads, head_dim] (layout: attention/interface.py)
     of `dtype` (the model's, or fp16 / bf16 with --kv-cache-dtype), and with int8/int4 KV a ColdPool of
     num_cold_blocks. The torch and Triton backends widen the blocks to the queries' dtype as they read; the
     C decode reads them into fp32, so fp16 blocks under a bf16 model are rounded to bf16 in prompt chunks only
@@ -183,7 +182,7 @@ class PagedKVCache:
                     self.quant.hot_tokens, num_blocks, block_size,
                     self.hot_bytes_per_token, mib, num_cold_blocks, self.cold_bytes_per_token,
                     self.cold.nbytes / 2**20, (num_blocks + num_cold_blocks) * block_size, device, self.backend.name,
-                    "" if hasattr(self.backend, "attend_cold") else " (cold blocks: torch)")
+                    " (cold blocks: torch)" if self.backend.name == "torch" else "")
 
     @property
     def num_cold_blocks(self) -> int:
@@ -256,9 +255,8 @@ class PagedKVStep:
         cache.backend.write(key_cache, value_cache, k[0].transpose(0, 1), v[0].transpose(0, 1),
                             self.meta.slot_mapping)  # [N, KV, D] each
         q = q[0].transpose(0, 1)  # [N, H, D]
-        if self.two_tier:  # a backend that reads cold blocks itself has attend_cold (cpu_attention.py, triton_attention.py)
-            attend_cold = getattr(cache.backend, "attend_cold", None) or cold_attention.attend
-            out = attend_cold(q, key_cache, value_cache, cache.cold, layer, self.meta, spec, cache.quant)
+        if self.two_tier:  # some block is cold: the backend reads both pools (cold.py's torch path for "torch")
+            out = cache.backend.attend_cold(q, key_cache, value_cache, cache.cold, layer, self.meta, spec, cache.quant)
         else:
             out = cache.backend.attend(q, key_cache, value_cache, self.meta, spec)  # [N, H, D]
         return out.transpose(0, 1)[None]

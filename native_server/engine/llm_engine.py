@@ -21,17 +21,17 @@ from pathlib import Path
 
 import torch
 
-from native_server.block_manager import BlockManager
-from native_server.kv_cache import (PagedKVCache, _two_tier_blocks, activation_reserve, memory_budget,
+from native_server.engine.block_manager import BlockManager
+from native_server.engine.kv_cache import (PagedKVCache, _two_tier_blocks, activation_reserve, memory_budget,
                                     num_kv_blocks, split_budget, two_tier_bytes)
-from native_server.model_runner import ModelRunner
-from native_server.lora import DEFAULT_MAX_LORA_RANK, DEFAULT_MAX_LORAS, EngineAdapters
-from native_server.outputs import (AdapterNotFoundError, CompletionOutput, EngineError, EngineStats, Histogram,
+from native_server.engine.model_runner import ModelRunner
+from native_server.engine.lora import DEFAULT_MAX_LORA_RANK, DEFAULT_MAX_LORAS, EngineAdapters
+from native_server.engine.outputs import (AdapterNotFoundError, CompletionOutput, EngineError, EngineStats, Histogram,
                                    PromptTooLongError, QueueFullError, RequestOutput, SampleStream)
-from native_server.paged_attention import PagedAttentionBackend, backend_for
-from native_server.sampler import MaskTensors, SamplingRow, sample
-from native_server.scheduler import Scheduler
-from native_server.sequence import Sequence, SequenceStatus
+from native_server.engine.attention import PagedAttentionBackend, backend_for
+from native_server.engine.sampler import MaskTensors, SamplingRow, sample
+from native_server.engine.scheduler import Scheduler
+from native_server.engine.sequence import Sequence, SequenceStatus
 from py_engine.adapters import AdapterError, LoraAdapter
 from py_engine.config import GenerationConfig
 from py_engine.backends.torch import pick_device
@@ -90,11 +90,11 @@ class LLMEngine:
                  xlora: str | None = None, kv_cache_dtype: str = "auto",
                  kv_hot_tokens: int = DEFAULT_HOT_TOKENS) -> None:
         """lora_modules: adapter name -> peft folder, loaded now; enable_lora: adapters may be loaded later
-        (load_lora) even if none is given now. See native_server/lora.py. xlora: a peft X-LoRA folder
+        (load_lora) even if none is given now. See native_server/engine/lora.py. xlora: a peft X-LoRA folder
         applied to every request (py_engine/adapters/xlora.py); it takes no other adapters.
         kv_cache_dtype "fp16" / "bf16": every block in that dtype (an fp32 model's cache in half the bytes);
         "int8" / "int4": the two-tier KV cache, kv_hot_tokens in the model's dtype
-        (py_engine/models/kv_quant.py, cold_attention.py). max_num_batched_tokens: the tokens of one step
+        (py_engine/models/kv_quant.py, attention/cold.py). max_num_batched_tokens: the tokens of one step
         (None: default_batched_tokens for the device)."""
         if xlora is not None and (lora_modules or enable_lora):
             raise ValueError("--xlora applies its own LoRA experts to every request: it cannot be combined with "
@@ -164,7 +164,7 @@ class LLMEngine:
         if self.kv_layers is not None:
             logger.info("CUDA graphs off: X-LoRA runs two passes with data-dependent scalings")
             return None
-        from native_server.cuda_graphs import DecodeGraphs, graph_problem
+        from native_server.engine.cuda_graphs import DecodeGraphs, graph_problem
 
         problem = graph_problem(self.model, self.kv)
         if problem is not None:

@@ -16,9 +16,9 @@ from typing import Any, Iterator
 import torch
 from torch import Tensor
 
-from native_server.kv_cache import PagedKVCache
-from native_server.paged_attention import PagedMetadata, decode_kv_positions
-from native_server.scheduler import SchedulerOutput
+from native_server.engine.kv_cache import PagedKVCache
+from native_server.engine.attention import PagedMetadata, decode_kv_positions
+from native_server.engine.scheduler import SchedulerOutput
 from py_engine.models import CausalLM
 from py_engine.cpu.transforms import kernel_step, model_kernels
 
@@ -68,7 +68,7 @@ class ModelRunner:
     """The model and its paged KV cache; `graphs` (cuda_graphs.DecodeGraphs) replays decode steps."""
 
     def __init__(self, model: CausalLM, kv: PagedKVCache, graphs: Any = None, adapters: Any = None) -> None:
-        """adapters: native_server.lora.EngineAdapters when LoRA is on: each token gets its sequence's adapter."""
+        """adapters: native_server.engine.lora.EngineAdapters when LoRA is on: each token gets its sequence's adapter."""
         self.model, self.kv, self.graphs, self.adapters = model, kv, graphs, adapters
         self.device = kv.keys[0].device
         self.kernels = model_kernels(model)  # set when optimize_for_cpu put the CPU kernels under the model

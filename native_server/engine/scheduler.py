@@ -20,8 +20,8 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from native_server.block_manager import BlockManager
-from native_server.sequence import Sequence, SequenceStatus
+from native_server.engine.block_manager import BlockManager
+from native_server.engine.sequence import Sequence, SequenceStatus
 
 
 @dataclass

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import IntEnum
 
-from native_server.block_manager import BlockHash, adapter_root, extend_block_hashes
+from native_server.engine.block_manager import BlockHash, adapter_root, extend_block_hashes
 from py_engine.sampling_params import SamplingParams
 
 

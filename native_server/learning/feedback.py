@@ -26,8 +26,8 @@ from typing import Any, Callable, Optional
 
 from pydantic import BaseModel, ConfigDict
 
-from native_server.errors import APIError
-from native_server.protocol import Int, Str
+from native_server.api.errors import APIError
+from native_server.api.protocol import Int, Str
 
 MAX_ID_CHARS = 128
 DEFAULT_MAX_CORRECTION_CHARS = 8192
@@ -82,7 +82,7 @@ class FeedbackLimits:
 class FeedbackDesk:
     """Checks, joins and routes feedback; `learner.submit(record) -> bool` (False: queue full) when learning."""
 
-    witness: Any  # native_server.witness.WitnessLog
+    witness: Any  # native_server.learning.witness.WitnessLog
     limits: FeedbackLimits = field(default_factory=FeedbackLimits)
     learner: Any = None
 

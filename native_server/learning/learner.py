@@ -44,7 +44,7 @@ class EngineSlots:
     (the consolidated one folded in), each swapped between two steps; `name_for` routes a request."""
 
     def __init__(self, engine: Any) -> None:
-        self.engine = engine  # native_server.async_engine.AsyncEngine
+        self.engine = engine  # native_server.engine.async_engine.AsyncEngine
         self.names: set[str] = set()
         self._lock = threading.Lock()
 

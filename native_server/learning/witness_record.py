@@ -37,7 +37,7 @@ def params_dict(params: SamplingParams) -> dict[str, Any]:
 class Trace:
     """A witness line in the making; `log` is the `WitnessLog` it goes to."""
 
-    log: Any  # native_server.witness.WitnessLog
+    log: Any  # native_server.learning.witness.WitnessLog
     id: str
     endpoint: str  # "chat.completions" | "completions"
     model: str
@@ -103,7 +103,7 @@ def start_trace(ctx: Any, request_id: str, endpoint: str, request: Any, prompts:
 
 def session_of(request: Any) -> str | None:
     """The request's session: its OpenAI `user` field (no `user`, no session)."""
-    from native_server.errors import APIError
+    from native_server.api.errors import APIError
 
     user = getattr(request, "user", None)
     if user is not None and not 0 < len(user) <= MAX_SESSION_CHARS:

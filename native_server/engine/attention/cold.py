@@ -10,7 +10,7 @@ blocks are quantized on the fly (the numbers the cold pool will hold) and
 each query reads the keys before its own cold edge from them
 (two_tier_attention), so a prompt gives what token-by-token decoding would,
 and what the dense engine's TwoTierDenseKVCache gives. This path runs on
-every device; on CUDA the Triton backend's attend_cold (triton_attention.py)
+every device; on CUDA the Triton backend's attend_cold (triton.py)
 does the same in its kernel and leaves this path only prompt chunks that
 quantize blocks on the fly with blocks over the kernel's 32-token key tile.
 """
@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from native_server.paged_attention import PagedMetadata
+from native_server.engine.attention.interface import PagedMetadata
 from py_engine.models.attention import AttentionSpec, attention, two_tier_attention
 from py_engine.models.kv_quant import KVQuantConfig, fake_quantize_blocks
 

@@ -5,7 +5,7 @@ sequence with one new token) attends over its block table in one C call per
 layer for the whole batch, reading hot blocks in place and, with int8/int4
 KV, the cold pool's codes dequantized on the fly: no gathered copies, no
 padding to the longest context. Prompt chunks keep the torch path
-(TorchPagedAttention, cold_attention), which also stays the oracle the tests
+(reference.py, cold.py), which also stays the oracle the tests
 hold this backend to. The torch path also runs where the kernel refuses the
 shapes (py_engine.kernels.paged.supported says why: head_dim not a multiple
 of 8, queries other than fp32/bf16 or caches other than fp32/bf16/fp16, groups
@@ -17,8 +17,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from native_server import cold_attention
-from native_server.paged_attention import PagedMetadata, TorchPagedAttention
+from native_server.engine.attention import cold
+from native_server.engine.attention.interface import PagedMetadata
+from native_server.engine.attention.reference import TorchPagedAttention
 from py_engine.kernels import CpuKernels
 from py_engine.kernels.paged import PagedDecode, paged_decode, supported
 from py_engine.models.attention import AttentionSpec
@@ -67,19 +68,19 @@ class CpuPagedAttention(TorchPagedAttention):
             out[start:end] = self._prefill(q[start:end], key_cache, value_cache, meta, i, spec)
         return out
 
-    def attend_cold(self, q: Tensor, key_cache: Tensor, value_cache: Tensor, cold, layer: int,
+    def attend_cold(self, q: Tensor, key_cache: Tensor, value_cache: Tensor, pool, layer: int,
                     meta: PagedMetadata, spec: AttentionSpec, quant: KVQuantConfig) -> Tensor:
-        """cold_attention.attend's contract (some block is cold): decode rows read the cold pool's codes in C."""
+        """cold.attend's contract (some block is cold): decode rows read the cold pool's codes in C."""
         if not self._decode_in_c(q, key_cache, meta):
-            return cold_attention.attend(q, key_cache, value_cache, cold, layer, meta, spec, quant)
-        codes = (cold.key_codes[layer], cold.value_codes[layer], cold.key_scales[layer], cold.key_zeros[layer],
-                 cold.value_scales[layer], cold.value_zeros[layer])
+            return cold.attend(q, key_cache, value_cache, pool, layer, meta, spec, quant)
+        codes = (pool.key_codes[layer], pool.value_codes[layer], pool.key_scales[layer], pool.key_zeros[layer],
+                 pool.value_scales[layer], pool.value_zeros[layer])
         out = paged_decode(self.kernels, meta.kernel_inputs, q, key_cache, value_cache, spec.scale,
                            spec.sliding_window, spec.softcap, codes, quant.bits)
         if meta.prefill_seqs:
             counts = torch.tensor(meta.cold_blocks, dtype=torch.long)  # [S]
             for i in meta.prefill_seqs:
                 start, end = meta.query_start[i], meta.query_start[i + 1]
-                out[start:end] = cold_attention.attend_chunk(q[start:end], key_cache, value_cache, cold, layer, meta, i,
-                                                         counts, spec, quant)
+                out[start:end] = cold.attend_chunk(q[start:end], key_cache, value_cache, pool, layer, meta, i,
+                                                   counts, spec, quant)
         return out

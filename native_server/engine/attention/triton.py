@@ -1,4 +1,4 @@
-"""The Triton paged-attention backend: py_engine.gpu's kernels behind paged_attention.py's interface.
+"""The Triton paged-attention backend: py_engine.gpu's kernels behind interface.py's PagedAttentionBackend.
 
 Per step, `prepare` turns the metadata's host-side lists into the kernels'
 small int32 tables, once for every layer: one query block per decoding
@@ -12,7 +12,7 @@ With int8/int4 KV, `attend_cold` runs the same launches over both pools
 later queries read blocks of the chunk itself cold (kv_quant.py's per-query
 rule) makes the step's prefill launch quantize hot blocks on the fly (FAKE);
 only with blocks that do not divide the kernel's key tile (over 32 tokens)
-does such a chunk keep cold_attention.py's torch path.
+does such a chunk keep cold.py's torch path.
 """
 from __future__ import annotations
 
@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from native_server import cold_attention
-from native_server.paged_attention import PagedMetadata
+from native_server.engine.attention import cold
+from native_server.engine.attention.interface import PagedMetadata
 from py_engine.gpu.kv_store import store_kv
 from py_engine.gpu.paged_attention import (PREFILL_TILE, ColdBlocks, choose_splits, paged_attention,
                                            prefill_block_tokens, query_blocks)
@@ -108,18 +108,18 @@ class TritonPagedAttention:
     def attend_cold(self, q: Tensor, key_cache: Tensor, value_cache: Tensor, pool, layer: int,
                     meta: PagedMetadata, spec: AttentionSpec, quant: KVQuantConfig) -> Tensor:
         """attend over hot blocks and the cold pool `pool` (kv_cache.ColdPool) of an int8/int4 cache:
-        cold_attention.attend's results, the kernels reading the codes."""
+        cold.attend's results, the kernels reading the codes."""
         step = self.prepare(meta).kernel_inputs
         if not step.captured:
             step.split_cold(meta, quant, key_cache.shape[1])
-        cold = ColdBlocks(step.cold_counts, pool.key_codes[layer], pool.key_scales[layer], pool.key_zeros[layer],
-                          pool.value_codes[layer], pool.value_scales[layer], pool.value_zeros[layer], pool.bits,
-                          quant.hot_tokens if step.fake else None)
-        out = self.attend(q, key_cache, value_cache, meta, spec, cold)
+        codes = ColdBlocks(step.cold_counts, pool.key_codes[layer], pool.key_scales[layer], pool.key_zeros[layer],
+                           pool.value_codes[layer], pool.value_scales[layer], pool.value_zeros[layer], pool.bits,
+                           quant.hot_tokens if step.fake else None)
+        out = self.attend(q, key_cache, value_cache, meta, spec, codes)
         if step.torch_chunks:
             counts = step.cold_counts.long()
             for i in step.torch_chunks:
                 start, end = meta.query_start[i], meta.query_start[i + 1]
-                out[start:end] = cold_attention.attend_chunk(q[start:end], key_cache, value_cache, pool, layer,
-                                                             meta, i, counts, spec, quant)
+                out[start:end] = cold.attend_chunk(q[start:end], key_cache, value_cache, pool, layer,
+                                                   meta, i, counts, spec, quant)
         return out
