@@ -43,7 +43,7 @@ logger = logging.getLogger("ruvllm.parallel")
 class WorkerSpec:
     rank: int
     world: int
-    port: int
+    store: str  # the FileStore's path
     target: str  # "module:callable", called as target(group, **kwargs)
     kwargs: dict = field(default_factory=dict)
     device: str = "cpu"
@@ -139,16 +139,16 @@ def start_workers(world: int, target: str, kwargs: dict, device: torch.device,
     if device.type == "cuda" and backend == "nccl" and (device.index or 0) + world > torch.cuda.device_count():
         raise TensorParallelError(f"tensor_parallel_size {world} needs {world} CUDA devices from {device}, this "
                                   f"machine has {torch.cuda.device_count()} (NCCL takes one GPU per rank)")
-    store = TensorParallelGroup.open_store(world) if world > 1 else None
+    store, store_path = TensorParallelGroup.open_store(world) if world > 1 else (None, None)
     processes = []
     for rank in range(1, world):
         cpus, threads = plan[rank]
-        spec = WorkerSpec(rank, world, store.port, target, kwargs, str(device_of(device, rank)), backend, cpus,
+        spec = WorkerSpec(rank, world, store_path, target, kwargs, str(device_of(device, rank)), backend, cpus,
                           threads)
         processes.append(WorkerProcess(spec))
     apply_cpus(*plan[0])
     try:
-        group = TensorParallelGroup(0, world, device_of(device, 0), backend, store)
+        group = TensorParallelGroup(0, world, device_of(device, 0), backend, store, store_path)
     except Exception:
         for p in processes:
             p.kill()
@@ -204,7 +204,7 @@ def worker_main(spec: WorkerSpec) -> None:
     """A worker's whole life: join, build the target, run rank 0's commands until None."""
     threading.Thread(target=_orphan_watch, args=(os.getppid(),), daemon=True).start()
     apply_cpus(spec.cpus, spec.threads)
-    store = TensorParallelGroup.join_store(spec.port, spec.world)
+    store = TensorParallelGroup.join_store(spec.store, spec.world)
     device = torch.device(spec.device)
     if device.type == "cuda":
         torch.cuda.set_device(device)
