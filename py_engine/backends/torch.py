@@ -56,8 +56,12 @@ class TorchBackend:
     """One sequence through the torch model, its KV cache grown as the sequence grows."""
 
     def __init__(self, model: CausalLM, config: ModelConfig, max_context: int, lora: str | None = None,
-                 kv_quant: KVQuantConfig | None = None) -> None:
+                 kv_quant: KVQuantConfig | None = None, *, logits: bool = True, mirror: Any = None) -> None:
+        """config: the one the KV cache is sized from (a sharded model's local_config). logits=False runs the
+        layers only (a tensor-parallel worker: rank 0 computes the logits); mirror: rank 0's channel to the
+        workers (py_engine.parallel.backend.SequenceMirror), which replay each prefill and decode."""
         self.model, self.config, self.max_context = model, config, max_context
+        self.logits, self.mirror = logits, mirror
         self.kv_quant = kv_quant
         manager = getattr(model, "lora", None)  # py_engine.adapters.LoraManager, when adapters are loaded
         if lora is not None and manager is None:
@@ -111,20 +115,32 @@ class TorchBackend:
         return None if logits is None else logits[0, -1]  # [V], float32
 
     def _run(self, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor | None:
-        """The forward over the cache (a tensor-parallel worker runs the layers only: py_engine.parallel)."""
+        if not self.logits:  # a tensor-parallel worker: the layers and their all-reduces, no LM head
+            self.model.model(ids, positions, self.kv)
+            return None
         return self.model(ids, positions, self.kv, last_only=True)
 
     def prefill(self, token_ids: Sequence[int]) -> torch.Tensor:
+        if self.mirror is not None:
+            return self.mirror.run("prefill", list(token_ids), self._prefill)
+        return self._prefill(token_ids)
+
+    def decode(self, token_id: int) -> torch.Tensor:
+        if self.mirror is not None:
+            return self.mirror.run("decode", int(token_id), self._decode)
+        return self._decode(token_id)
+
+    def _prefill(self, token_ids: Sequence[int]) -> torch.Tensor:
         self.length = 0
         if hasattr(self.kv, "settled"):  # a fresh sequence in the same buffers: nothing is cold yet
             self.kv.settled = 0
         self.tokens = list(token_ids)
         return self._forward(token_ids)
 
-    def decode(self, token_id: int) -> torch.Tensor:
+    def _decode(self, token_id: int) -> torch.Tensor:
         self.tokens.append(token_id)
         if self.switch_length is not None and len(self.tokens) == self.switch_length + 1:
-            return self.prefill(self.tokens)
+            return self._prefill(self.tokens)
         return self._forward([token_id])
 
     def mask_logits(self, logits: torch.Tensor, mask: Any) -> torch.Tensor:
@@ -192,7 +208,7 @@ class LLM:
             self.device = pick_device(device)
             self._parallel, self.model, self.config, self.quant_report = ParallelLLM.start(
                 check_world(tensor_parallel_size), torch.device(self.device), self.path, self.quantization, dtype,
-                optimize, lora and dict(lora), max_lora_rank, max_context, kv_quant)
+                optimize, lora and dict(lora), max_lora_rank, max_context, kv_quant, TorchBackend)
         elif backend == "torch":
             self.device = pick_device(device)
             self.model, self.config, self.quant_report = load_quantized(
@@ -257,9 +273,9 @@ class LLM:
             if lora is not None:
                 raise ValueError("LoRA adapters apply to the torch backend")
             return self.model.backend(self.max_context)
-        if self._parallel is not None:
-            from py_engine.parallel.backend import ShardedTorchBackend
-            return ShardedTorchBackend(self._parallel, self.model, self.config, self.max_context, lora, self.kv_quant)
+        if self._parallel is not None:  # the cache of this rank's KV heads; each call replayed on the workers
+            return TorchBackend(self.model, self.model.tensor_parallel.local_config, self.max_context, lora,
+                                self.kv_quant, mirror=self._parallel.open(lora))
         return TorchBackend(self.model, self.config, self.max_context, lora, self.kv_quant)
 
     def close(self) -> None:

@@ -1,11 +1,12 @@
 """`LLM(model, tensor_parallel_size=N)`: the Python API's one-sequence backend over N ranks.
 
 Rank 0 (the caller's process) runs the generation loop as ever; each
-`prefill` / `decode` of a `ShardedTorchBackend` is first broadcast to the
-workers, whose `ShardWorker` runs the same call on its own mirror backend
-(the same positions, its own dense KV cache of its KV heads), so every rank
-reaches each layer's all-reduce together. Workers stop at the final norm:
-only rank 0 computes logits.
+`prefill` / `decode` of its TorchBackend goes through a `SequenceMirror`,
+which first broadcasts the call to the workers, whose `ShardWorker` runs it
+on its own TorchBackend of that sequence (the same positions, its own dense
+KV cache of its KV heads, no LM head: only rank 0 computes logits), so every
+rank reaches each layer's all-reduce together. The backend class comes in
+as an argument (py_engine.backends imports this package, not the reverse).
 
 Calls are serialized by one lock (each rank runs one forward at a time, in
 the same order). A backend that is garbage-collected is closed on the
@@ -21,7 +22,6 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from ..backends.torch import TorchBackend
 from ..cpu.transforms import optimize_for_cpu
 from ..models.kv_quant import KVQuantConfig
 from .comm import TensorParallelGroup
@@ -66,10 +66,10 @@ def load_adapters(model: Any, lora: dict | None, max_rank: int) -> None:
 
 
 class ShardWorker:
-    """A worker rank of an LLM: its shard and one mirror backend per open sequence."""
+    """A worker rank of an LLM: its shard and one backend (backend_class, layers only) per open sequence."""
 
-    def __init__(self, group: TensorParallelGroup, path: str, quantization: Any, dtype: str, optimize: bool,
-                 lora: dict | None, max_lora_rank: int, max_context: int | None,
+    def __init__(self, group: TensorParallelGroup, backend_class: type, path: str, quantization: Any, dtype: str,
+                 optimize: bool, lora: dict | None, max_lora_rank: int, max_context: int | None,
                  kv_quant: KVQuantConfig | None) -> None:
         def build() -> Any:
             model, config, _ = load_shard(group, path, quantization, dtype, optimize)
@@ -78,13 +78,14 @@ class ShardWorker:
 
         self.model, self.config = agreed(group, build)
         limit = self.config.max_position_embeddings
-        self.max_context, self.kv_quant = min(max_context or limit, limit), kv_quant  # as LLM computes it
-        self.backends: dict[int, TorchBackend] = {}
+        self.max_context = min(max_context or limit, limit)  # as LLM computes it
+        self.backend_class, self.kv_quant = backend_class, kv_quant
+        self.backends: dict[int, Any] = {}
 
     def open(self, key: int, lora: str | None, closed: list[int]) -> None:
         self.close(closed)
-        self.backends[key] = _HiddenOnly(self.model, self.model.tensor_parallel.local_config, self.max_context, lora,
-                                         self.kv_quant)
+        self.backends[key] = self.backend_class(self.model, self.model.tensor_parallel.local_config,
+                                                self.max_context, lora, self.kv_quant, logits=False)
 
     def call(self, key: int, method: str, args: tuple, closed: list[int]) -> None:
         self.close(closed)
@@ -95,12 +96,18 @@ class ShardWorker:
             self.backends.pop(key, None)
 
 
-class _HiddenOnly(TorchBackend):
-    """A worker's mirror: the decoder's layers (and their all-reduces), no LM head."""
+class SequenceMirror:
+    """Rank 0's link from one sequence's backend to its copies on the workers."""
 
-    def _run(self, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor | None:
-        self.model.model(ids, positions, self.kv)
-        return None
+    def __init__(self, driver: "ParallelLLM", key: int) -> None:
+        self.driver, self.key = driver, key
+        weakref.finalize(self, driver.closed, key)
+
+    def run(self, method: str, arg: Any, local: Callable[[Any], Any]) -> Any:
+        """Send the call to the workers, then run it here, under the driver's lock (one forward at a time)."""
+        with self.driver.lock:
+            self.driver.send("call", self.key, method, (arg,))
+            return local(arg)
 
 
 class ParallelLLM:
@@ -115,10 +122,11 @@ class ParallelLLM:
     @classmethod
     def start(cls, world: int, device: torch.device, path: Path, quantization: Any, dtype: str, optimize: bool,
               lora: dict | None, max_lora_rank: int, max_context: int | None, kv_quant: KVQuantConfig | None,
-              backend: str | None = None) -> tuple["ParallelLLM", Any, Any, Any]:
+              backend_class: type, backend: str | None = None) -> tuple["ParallelLLM", Any, Any, Any]:
         """Spawn the workers, load and shard rank 0's model beside them: (driver, model, config, report)."""
-        kwargs = dict(path=str(path), quantization=quantization, dtype=dtype, optimize=optimize,
-                      lora=dict(lora or {}), max_lora_rank=max_lora_rank, max_context=max_context, kv_quant=kv_quant)
+        kwargs = dict(backend_class=backend_class, path=str(path), quantization=quantization, dtype=dtype,
+                      optimize=optimize, lora=dict(lora or {}), max_lora_rank=max_lora_rank,
+                      max_context=max_context, kv_quant=kv_quant)
         group, workers = start_workers(world, WORKER, kwargs, device, backend)
         try:
             def build() -> Any:
@@ -137,16 +145,20 @@ class ParallelLLM:
         weakref.finalize(driver, workers.stop)
         return driver, model, config, report
 
+    def open(self, lora: str | None) -> SequenceMirror:
+        """A new sequence on every worker; its mirror for rank 0's backend."""
+        key = next(self._keys)
+        with self.lock:
+            self.send("open", key, lora)
+        return SequenceMirror(self, key)
+
     def send(self, method: str, *args: Any) -> None:
         """Broadcast one command (the caller holds self.lock)."""
         dead = self.workers.dead()
         if dead is not None:
-            raise RuntimeError(f"{dead}: this LLM cannot run any more; create it again")
+            raise RuntimeError(f"{dead}: this model cannot run any more; create it again")
         closed, self._closed = self._closed, []
         self.group.broadcast((method, (*args, closed)))
-
-    def new_key(self) -> int:
-        return next(self._keys)
 
     def closed(self, key: int) -> None:
         self._closed.append(key)
@@ -154,36 +166,3 @@ class ParallelLLM:
     def stop(self) -> None:
         with self.lock:
             self.workers.stop()
-
-
-class ShardedTorchBackend(TorchBackend):
-    """Rank 0's backend: each prefill / decode runs on every rank (the workers first hear of it)."""
-
-    def __init__(self, driver: ParallelLLM, model: Any, config: Any, max_context: int, lora: str | None = None,
-                 kv_quant: KVQuantConfig | None = None) -> None:
-        super().__init__(model, model.tensor_parallel.local_config, max_context, lora, kv_quant)
-        self.vocab_config = config
-        self.driver, self.key = driver, driver.new_key()
-        self._inside = False
-        with driver.lock:
-            driver.send("open", self.key, lora)
-        weakref.finalize(self, driver.closed, self.key)
-
-    def prefill(self, token_ids: Sequence[int]) -> torch.Tensor:
-        return self._everywhere("prefill", list(token_ids), super().prefill)
-
-    def decode(self, token_id: int) -> torch.Tensor:
-        return self._everywhere("decode", int(token_id), super().decode)
-
-    def _everywhere(self, method: str, arg: Any, run: Callable[[Any], torch.Tensor]) -> torch.Tensor:
-        """Send the call, then run it here. A call made inside another (decode's prefill at Phi-3's LongRoPE
-        switch) is not sent again: the workers' own decode makes it too."""
-        if self._inside:
-            return run(arg)
-        with self.driver.lock:
-            self.driver.send("call", self.key, method, (arg,))
-            self._inside = True
-            try:
-                return run(arg)
-            finally:
-                self._inside = False

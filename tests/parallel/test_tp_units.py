@@ -16,7 +16,6 @@ from py_engine.cpu.linears import FusedLinear
 from py_engine.cpu.transforms import optimize_for_cpu
 from py_engine.hub import BUILTIN_MODEL, resolve_model
 from py_engine.parallel import TensorParallelError, shard_layout, split_range
-from py_engine.parallel.backend import _HiddenOnly
 from py_engine.parallel.shard import take_cols, take_rows
 from py_engine.parallel.transform import apply_tensor_parallel
 from py_engine.quant.linear import QuantLinear, set_int8_activations
@@ -109,9 +108,8 @@ def _load(quantization, lora=None):
 
 
 def _logits(model, config, ids, tokens, lora=None, hidden_only=False):
-    cls = _HiddenOnly if hidden_only else TorchBackend
-    backend = cls(model, getattr(model, "tensor_parallel", None) and model.tensor_parallel.local_config or config,
-                  256, lora)
+    sharded = getattr(model, "tensor_parallel", None)
+    backend = TorchBackend(model, sharded.local_config if sharded else config, 256, lora, logits=not hidden_only)
     out = [backend.prefill(ids)]
     out += [backend.decode(t) for t in tokens]
     return None if hidden_only else torch.stack(out)
