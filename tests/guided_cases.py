@@ -67,8 +67,8 @@ def check_guided_run(got: dict, export: Path, strict: bool) -> None:
         assert got[request]["ids"] == ids, request
     from tests.guided.llama_grammar import llama_grammar_checker
 
-    assert llama_grammar_checker()(LIST, [got["gbnf"]["content"]]) == [
-        "complete" if got["gbnf"]["finish"] == "stop" else "prefix"]
+    verdict = llama_grammar_checker()(LIST, [got["gbnf"]["content"]])
+    assert verdict == ["complete" if got["gbnf"]["finish"] == "stop" else "prefix"], (got["gbnf"], verdict)
     if got["schema"]["finish"] == "stop":
         jsonschema.validate(json.loads(got["schema"]["content"]), PERSON)
     calls = got["tools"]["calls"]
