@@ -179,116 +179,174 @@ static inline __attribute__((always_inline)) __m256i kq_scale16(const int kind, 
   return _mm256_set_m128i(_mm_set1_epi16((short)(int8_t)h->c[2 * b + 1]), _mm_set1_epi16((short)(int8_t)h->c[2 * b]));
 }
 
+/* What a block adds to one output (rows m of x, n of W): the sub-blocks' scaled integer dots f (summed per block,
+ * times D), then the zero terms off. Decode and batches both end a block here, so they add the same floats. */
+static inline __attribute__((always_inline)) __m256 kq_close(const qjob_t *j, const qmat_t *w, int64_t m, int64_t s,
+                                                             const khead_t *h, __m256 f, __m256 acc, const int kind) {
+  const int64_t nb = nb_of(w), spb = w->spg;
+  __m256 v = _mm256_fmadd_ps(f, _mm256_set1_ps(h->d), acc);
+  if (per16(kind)) {
+    const float *xs16 = j->xs16 + m * nb * 2 + s * spb * 2;
+    v = _mm256_fnmadd_ps(_mm256_loadu_ps(h->z), _mm256_loadu_ps(xs16), v);
+    return _mm256_fnmadd_ps(_mm256_loadu_ps(h->z + 8), _mm256_loadu_ps(xs16 + 8), v);
+  }
+  const float *xs = j->dx + (j->M + m) * nb + s * spb; /* per-32 sums of x (quant.c's xs) */
+  if (kind == KQ_Q5_0 || kind == KQ_Q5_1) /* one sub-block a block: its zero term in lane 0 */
+    return _mm256_fnmadd_ps(_mm256_setr_ps(h->z[0], 0, 0, 0, 0, 0, 0, 0), _mm256_broadcast_ss(xs), v);
+  return _mm256_fnmadd_ps(_mm256_loadu_ps(h->z), _mm256_loadu_ps(xs), v);
+}
+
+static inline __m256 kq_step(__m256i u, __m256i sc, __m256i xv, __m256 dv, __m256 f) { /* one sub-block into f */
+  return _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(u, xv), sc)), dv, f);
+}
+
+#ifndef KD_R
+#define KD_R 4 /* rows of W per pass over one row of x (decode) */
+#endif
+
+/* Decode: rows n..n + KD_R - 1 of W against row m of x, the type's unpacking inlined (one instance per type). */
+static inline __attribute__((always_inline)) void kdecode(const qjob_t *j, const qpart_t *a, int64_t m, int64_t n,
+                                                           const int kind) {
+  const qmat_t *w = &a->w;
+  const int64_t nb = nb_of(w), rb = row_bytes(w), bbytes = kq_block_bytes(kind);
+  const int spb = kind == KQ_Q5_0 || kind == KQ_Q5_1 ? 1 : 8;
+  const uint8_t *c = w->codes + n * rb;
+  __m256 acc[KD_R];
+  for (int r = 0; r < KD_R; ++r) acc[r] = _mm256_setzero_ps();
+  for (int64_t s = 0; s < w->ng; ++s) {
+    khead_t h[KD_R];
+    __m256 f[KD_R];
+    for (int r = 0; r < KD_R; ++r) {
+      const uint8_t *blk = c + r * rb + s * bbytes;
+      for (int64_t o = 0; o < bbytes; o += 64) _mm_prefetch((const char *)blk + Q_PREFETCH + o, Q_HINT);
+      kq_head(kind, blk, &h[r]);
+      f[r] = _mm256_setzero_ps();
+    }
+    for (int b = 0; b < spb; ++b) {
+      const int64_t sb = s * spb + b;
+      const __m256i xv = _mm256_loadu_si256((const __m256i *)(j->qx + m * nb * 32 + sb * 32));
+      const __m256 dv = _mm256_broadcast_ss(j->dx + m * nb + sb);
+      for (int r = 0; r < KD_R; ++r)
+        f[r] = kq_step(kq_codes(kind, c + r * rb + s * bbytes, b), kq_scale16(kind, &h[r], b), xv, dv, f[r]);
+    }
+    for (int r = 0; r < KD_R; ++r) acc[r] = kq_close(j, w, m, s, &h[r], f[r], acc[r], kind);
+  }
+  for (int r = 0; r < KD_R; ++r) put_q(j, a, m, n + r, hsum8(acc[r]));
+}
+
+typedef struct { /* one block of one row of W, unpacked for the batch tiles */
+  __m256i u[8], sc[8];
+  khead_t h;
+} kblock_t;
+
+static void kq_unpack(int kind, const uint8_t *blk, kblock_t *k) {
+#define KQ_UNPACK(KIND, SPB)                                         \
+  case KIND:                                                         \
+    kq_head(KIND, blk, &k->h);                                       \
+    for (int b = 0; b < SPB; ++b) {                                  \
+      k->u[b] = kq_codes(KIND, blk, b);                              \
+      k->sc[b] = kq_scale16(KIND, &k->h, b);                         \
+    }                                                                \
+    break;
+  switch (kind) {
+    KQ_UNPACK(KQ_Q5_0, 1) KQ_UNPACK(KQ_Q5_1, 1) KQ_UNPACK(KQ_Q2_K, 8) KQ_UNPACK(KQ_Q3_K, 8)
+    KQ_UNPACK(KQ_Q4_K, 8) KQ_UNPACK(KQ_Q5_K, 8) KQ_UNPACK(KQ_Q6_K, 8)
+  }
+#undef KQ_UNPACK
+}
+
 #ifndef KT_X
 #define KT_X 4 /* rows of x per tile */
 #endif
 #ifndef KT_R
-#define KT_R 2 /* rows of W per tile (decode: KT_R1) */
+#define KT_R 2 /* rows of W per tile */
 #endif
-#ifndef KT_R1
-#define KT_R1 4
-#endif
-#define KT_MAXR (KT_R > KT_R1 ? KT_R : KT_R1)
 
-/* Rows n..n + nr - 1 of W (blocks of `kind`) against rows m0..m0 + mt - 1 of x. */
+/* Batches: rows n..n + nr - 1 of W against rows m0..m0 + mt - 1 of x; each block unpacked once per row of W,
+ * then met by every row of x of the tile with kdecode's arithmetic (kq_step, kq_close), step for step. */
 static inline __attribute__((always_inline)) void ktile(const qjob_t *j, const qpart_t *a, int64_t m0, const int mt,
-                                                         int64_t n, const int nr, const int kind) {
+                                                         int64_t n, const int nr) {
   const qmat_t *w = &a->w;
-  const int64_t nb = nb_of(w), rb = row_bytes(w), bbytes = kq_block_bytes(kind), spb = w->spg, M = j->M;
-  const int p16 = per16(kind);
+  const int kind = w->kind;
+  const int64_t nb = nb_of(w), rb = row_bytes(w), bbytes = kq_block_bytes(kind), spb = w->spg;
   const uint8_t *c = w->codes + n * rb;
-  __m256 acc[KT_X][KT_MAXR];
+  __m256 acc[KT_X][KT_R];
   for (int m = 0; m < mt; ++m)
     for (int r = 0; r < nr; ++r) acc[m][r] = _mm256_setzero_ps();
   for (int64_t s = 0; s < w->ng; ++s) {
-    khead_t h[KT_MAXR];
+    kblock_t k[KT_R];
+    __m256 f[KT_X][KT_R];
     for (int r = 0; r < nr; ++r) {
-      const uint8_t *blk = c + r * rb + s * bbytes;
-      for (int64_t o = 0; o < bbytes; o += 64) _mm_prefetch((const char *)blk + Q_PREFETCH + o, Q_HINT);
-      kq_head(kind, blk, &h[r]);
+      kq_unpack(kind, c + r * rb + s * bbytes, &k[r]);
+      for (int m = 0; m < mt; ++m) f[m][r] = _mm256_setzero_ps();
     }
-    __m256 f[KT_X][KT_MAXR];
-    for (int m = 0; m < mt; ++m)
-      for (int r = 0; r < nr; ++r) f[m][r] = _mm256_setzero_ps();
-    for (int b = 0; b < spb; ++b) {
-      __m256i u[KT_MAXR], sc[KT_MAXR];
-      for (int r = 0; r < nr; ++r) {
-        u[r] = kq_codes(kind, c + r * rb + s * bbytes, b);
-        sc[r] = kq_scale16(kind, &h[r], b);
-      }
-      const int64_t sb = s * spb + b; /* this sub-block's index in the row */
+    for (int64_t b = 0; b < spb; ++b) {
+      const int64_t sb = s * spb + b;
       for (int m = 0; m < mt; ++m) {
         const __m256i xv = _mm256_loadu_si256((const __m256i *)(j->qx + (m0 + m) * nb * 32 + sb * 32));
         const __m256 dv = _mm256_broadcast_ss(j->dx + (m0 + m) * nb + sb);
-        for (int r = 0; r < nr; ++r) {
-          const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(u[r], xv), sc[r]);
-          f[m][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), dv, f[m][r]);
-        }
+        for (int r = 0; r < nr; ++r) f[m][r] = kq_step(k[r].u[b], k[r].sc[b], xv, dv, f[m][r]);
       }
     }
-    for (int m = 0; m < mt; ++m) {
-      const float *xs = j->dx + (M + m0 + m) * nb + s * spb; /* per-32 sums of this block's sub-blocks */
-      const float *xs16 = j->xs16 + (m0 + m) * nb * 2 + s * spb * 2;
+    for (int m = 0; m < mt; ++m)
       for (int r = 0; r < nr; ++r) {
-        __m256 v = _mm256_fmadd_ps(f[m][r], _mm256_set1_ps(h[r].d), acc[m][r]);
-        if (p16) {
-          v = _mm256_fnmadd_ps(_mm256_loadu_ps(h[r].z), _mm256_loadu_ps(xs16), v);
-          v = _mm256_fnmadd_ps(_mm256_loadu_ps(h[r].z + 8), _mm256_loadu_ps(xs16 + 8), v);
-        } else if (spb == 8) {
-          v = _mm256_fnmadd_ps(_mm256_loadu_ps(h[r].z), _mm256_loadu_ps(xs), v);
-        } else { /* Q5_0/Q5_1: one sub-block, its zero term in lane 0 */
-          v = _mm256_fnmadd_ps(_mm256_setr_ps(h[r].z[0], 0, 0, 0, 0, 0, 0, 0), _mm256_broadcast_ss(xs), v);
-        }
-        acc[m][r] = v;
+        /* the zero terms' layout (kq_close reads only that of the kind): per 16, one a block, per 32 */
+        const int like = per16(kind) ? KQ_Q2_K : kind == KQ_Q5_0 || kind == KQ_Q5_1 ? KQ_Q5_0 : KQ_Q4_K;
+        if (like == KQ_Q2_K) acc[m][r] = kq_close(j, w, m0 + m, s, &k[r].h, f[m][r], acc[m][r], KQ_Q2_K);
+        else if (like == KQ_Q5_0) acc[m][r] = kq_close(j, w, m0 + m, s, &k[r].h, f[m][r], acc[m][r], KQ_Q5_0);
+        else acc[m][r] = kq_close(j, w, m0 + m, s, &k[r].h, f[m][r], acc[m][r], KQ_Q4_K);
       }
-    }
   }
   for (int m = 0; m < mt; ++m)
     for (int r = 0; r < nr; ++r) put_q(j, a, m0 + m, n + r, hsum8(acc[m][r]));
 }
 
-#define KT_CASE(K, NR, KIND) \
-  case K: ktile(j, a, m0, K, n, NR, KIND); break;
-#define KT_CASES(NR, KIND)                                                                    \
-  switch (mt) {                                                                               \
-    KT_CASE(1, NR, KIND) KT_CASE(2, NR, KIND) KT_CASE(3, NR, KIND) default: ktile(j, a, m0, KT_X, n, NR, KIND); \
-  }
-
 #ifndef KT_XBYTES
 #define KT_XBYTES 16384 /* bytes of int8 x a pass over a chunk's rows of W takes: they stay in L1 */
 #endif
 
-static inline __attribute__((always_inline)) void ktiles(const qjob_t *j, const qpart_t *a, int64_t n0, int64_t n1,
-                                                          const int kind) {
+static void ktiles(const qjob_t *j, const qpart_t *a, int64_t n0, int64_t n1) {
   const int64_t xrow = nb_of(&a->w) * 32;
   int64_t mb = KT_XBYTES / xrow / KT_X * KT_X;
   if (mb < KT_X) mb = KT_X;
-  const int full_rows = j->M == 1 ? KT_R1 : KT_R; /* one row of x: more rows of W share each of its loads */
   for (int64_t b0 = 0; b0 < j->M; b0 += mb) {
     const int64_t b1 = j->M - b0 < mb ? j->M : b0 + mb;
     for (int64_t n = n0; n < n1;) {
-      const int full = n1 - n >= full_rows;
+      const int full = n1 - n >= KT_R;
       for (int64_t m0 = b0; m0 < b1; m0 += KT_X) {
-        const int mt = b1 - m0 < KT_X ? (int)(b1 - m0) : KT_X;
-        if (full && full_rows == KT_R1) { KT_CASES(KT_R1, kind) }
-        else if (full) { KT_CASES(KT_R, kind) }
-        else { KT_CASES(1, kind) }
+        if (b1 - m0 >= KT_X) {
+          if (full) ktile(j, a, m0, KT_X, n, KT_R);
+          else ktile(j, a, m0, KT_X, n, 1);
+        } else {
+          for (int64_t m = m0; m < b1; ++m) { /* the tail rows one at a time: the same arithmetic */
+            if (full) ktile(j, a, m, 1, n, KT_R);
+            else ktile(j, a, m, 1, n, 1);
+          }
+        }
       }
-      n += full ? full_rows : 1;
+      n += full ? KT_R : 1;
     }
   }
 }
 
 void kq_rows(const qjob_t *j, const qpart_t *a, int64_t n0, int64_t n1) {
-  switch (a->w.kind) {
-  case KQ_Q5_0: ktiles(j, a, n0, n1, KQ_Q5_0); break;
-  case KQ_Q5_1: ktiles(j, a, n0, n1, KQ_Q5_1); break;
-  case KQ_Q2_K: ktiles(j, a, n0, n1, KQ_Q2_K); break;
-  case KQ_Q3_K: ktiles(j, a, n0, n1, KQ_Q3_K); break;
-  case KQ_Q4_K: ktiles(j, a, n0, n1, KQ_Q4_K); break;
-  case KQ_Q5_K: ktiles(j, a, n0, n1, KQ_Q5_K); break;
-  case KQ_Q6_K: ktiles(j, a, n0, n1, KQ_Q6_K); break;
+  if (j->M > 1) {
+    ktiles(j, a, n0, n1);
+    return;
   }
+  int64_t n = n0;
+  for (; n + KD_R <= n1; n += KD_R) { /* one row of x: rows of W in fours, the unpacking inlined per type */
+    switch (a->w.kind) {
+    case KQ_Q5_0: kdecode(j, a, 0, n, KQ_Q5_0); break;
+    case KQ_Q5_1: kdecode(j, a, 0, n, KQ_Q5_1); break;
+    case KQ_Q2_K: kdecode(j, a, 0, n, KQ_Q2_K); break;
+    case KQ_Q3_K: kdecode(j, a, 0, n, KQ_Q3_K); break;
+    case KQ_Q4_K: kdecode(j, a, 0, n, KQ_Q4_K); break;
+    case KQ_Q5_K: kdecode(j, a, 0, n, KQ_Q5_K); break;
+    case KQ_Q6_K: kdecode(j, a, 0, n, KQ_Q6_K); break;
+    }
+  }
+  for (; n < n1; ++n) ktile(j, a, 0, 1, n, 1);
 }
 
 /* xs16 [M, nb * 2]: dx_b * Σ q_x over each 16 values (the per-16 zero terms' X_j). */
