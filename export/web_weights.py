@@ -7,10 +7,10 @@ Per weight W [N, K] quantized in blocks along K (block b = k // block):
     scales  d [N, blocks]   float16 when every scale is a half exactly (a GGUF's are), else float32
     mins    m [N, blocks]   optional, the same dtype rule
 
-    w[n, k] = (q - zp) d + m      zp = 2**(bits-1) and no m (symmetric), or zp = 0 and m: GGUF Q4_1's
-                                  minimum, or -z d for per-block integer zero points (one form for both)
+    w[n, k] = q d + m             m: GGUF Q4_1's minimum, or -z d for per-block integer zero points
+    w[n, k] = (q - 2**(bits-1)) d  without m (symmetric)
 
-In the graph: MatMulNBits(x, codes, Cast(d), [zero points 0]) + blocksum(x) @ Cast(m)^T, so onnxruntime
+In the graph: MatMulNBits(x, codes, Cast(d)) + blocksum(x) @ (Cast(m) + 2**(bits-1) Cast(d))^T, so onnxruntime
 (CPython, Node, the browser's WebGPU and wasm backends) multiplies the codes as codes; the Casts of the small
 scale tensors are folded when the session starts, the weights never are. The page's own wasm kernels
 (web/kernels) read the same bytes from the same file (export.web_engine writes where each tensor is), with
@@ -103,29 +103,37 @@ def _as_float(g: GraphBuilder, init: str, values: np.ndarray, name: str) -> str:
 
 
 def matmul(g: GraphBuilder, x: str, w: WebInits, name: str, accuracy_level: int) -> str:
-    """x [..., K] @ W^T -> [..., N] on the codes: MatMulNBits, plus the minimums' term."""
+    """x [..., K] @ W^T -> [..., N] on the codes: MatMulNBits (its default zero point), plus the minimums' term."""
     p = w.weight
-    inputs = [x, w.codes, w.scales_f32]
-    if p.m is not None:  # zero points 0 (w = q d + m): bytes of zeros made at session start, not downloaded
-        zp_bytes = -(-p.blocks * p.bits // 8)
-        inputs.append(g.node("ConstantOfShape", [g.const([p.N, zp_bytes])], f"{name}/zero_points",
-                             value=_uint8_zero()))
-    y = g.node("MatMulNBits", inputs, f"{name}/MatMulNBits", domain=MS_DOMAIN, K=p.K, N=p.N, bits=p.bits,
-               block_size=p.block_size, accuracy_level=accuracy_level)
+    y = g.node("MatMulNBits", [x, w.codes, w.scales_f32], f"{name}/MatMulNBits", domain=MS_DOMAIN, K=p.K, N=p.N,
+               bits=p.bits, block_size=p.block_size, accuracy_level=accuracy_level)
     if p.m is None:
         return y
     return g.node("Add", [y, _mins_term(g, x, w, name)], f"{name}/AddMins")
 
 
+def centred_mins(g: GraphBuilder, w: WebInits, name: str) -> str:
+    """m + zp d [N, blocks] float32, so that (q - zp) d + (m + zp d) = q d + m with MatMulNBits' default zero
+    point: no zero-point input (onnxruntime 1.31 miscomputes one that is not an initializer) and centred codes,
+    whose products with int8 activations carry less of the activations' rounding. Folded at session start;
+    the page's kernels compute the same float32 sum (web/kernels/engine.c)."""
+    done = g.records.setdefault("_centred_mins", {})  # a tied table's head and embedding share one
+    if w.mins not in done:
+        zp = g.const(float(1 << (w.weight.bits - 1)), np.float32)
+        done[w.mins] = g.node("Add", [w.mins_f32, g.node("Mul", [w.scales_f32, zp], f"{name}/zp_d")],
+                              f"{name}/centred")
+    return done[w.mins]
+
+
 def _mins_term(g: GraphBuilder, x: str, w: WebInits, name: str) -> str:
-    """sum_b m[n, b] sum_{k in b} x[..., k] -> [..., N]: block sums of x times the minimums."""
+    """sum_b m'[n, b] sum_{k in b} x[..., k] -> [..., N]: block sums of x times the centred minimums."""
     p = w.weight
     if p.k_pad != p.K:  # [..., K] -> [..., K_pad]: the padded columns hold no weight
         x = g.node("Pad", [x, g.const([0, p.k_pad - p.K]), g.const(0.0, np.float32), g.const([-1])],
                    f"{name}/mins/pad")
     blocks = g.node("Reshape", [x, g.const([0, 0, p.blocks, p.block_size])], f"{name}/mins/blocks")
     sums = g.node("ReduceSum", [blocks, g.const([-1])], f"{name}/mins/sums", keepdims=0)  # [B, T, blocks]
-    return gemm(g, sums, w.mins_f32, p.N, p.blocks, f"{name}/mins")
+    return gemm(g, sums, centred_mins(g, w, f"{name}/mins"), p.N, p.blocks, f"{name}/mins")
 
 
 def gemm(g: GraphBuilder, x: str, w: str, n: int, k: int, name: str) -> str:
@@ -138,7 +146,8 @@ def gemm(g: GraphBuilder, x: str, w: str, n: int, k: int, name: str) -> str:
 
 
 def gather_rows(g: GraphBuilder, w: WebInits, index: str, name: str) -> str:
-    """Rows [B, T, K_pad] of the stored table for token ids `index` [B, T], dequantized (the tied embedding)."""
+    """Rows [B, T, K_pad] of the stored table for token ids `index` [B, T], dequantized (the tied embedding):
+    (q - zp) d (+ the centred minimums), as the page's kernels dequantize them."""
     p = w.weight
     codes = g.node("Gather", [w.codes, index], f"{name}/rows", axis=0)  # [B, T, blocks, blob]
     if p.bits == 4:  # low nibble first: [.., blob] -> [.., blob, 2] -> [.., block]
@@ -148,19 +157,15 @@ def gather_rows(g: GraphBuilder, w: WebInits, index: str, name: str) -> str:
                                   g.node("Unsqueeze", [high, g.const([-1])], f"{name}/high1")], f"{name}/pairs", axis=-1)
         codes = g.node("Reshape", [pairs, g.const([0, 0, p.blocks, p.block_size])], f"{name}/codes")
     q = g.node("Cast", [codes], f"{name}/float", to=TensorProto.FLOAT)
-    if p.m is None:
-        q = g.node("Sub", [q, g.const(float(1 << (p.bits - 1)), np.float32)], f"{name}/centre")
+    q = g.node("Sub", [q, g.const(float(1 << (p.bits - 1)), np.float32)], f"{name}/centre")
     d = g.node("Unsqueeze", [g.node("Gather", [w.scales_f32, index], f"{name}/d", axis=0), g.const([-1])],
                f"{name}/d1")  # [B, T, blocks, 1]
     rows = g.node("Mul", [q, d], f"{name}/scaled")
     if p.m is not None:
-        m = g.node("Unsqueeze", [g.node("Gather", [w.mins_f32, index], f"{name}/m", axis=0), g.const([-1])],
+        mins = centred_mins(g, w, f"{name}/mins")
+        m = g.node("Unsqueeze", [g.node("Gather", [mins, index], f"{name}/m", axis=0), g.const([-1])],
                    f"{name}/m1")
         rows = g.node("Add", [rows, m], f"{name}/shifted")
     return g.node("Reshape", [rows, g.const([0, 0, p.k_pad])], f"{name}/flat_rows")
 
 
-def _uint8_zero():
-    from onnx import helper
-
-    return helper.make_tensor("value", TensorProto.UINT8, [1], [0])

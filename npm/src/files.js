@@ -133,3 +133,87 @@ async function storeInCache(url, bytes, type) {
 export async function clearModelCache() {
   return typeof caches === 'undefined' ? false : caches.delete(CACHE_NAME);
 }
+
+/**
+ * A file read straight into memory that `alloc(bytes)` gives (the wasm kernels' heap): no second copy in
+ * JavaScript. Over HTTP the body streams in chunk by chunk and, with `cache`, a clone of the response goes to
+ * the Cache API as it arrives (the browser keeps that copy on disk, not in the tab).
+ * @returns {Promise<number>} where the bytes start
+ */
+export async function fetchInto(url, alloc, { onProgress, cache = false, label } = {}) {
+  const file = label ?? url.pathname.split('/').pop();
+  if (url.protocol === 'file:') return readFileInto(url, alloc, (loaded, total) => onProgress?.({ file, loaded,
+    total, cached: false }));
+  const hit = cache ? await cachedResponse(url) : null;
+  let response = hit;
+  if (!response) {
+    try {
+      response = await fetch(url);
+    } catch (error) {
+      throw new ModelNotFoundError(`could not fetch ${url.href}: ${error.message}`, { cause: error });
+    }
+    if (!response.ok) throw new ModelNotFoundError(`${url.href}: HTTP ${response.status} ${response.statusText}`.trim());
+  }
+  const total = Number(response.headers.get('content-length')) || 0;
+  if (!total || !response.body) { // no length up front (compressed): one buffer, then copied in
+    const bytes = await readChunks(response, (loaded, t) => onProgress?.({ file, loaded, total: t, cached: !!hit }));
+    const at = alloc(bytes.length);
+    new Uint8Array(memoryOf(at, bytes.length, alloc)).set(bytes);
+    if (cache && !hit) await storeInCache(url, bytes, response.headers.get('content-type'));
+    return at;
+  }
+  const stored = cache && !hit ? storeResponse(url, response.clone()) : null;
+  const at = alloc(total);
+  const reader = response.body.getReader();
+  let loaded = 0;
+  for (;;) {
+    const { done, value } = await reader.read();
+    if (done) break;
+    if (loaded + value.length > total) throw new ModelNotFoundError(`${url.href} is longer than its Content-Length`);
+    alloc.view(at + loaded, value.length).set(value);
+    loaded += value.length;
+    onProgress?.({ file, loaded, total, cached: !!hit });
+  }
+  if (loaded !== total) throw new ModelNotFoundError(`${url.href} ended after ${loaded} of ${total} bytes`);
+  await stored;
+  return at;
+}
+
+function memoryOf(at, length, alloc) {
+  return alloc.view(at, length);
+}
+
+async function readFileInto(url, alloc, progress) {
+  const { open } = await import('node:fs/promises');
+  let handle;
+  try {
+    handle = await open(url);
+  } catch (error) {
+    throw new ModelNotFoundError(`${decodeURIComponent(url.pathname)} does not exist (${error.code ?? error.message})`);
+  }
+  try {
+    const { size } = await handle.stat();
+    const at = alloc(size);
+    const step = 8 << 20;
+    for (let done = 0; done < size;) {
+      const n = Math.min(step, size - done);
+      const { bytesRead } = await handle.read(alloc.view(at + done, n), 0, n, done);
+      if (!bytesRead) throw new ModelNotFoundError(`${url.pathname} ended early`);
+      done += bytesRead;
+      progress(done, size);
+    }
+    return at;
+  } finally {
+    await handle.close();
+  }
+}
+
+async function storeResponse(url, response) {
+  const cache = await openCache();
+  if (!cache) return;
+  try {
+    await cache.put(url.href, response);
+  } catch (error) {
+    console.warn(`ruvllm: could not cache ${url.href}: ${error.message}`);
+  }
+}

@@ -6,10 +6,6 @@ static inline float hsum(v128_t v) {
          wasm_f32x4_extract_lane(v, 3);
 }
 
-static inline int32_t hsum_i(v128_t v) {
-  return wasm_i32x4_extract_lane(v, 0) + wasm_i32x4_extract_lane(v, 1) + wasm_i32x4_extract_lane(v, 2) +
-         wasm_i32x4_extract_lane(v, 3);
-}
 
 /* round half to even, as cvtps2dq under the default rounding mode (onnxruntime's x64 kernels) */
 static inline int32_t round_even(float v) { return (int32_t)__builtin_nearbyintf(v); }
@@ -36,7 +32,7 @@ void rk_quantize_act(const float *x, qact_t *a) {
     }
     a->s[b] = s;
     a->sum[b] = sum;
-    a->zterm[b] = -(float)a->zp * s * (float)qsum;
+    a->sq[b] = s * (float)qsum;
   }
 }
 
@@ -65,29 +61,41 @@ static inline v128_t dot8(const uint8_t *c, const int8_t *xq) {
                         dot8_16(wasm_v128_load(c + 16), wasm_v128_load(xq + 16)));
 }
 
-/* the per-block float terms of one row: sum_b d zterm + m sum */
-static inline float row_terms(const float *d, const float *m, const qact_t *a, int32_t blocks) {
+static inline float block_dot(const float *v, const float *u, int32_t blocks) {
   v128_t acc = wasm_f32x4_splat(0.f);
   int32_t b = 0;
-  for (; b + 4 <= blocks; b += 4) {
-    acc = wasm_f32x4_add(acc, wasm_f32x4_mul(wasm_v128_load(d + b), wasm_v128_load(a->zterm + b)));
-    if (m) acc = wasm_f32x4_add(acc, wasm_f32x4_mul(wasm_v128_load(m + b), wasm_v128_load(a->sum + b)));
-  }
+  for (; b + 4 <= blocks; b += 4) acc = wasm_f32x4_add(acc, wasm_f32x4_mul(wasm_v128_load(v + b), wasm_v128_load(u + b)));
   float t = hsum(acc);
-  for (; b < blocks; b++) t += d[b] * a->zterm[b] + (m ? m[b] * a->sum[b] : 0.f);
+  for (; b < blocks; b++) t += v[b] * u[b];
   return t;
+}
+
+/* the per-block float terms of one row: the zero point's -zp sum_b d s sum(q), and the minimums' sum_b m xsum */
+static inline float row_terms(const float *d, const float *m, const qact_t *a, int32_t blocks, float zp) {
+  const float t = -zp * block_dot(d, a->sq, blocks);
+  return m ? t + block_dot(m, a->sum, blocks) : t;
+}
+
+static inline float row_dot(const qmat_t *w, const qact_t *a, int32_t n, int32_t blocks, int32_t bytes, float zp) {
+  const uint8_t *c = w->codes + (int64_t)n * blocks * bytes;
+  const float *d = w->d + (int64_t)n * blocks;
+  v128_t acc = wasm_f32x4_splat(0.f);
+  for (int32_t b = 0; b < blocks; b++) {
+    const v128_t i = w->bits == 4 ? dot4(c + b * bytes, a->q + b * QBLOCK) : dot8(c + b * bytes, a->q + b * QBLOCK);
+    acc = wasm_f32x4_add(acc, wasm_f32x4_mul(wasm_f32x4_convert_i32x4(i), wasm_f32x4_splat(d[b] * a->s[b])));
+  }
+  return hsum(acc) + row_terms(d, w->m ? w->m + (int64_t)n * blocks : 0, a, blocks, zp);
 }
 
 void rk_qmatvec(const qmat_t *w, const qact_t *a, float *y, int32_t n0, int32_t n1) {
   const int32_t blocks = w->K / QBLOCK, bytes = QBLOCK * w->bits / 8;
-  for (int32_t n = n0; n < n1; n++) {
-    const uint8_t *c = w->codes + (int64_t)n * blocks * bytes;
-    const float *d = w->d + (int64_t)n * blocks;
-    v128_t acc = wasm_f32x4_splat(0.f);
-    for (int32_t b = 0; b < blocks; b++) {
-      const v128_t i = w->bits == 4 ? dot4(c + b * bytes, a->q + b * QBLOCK) : dot8(c + b * bytes, a->q + b * QBLOCK);
-      acc = wasm_f32x4_add(acc, wasm_f32x4_mul(wasm_f32x4_convert_i32x4(i), wasm_f32x4_splat(d[b] * a->s[b])));
-    }
-    y[n] = hsum(acc) + row_terms(d, w->m ? w->m + (int64_t)n * blocks : 0, a, blocks);
-  }
+  const float zp = (float)(1 << (w->bits - 1));
+  for (int32_t n = n0; n < n1; n++) y[n] = row_dot(w, a, n, blocks, bytes, zp);
+}
+
+void rk_qmatmul(const qmat_t *w, const qact_t *a, int32_t M, float *y, int32_t ldy, int32_t n0, int32_t n1) {
+  const int32_t blocks = w->K / QBLOCK, bytes = QBLOCK * w->bits / 8;
+  const float zp = (float)(1 << (w->bits - 1));
+  for (int32_t n = n0; n < n1; n++)
+    for (int32_t m = 0; m < M; m++) y[(int64_t)m * ldy + n] = row_dot(w, a + m, n, blocks, bytes, zp);
 }
