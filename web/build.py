@@ -29,7 +29,10 @@ DIST = WEB / "dist"
 NODE_MODULES = REPO / "npm" / "node_modules"
 BUILTIN = REPO / "py_engine" / "data" / "tiny-shakespeare"
 PYODIDE_FILES = ("pyodide.mjs", "pyodide.asm.mjs", "pyodide.asm.wasm", "python_stdlib.zip", "pyodide-lock.json")
-ORT_FILES = ("ort.wasm.min.mjs", "ort-wasm-simd-threaded.mjs", "ort-wasm-simd-threaded.wasm")
+# onnxruntime-web: its wasm build (graphs the page's own kernels do not take) and its WebGPU build (fetched
+# only when the page runs on WebGPU)
+ORT_FILES = ("ort.wasm.min.mjs", "ort-wasm-simd-threaded.mjs", "ort-wasm-simd-threaded.wasm", "ort.webgpu.min.mjs",
+             "ort-wasm-simd-threaded.asyncify.mjs", "ort-wasm-simd-threaded.asyncify.wasm")
 BUILTIN_PRECISIONS = ("fp32", "int4")
 # The real chat model: its Q4_1 codes exported as they are (int4) and as int8 (~25 s for both on 2 cores).
 SMOLLM2 = "smollm2-135m-instruct"

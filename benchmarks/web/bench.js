@@ -11,10 +11,11 @@ function rates(started, stamps) {
     decodeTokPerS: stamps.length > 1 ? (stamps.length - 1) / ((last - first) / 1000) : 0 };
 }
 
-export async function ours({ model, precision = 'auto', file = null, threads = 2, prompt, tokens }) {
+export async function ours({ model, precision = 'auto', file = null, threads = 2, prompt, tokens, device = 'wasm' }) {
   const t0 = performance.now();
-  const engine = await createEngine({ model: here(`models/${model}/`), precision, file, threads, worker: true,
+  const engine = await createEngine({ model: here(`models/${model}/`), precision, file, threads, worker: true, device,
     pyodideURL: here('pyodide/'), wasmPaths: here('ort/'), ortURL: here('ort/ort.wasm.min.mjs'),
+    ortWebgpuURL: here('ort/ort.webgpu.min.mjs'),
     wheelsURL: here('wheels/'), workerURL: here('ruvllm/worker.js') });
   const loadMs = performance.now() - t0;
   const stamps = [];
