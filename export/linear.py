@@ -26,7 +26,7 @@ from .graph import MS_DOMAIN, GraphBuilder
 from .options import ExportOptions
 from .packing import PackedNBits, pack_matmul_nbits
 from .quantized import PermutedWeight, Weight, for_matmul_nbits
-from .web_weights import WebInits, matmul, web_initializers, web_weight
+from .web_weights import ENGINE_BLOCK, WebInits, matmul, web_initializers, web_weight
 
 
 @dataclass
@@ -64,9 +64,12 @@ class Linear:
         return quantize_rtn(weight, o.bits, o.block_size, o.symmetric)
 
     def packed(self, weight: Tensor | QuantizedWeight, name: str) -> "PackedInits | WebInits":
-        q = for_matmul_nbits(weight, name) if isinstance(weight, QuantizedWeight) else self.quantize(weight)
-        g = self.g
-        if self.options.target == "web":
+        g, web = self.g, self.options.target == "web"
+        if isinstance(weight, QuantizedWeight):
+            q = for_matmul_nbits(weight, name, ENGINE_BLOCK) if web else for_matmul_nbits(weight, name)
+        else:
+            q = self.quantize(weight)
+        if web:
             return web_initializers(g, web_weight(q), name)
         p = pack_matmul_nbits(q)
         zp = None if p.zero_points is None else g.initializer(

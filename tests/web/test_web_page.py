@@ -111,6 +111,9 @@ def test_smollm2_int4_greedy_chat_in_chromium(site, dist, smollm2_web):
     got = page.evaluate(f"async ([chats, n]) => await ({JS_CHATS})(window.ruvllmDemo.engine, chats, n)",
                         [CHATS, MAX_TOKENS])
     assert got == smollm2_web.expected
+    # the codes ran on the page's own kernels (relaxed SIMD in this Chromium), and the page says so
+    assert page.evaluate("document.body.dataset.device") == "wasm"
+    assert page.inner_text("#device").startswith("ruvllm-wasm (relaxed SIMD")
     page.close()
 
 
