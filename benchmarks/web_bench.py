@@ -91,13 +91,13 @@ class RendererPeak:
         self._thread.join()
 
 
-def run_once(context, base: str, engine: str, args, cold: bool, sizes: dict) -> dict:
+def run_once(context, base: str, engine: str, args, cold: bool, sizes: list) -> dict:
     page = context.new_page()
     page.goto(base + "bench.html")
     page.wait_for_function("document.getElementById('status').textContent === 'ready'")
     if cold:
         page.evaluate("async () => { for (const k of await caches.keys()) await caches.delete(k); }")
-    sizes.clear()
+    del sizes[:]
     common = {"threads": args.threads, "prompt": PROMPT, "tokens": args.tokens}
     if engine == "wllama":
         call, arg = "wllama", {**common, "gguf": "gguf/smollm2.gguf", "cold": cold}
@@ -112,8 +112,8 @@ def run_once(context, base: str, engine: str, args, cold: bool, sizes: dict) -> 
         except Exception as error:  # one failing engine should not hide the others
             row = {"error": str(error).splitlines()[0][:300]}
     row.update(engine=engine, cold=cold, peak_renderer_rss_mib=round(peak.peak, 1),
-               model_bytes=sum(v for u, v in sizes.items() if "/models/" in u or "/gguf/" in u),
-               runtime_bytes=sum(v for u, v in sizes.items() if "/models/" not in u and "/gguf/" not in u))
+               model_bytes=sum(v for u, v in sizes if "/models/" in u or "/gguf/" in u),
+               runtime_bytes=sum(v for u, v in sizes if "/models/" not in u and "/gguf/" not in u))
     page.close()
     print(json.dumps({k: (round(v, 1) if isinstance(v, float) else v) for k, v in row.items()}), flush=True)
     return row
@@ -124,8 +124,8 @@ def measure(dist: Path, engines: list[str], args) -> list[dict]:
 
     rows = []
     with static_server(dist) as base, browser(WORK / "profile", webgpu=bool(args.webgpu)) as (context, _):
-        sizes: dict[str, int] = {}
-        context.on("response", lambda r: sizes.__setitem__(r.url, int(r.headers.get("content-length") or 0)))
+        sizes: list[tuple[str, int]] = []  # every response (a ranged file answers several times)
+        context.on("response", lambda r: sizes.append((r.url, int(r.headers.get("content-length") or 0))))
         for r in range(args.rounds):
             order = engines if r % 2 == 0 else engines[::-1]
             for engine in order:

@@ -256,3 +256,6 @@ void rk_centre_mins(float *m, const float *d, int32_t n, int32_t bits) {
 void rk_f16_to_f32(const uint16_t *src, float *dst, int32_t n) {
   for (int32_t i = 0; i < n; i++) dst[i] = half_to_float(src[i]);
 }
+
+/* The head's product alone on x [hidden] (benchmarks/web_matmul_options.py times one projection with it). */
+void rk_bench_head(const float *x) { product(&M.head, x, 1, M.logits); }
