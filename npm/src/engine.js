@@ -5,7 +5,7 @@ import { argmax } from './backend.js';
 import { openBackend } from './device.js';
 import { asRuvllmError, EngineDisposedError } from './errors.js';
 import { sampleToken } from './sampling.js';
-import { bootPython } from './python.js';
+import { bootRuntime } from './python.js';
 import { modelBase } from './files.js';
 import { MODEL_DIR, readContract, writeSharedFiles } from './model.js';
 import * as openai from './openai.js';
@@ -46,12 +46,12 @@ export class InThreadEngine {
       // session). Overlapping them hides most of Pyodide's boot behind the download, or the
       // session creation on a cached reload.
       const python = (async () => {
-        const pyodide = await bootPython({ indexURL: options.pyodideURL, wheelsURL: options.wheelsURL });
+        const { pyodide, runtime, restored } = await bootRuntime({ indexURL: options.pyodideURL,
+          wheelsURL: options.wheelsURL, snapshot: options.pythonSnapshot, maxContext: options.maxContext, modelDir: MODEL_DIR,
+          writeModel: (p) => writeSharedFiles(p, base, onFile) });
         stats.pythonBootMs = performance.now() - t0;
-        await writeSharedFiles(pyodide, base, onFile);
-        const py = pyodide.pyimport('ruvllm_bridge').Runtime(MODEL_DIR, options.maxContext ?? null);
-        py.warm();
-        return { pyodide, py };
+        stats.pythonRestored = restored;
+        return { pyodide, py: runtime };
       })();
       const forward = (async () => {
         const opened = await openBackend(base, contract, options, onFile);

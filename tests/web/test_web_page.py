@@ -170,7 +170,7 @@ def test_stop_button_ends_generation(site):
     page.close()
 
 
-def test_reload_loads_from_browser_cache(site):
+def test_reload_loads_from_browser_cache(site, dist):
     base, context, requests = site
     _open(context, base, "qwen2").close()  # cached by now (earlier tests loaded it too)
     requests.clear()
@@ -178,6 +178,17 @@ def test_reload_loads_from_browser_cache(site):
     assert not [u for u in requests if u.endswith(("model.onnx", "tokenizer.json"))], requests
     stats = page.evaluate("window.ruvllmDemo.engine.stats")
     assert stats["downloadedBytes"] == 0 and stats["cachedBytes"] > 0
+    # Python restored from the heap snapshot the first load kept (npm/src/python.js), and it still answers
+    # with the torch engine's greedy tokens
+    assert stats["pythonRestored"] is True, stats
+    from py_engine import LLM, SamplingParams
+
+    expected = LLM(str(dist.parent / "qwen2")).generate(PROMPT, SamplingParams.greedy(max_tokens=8,
+                                                                                      ignore_eos=True)).token_ids
+    got = page.evaluate("""async ([prompt, n]) => (await window.ruvllmDemo.engine.completions.create(
+        {prompt, max_tokens: n, temperature: 0, ignore_eos: true, return_token_ids: true})).choices[0].token_ids""",
+                        [PROMPT, 8])
+    assert got == expected
     page.click("#clear-cache")
     page.wait_for_function("document.body.dataset.status === 'cache cleared'")
     assert page.evaluate("caches.keys()") == []
