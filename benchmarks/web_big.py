@@ -59,10 +59,13 @@ def checkpoint() -> Path:
 def export(ckpt: Path) -> Path:
     from export.exporter import export_model
     from export.options import ExportOptions
+    from py_engine.models import load_model
 
     out = WORK / "qwen1.5b-export"
     if not (out / "onnx" / "model_q4_web.onnx").exists():
-        export_model(ckpt, out, ExportOptions(precision="int4", target="web"))
+        # bf16 in memory (3 GB; float32 would be 6, and the export quantizes one weight at a time)
+        model, _ = load_model(ckpt, dtype="bfloat16")
+        export_model(ckpt, out, ExportOptions(precision="int4", target="web"), model=model)
     return out
 
 
