@@ -292,9 +292,6 @@ def build_server(args: argparse.Namespace) -> tuple[Any, Any]:
 
 def run_serve(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if args.replicas:  # Ray Serve: many engines behind one endpoint (native_server/cluster)
-        from native_server.cluster.launch import serve_replicas
-        return serve_replicas(args)
     try:
         import uvicorn
 

@@ -10,8 +10,8 @@
 - replicas (default 1), cpus_per_replica (default 1, also the replica's torch threads),
   gpus_per_replica (default 0)
 - api_key, allowed_hosts (comma-separated, besides loopback names), max_body_bytes: the ingress's checks
-- loopback: bind each replica's Serve gRPC server to 127.0.0.1 (replica.py; `serve --replicas` sets it
-  when it starts Ray itself)
+- loopback: bind each replica's (and the ingress's) Serve gRPC server to 127.0.0.1 (replica.py;
+  `serve --replicas` sets it when it starts Ray itself)
 """
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from native_server.api.middleware import LOOPBACK_HOSTS, AllowedHosts, APIKey
 from native_server.api.request_body import DEFAULT_BODY_TIMEOUT, DEFAULT_MAX_BODY_BYTES, RequestBody
 from native_server.cluster import require_ray
 from native_server.cluster.ingress import Forwarder, make_app, set_forwarder
-from native_server.cluster.replica import EngineReplica
+from native_server.cluster.replica import EngineReplica, loopback_grpc
 
 ENGINE, INGRESS = "ruvllm-engine", "ruvllm-ingress"
 MAX_ONGOING = 1024  # per replica: its engine queues past its batch (max_queue); Serve's default of 5 would starve it
@@ -72,7 +72,7 @@ def build_app(args: dict) -> Any:
                                                  "num_gpus": options.gpus_per_replica})
     ingress = serve.deployment(_ingress_class(options), name=INGRESS, num_replicas=1,
                                max_ongoing_requests=4 * MAX_ONGOING, ray_actor_options={"num_cpus": 0})
-    return ingress.bind(engine.bind(options.serve_args, options.cpus_per_replica, options.loopback))
+    return ingress.bind(engine.bind(options.serve_args, options.cpus_per_replica, options.loopback), options.loopback)
 
 
 def _ingress_class(options: ClusterOptions) -> type:
@@ -86,7 +86,9 @@ def _ingress_class(options: ClusterOptions) -> type:
 
     @serve.ingress(app)
     class Ingress:
-        def __init__(self, engine: Any) -> None:
+        def __init__(self, engine: Any, loopback: bool = False) -> None:
+            if loopback:
+                loopback_grpc()
             set_forwarder(Forwarder(engine))
 
     return Ingress

@@ -1,6 +1,7 @@
 """`ruvllm serve MODEL --replicas N`: Ray Serve with N engine replicas behind one OpenAI endpoint.
 
-Without --ray-address, Ray starts here and stays on loopback: its node IP is
+Without --ray-address, Ray starts here (with $RAY_NUM_CPUS CPUs if set, else
+all of them) and stays on loopback: its node IP is
 127.0.0.1 (RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 keeps Ray from swapping in the
 machine's address), no dashboard, no usage reporting, the HTTP proxy on
 --host (127.0.0.1 by default), and each replica's gRPC server on 127.0.0.1
@@ -33,9 +34,11 @@ def loopback_ray_env() -> dict[str, str]:
 
 
 def start_local_ray(num_cpus: int | None = None, num_gpus: int | None = None) -> None:
+    os.environ.update(loopback_ray_env())  # before ray starts its processes: they inherit it
     import ray
+    from ray._private import ray_constants
 
-    os.environ.update(loopback_ray_env())
+    ray_constants.ENABLE_RAY_CLUSTER = False  # read when ray was imported, if it was before this
     ray.init(_node_ip_address="127.0.0.1", include_dashboard=False, num_cpus=num_cpus, num_gpus=num_gpus,
              log_to_driver=True, configure_logging=False)
 
@@ -65,7 +68,7 @@ def serve_replicas(args: argparse.Namespace) -> int:
 
     local = args.ray_address is None
     if local:
-        start_local_ray()
+        start_local_ray(int(os.environ["RAY_NUM_CPUS"]) if os.environ.get("RAY_NUM_CPUS") else None)
     else:
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
         ray.init(address=args.ray_address)

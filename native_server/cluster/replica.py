@@ -26,7 +26,7 @@ logger = logging.getLogger("ruvllm.cluster")
 BODY_CHUNK = 1 << 16
 
 
-def _loopback_grpc() -> None:
+def loopback_grpc() -> None:
     """Serve binds its replica's gRPC server to "[::]:0" after the replica's constructor: rebind it to loopback."""
     from ray.serve._private import replica as serve_replica
 
@@ -46,7 +46,7 @@ class EngineReplica:
 
     def __init__(self, serve_args: list[str], threads: int = 1, loopback: bool = False) -> None:
         if loopback:
-            _loopback_grpc()
+            loopback_grpc()
         import torch
 
         from native_server.serve import build_server, parse_serve_args

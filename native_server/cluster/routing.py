@@ -12,9 +12,11 @@ under Ray Serve's request router.
   to (least recently used entries go beyond a bound), and chooses:
     1. the user's replica while it is alive and has room;
     2. the replica holding the longest run of the prompt's leading blocks,
-       when that run is at least MIN_MATCH of the prompt (so requests that
-       share only a system prompt still spread) and that replica has at
-       most IMBALANCE more requests in flight than the least loaded;
+       when that run is at least MIN_MATCH of the prompt and that replica
+       has at most IMBALANCE more requests in flight than the least loaded
+       (SGLang's cache-aware rule: a long shared system prompt draws new
+       conversations to its replica too, where it is cached, until the
+       load gap says spread);
     3. the least loaded replica (ties: the fewest requests routed so far).
   The choice is recorded, so the next turn finds it.
 """
