@@ -48,5 +48,3 @@ def test_vllm_names_beside_ruvllms(tmp_path):
         assert found["vllm:generation_tokens"].samples[0].value == 10
         assert sum(s.value for s in found["vllm:request_success"].samples) == 2
         assert no_traceback(srv.log())
-    with running_server(model, log_dir=tmp_path) as srv:
-        assert not [name for name in families(srv.url) if name.startswith("vllm:")]  # opt-in only
