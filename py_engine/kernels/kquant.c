@@ -349,6 +349,27 @@ void kq_rows(const qjob_t *j, const qpart_t *a, int64_t n0, int64_t n1) {
   for (; n < n1; ++n) ktile(j, a, 0, 1, n, 1);
 }
 
+/* Row n of a ggml-block matrix for qpanel.c's panels: its codes [K] unsigned in value order, and per group (a
+ * sub-block of 32, or of 16 for Q2_K/Q3_K/Q6_K) the scale s_j = D * c_j (exact) and the zero term Z_j, at
+ * scales[j * stride] and zeros[j * stride]. */
+void kq_unpack_row(const qmat_t *w, int64_t n, uint8_t *codes, float *scales, float *zeros, int64_t stride) {
+  const int kind = w->kind, spb = (int)w->spg, p16 = per16(kind);
+  const int64_t bbytes = kq_block_bytes(kind);
+  for (int64_t s = 0; s < w->ng; ++s) {
+    const uint8_t *blk = w->codes + n * row_bytes(w) + s * bbytes;
+    kblock_t k;
+    kq_unpack(kind, blk, &k);
+    for (int b = 0; b < spb; ++b) _mm256_storeu_si256((__m256i *)(codes + (s * spb + b) * 32), k.u[b]);
+    const int groups = p16 ? 16 : spb;
+    for (int g = 0; g < groups; ++g) {
+      const int64_t j = s * groups + g;
+      const int c = kind == KQ_Q5_0 || kind == KQ_Q5_1 ? 1 : p16 ? (int8_t)k.h.c[g] : k.h.c[g];
+      scales[j * stride] = k.h.d * (float)c;
+      zeros[j * stride] = k.h.z[g];
+    }
+  }
+}
+
 /* xs16 [M, nb * 2]: dx_b * Σ q_x over each 16 values (the per-16 zero terms' X_j). */
 void kq_sums16(const int8_t *qx, const float *dx, int64_t M, int64_t nb, float *xs16) {
   for (int64_t i = 0; i < M * nb; ++i)

@@ -281,7 +281,8 @@ static void run_qpart_chunk(const qjob_t *j, const qpart_t *a, int64_t c) {
 #if Q_PANELS_BUILT
   if (j->panel_parts >> (a - j->part) & 1) {
     if (q_panels(j, a, n0, n1) == 0) return;
-    q_tiles(j, a, n0, n1); /* no buffer for the panels: the same products in tiles */
+    if (a->w.kind) kq_rows(j, a, n0, n1); /* no buffer for the panels: the same products in tiles */
+    else q_tiles(j, a, n0, n1);
     return;
   }
 #endif
@@ -569,7 +570,9 @@ static void run_parts(qjob_t *job, int n_parts, const qmat_t *parts, void *y, fl
   for (int p = 0; p < n_parts; ++p) {
     const qmat_t *w = &parts[p];
     float *part_xg = NULL;
-    if (has_mins(w) || (job->panel_parts >> p & 1 && !w->bits4)) { /* X_g per row of x for this part's grouping */
+    if (w->kind) { /* ggml blocks: in panels, X per group of 32 (quant.c's xs) or 16 (xs16); tiles read both */
+      if (job->panel_parts >> p & 1) part_xg = kq_per16(w->kind) ? (float *)job->xs16 : (float *)xs;
+    } else if (has_mins(w) || (job->panel_parts >> p & 1 && !w->bits4)) { /* X_g per row of x for this part's grouping */
       part_xg = xg + group * M;
       for (int64_t m = 0; m < M; ++m)
         for (int64_t g = 0; g < w->ng; ++g) {

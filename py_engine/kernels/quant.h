@@ -171,8 +171,8 @@ static inline int ztile_fits(const qmat_t *w) {
 
 /* Whether the panels (qpanel.c) take this matrix for M rows of x in this mode. */
 static inline int q_panels_fit(const qmat_t *w, int64_t M, int mode) {
-  /* every layout of quant.c: 8-bit and 4-bit (and 2/3-bit) codes, any group; ggml blocks: sgemm */
-  return Q_PANELS_BUILT && mode == 0 && M >= Q_PANEL_ROWS && !w->kind;
+  (void)w; /* every layout: 8-bit and 4-bit (and 2/3-bit) codes, any group, and ggml's blocks */
+  return Q_PANELS_BUILT && mode == 0 && M >= Q_PANEL_ROWS;
 }
 /* Rows n0..n1 of part a against every row of x in panels (qpanel.c); -1 when its buffer cannot be had. */
 int q_panels(const qjob_t *j, const qpart_t *a, int64_t n0, int64_t n1);
@@ -185,5 +185,9 @@ void kq_rows(const qjob_t *j, const qpart_t *a, int64_t n0, int64_t n1);
 void kq_dequantize_rows(const qmat_t *w, int64_t r0, int64_t r1, int64_t K, float *out);
 /* one block of a ggml type (32 or 256 values) as fp32, exactly gguf.quants.dequantize */
 void kq_dequantize_block(int kind, const uint8_t *blk, float *out);
+/* row n of a ggml-block matrix unpacked for the panels: codes [K], per group (32 values, or 16) s_j and Z_j */
+void kq_unpack_row(const qmat_t *w, int64_t n, uint8_t *codes, float *scales, float *zeros, int64_t stride);
+/* whether a ggml type's scales are per 16 values (Q2_K, Q3_K, Q6_K) */
+static inline int kq_per16(int kind) { return kind == 10 || kind == 11 || kind == 14; }
 /* xs16 [M, nb * 2] from the int8 x: dx * Σ q_x per 16 values */
 void kq_sums16(const int8_t *qx, const float *dx, int64_t M, int64_t nb, float *xs16);
