@@ -10,6 +10,8 @@
 - replicas (default 1), cpus_per_replica (default 1, also the replica's torch threads),
   gpus_per_replica (default 0)
 - api_key, allowed_hosts (comma-separated, besides loopback names), max_body_bytes: the ingress's checks
+- routing: "affinity" (the user's replica, else the prompt prefix's, else the least loaded; router.py), or
+  "random" / "least-loaded" alone (A/B measurements: benchmarks/cluster_bench.py)
 - loopback: bind each replica's (and the ingress's) Serve gRPC server to 127.0.0.1 (replica.py;
   `serve --replicas` sets it when it starts Ray itself)
 """
@@ -25,6 +27,7 @@ from native_server.cluster.ingress import Forwarder, make_app, set_forwarder
 from native_server.cluster.replica import EngineReplica, loopback_grpc
 
 ENGINE, INGRESS = "ruvllm-engine", "ruvllm-ingress"
+ROUTING = ("affinity", "random", "least-loaded")
 MAX_ONGOING = 1024  # per replica: its engine queues past its batch (max_queue); Serve's default of 5 would starve it
 
 
@@ -38,6 +41,7 @@ class ClusterOptions:
     allowed_hosts: str | None = None
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     loopback: bool = False
+    routing: str = "affinity"
 
     @classmethod
     def from_dict(cls, args: dict) -> "ClusterOptions":
@@ -52,6 +56,8 @@ class ClusterOptions:
             raise ValueError("serve_args: a list of `ruvllm serve` arguments, the model first")
         if not 1 <= options.replicas <= 1024 or not 1 <= options.cpus_per_replica <= 1024:
             raise ValueError("replicas and cpus_per_replica: integers in [1, 1024]")
+        if options.routing not in ROUTING:
+            raise ValueError(f"routing: one of {', '.join(ROUTING)}, got {options.routing!r}")
         return options
 
 
@@ -64,7 +70,8 @@ def build_app(args: dict) -> Any:
     options = ClusterOptions.from_dict(args)
     from native_server.cluster.router import AffinityRouter
 
-    router = RequestRouterConfig(request_router_class=AffinityRouter, request_router_kwargs={"capacity": MAX_ONGOING})
+    router = RequestRouterConfig(request_router_class=AffinityRouter,
+                                 request_router_kwargs={"capacity": MAX_ONGOING, "policy": options.routing})
     engine = serve.deployment(EngineReplica, name=ENGINE, num_replicas=options.replicas,
                               max_ongoing_requests=MAX_ONGOING, request_router_config=router,
                               health_check_period_s=2, health_check_timeout_s=60, graceful_shutdown_timeout_s=30,

@@ -169,7 +169,8 @@ def _is_sse(head: dict) -> bool:
 
 
 def sum_metrics(texts: list[str]) -> str:
-    """Prometheus texts of the same metrics summed sample by sample (HELP/TYPE lines kept once)."""
+    """Prometheus texts of the same metrics summed sample by sample (HELP/TYPE lines kept once); the ratios
+    are recomputed from the sums, and per-token sizes (the same on every replica) averaged."""
     order: list[str] = []
     values: dict[str, float] = defaultdict(float)
     for text in texts:
@@ -182,7 +183,16 @@ def sum_metrics(texts: list[str]) -> str:
             if name not in values:
                 order.append(name)
             values[name] += float(value)
+    for name in [n for n in values if n.endswith("_per_token")]:
+        values[name] /= max(len(texts), 1)
+    for ratio, (num, den) in RATIOS.items():
+        if ratio in values and den in values:
+            values[ratio] = values[num] / values[den] if values[den] else 0.0
     return "".join(f"{k}\n" if k.startswith("#") else f"{k} {_number(values[k])}\n" for k in order)
+
+
+RATIOS = {"ruvllm_kv_cache_usage_perc": ("ruvllm_kv_cache_blocks_used", "ruvllm_kv_cache_blocks_total"),
+          "ruvllm_prefix_cache_hit_rate": ("ruvllm_prefix_cache_hits_total", "ruvllm_prefix_cache_queries_total")}
 
 
 def _number(v: float) -> str:

@@ -23,8 +23,8 @@ from native_server.cluster import require_ray
 logger = logging.getLogger("ruvllm.cluster")
 APP_NAME = "ruvllm"
 # serve options the ingress or the launcher takes; a replica is started with the others
-CLUSTER_FLAGS = {"--replicas", "--ray-address", "--cpus-per-replica", "--gpus-per-replica", "--host", "--port",
-                 "--api-key", "--allowed-hosts"}
+CLUSTER_FLAGS = {"--replicas", "--ray-address", "--cpus-per-replica", "--gpus-per-replica", "--routing", "--host",
+                 "--port", "--api-key", "--allowed-hosts"}
 
 
 def loopback_ray_env() -> dict[str, str]:
@@ -76,7 +76,8 @@ def serve_replicas(args: argparse.Namespace) -> int:
         serve.start(http_options={"host": args.host, "port": args.port})
         app = build_app({"serve_args": replica_argv(getattr(args, "argv", [])), "replicas": args.replicas,
                          "cpus_per_replica": args.cpus_per_replica, "gpus_per_replica": args.gpus_per_replica,
-                         "api_key": args.api_key, "allowed_hosts": args.allowed_hosts, "loopback": local})
+                         "api_key": args.api_key, "allowed_hosts": args.allowed_hosts, "loopback": local,
+                         "routing": args.routing})
         serve.run(app, name=APP_NAME, route_prefix="/")
         logger.info("%d replicas of %s behind http://%s:%d", args.replicas, args.model, args.host, args.port)
         _wait_for_signal()

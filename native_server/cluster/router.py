@@ -14,19 +14,22 @@ by reference.
 """
 from __future__ import annotations
 
+import random
 from collections import Counter
 from typing import Any
 
 from ray.serve.request_router import FIFOMixin, PendingRequest, ReplicaID, RequestRouter, RunningReplica
 
-from native_server.cluster.routing import AffinityTable, RouteKey, register_router
+from native_server.cluster.routing import AffinityTable, Choice, RouteKey, register_router
 
 
 
 class AffinityRouter(FIFOMixin, RequestRouter):
-    def initialize_state(self, capacity: int | None = None, **kwargs: Any) -> None:
+    def initialize_state(self, capacity: int | None = None, policy: str = "affinity", **kwargs: Any) -> None:
+        """policy: "affinity" (routing.py), or for A/B measurements "random" / "least-loaded" alone."""
         self.table = AffinityTable(**kwargs)
-        self.capacity = capacity
+        self.capacity, self.policy = capacity, policy
+        self.rng = random.Random(0)
         self.in_flight: Counter = Counter()
         self.routes: Counter = Counter()  # (replica, reason) -> requests
         self._requests: dict[str, str] = {}  # internal request id -> replica
@@ -46,9 +49,13 @@ class AffinityRouter(FIFOMixin, RequestRouter):
             return [[by_id[target]]] if target in by_id else []
         key = kwargs.get("route")
         key = key if isinstance(key, RouteKey) else RouteKey()
-        choice = self.table.choose(key, {r: self.in_flight[r] for r in by_id}, self.capacity)
-        if choice is None:
+        if not by_id:
             return []
+        if self.policy == "random":
+            choice = Choice(self.rng.choice(sorted(by_id)), "random")
+        else:
+            choice = self.table.choose(key if self.policy == "affinity" else RouteKey(),
+                                       {r: self.in_flight[r] for r in by_id}, self.capacity)
         self.table.record(key, choice.replica)
         self.routes[(choice.replica, choice.reason)] += 1
         if pending_request is not None:

@@ -96,3 +96,34 @@ def test_replica_arguments_leave_the_cluster_s_own():
     argv = ["--verbose", "serve", "tiny-shakespeare", "--replicas", "2", "--port=9000", "--host", "0.0.0.0",
             "--api-key", "k", "--max-concurrent", "8", "--cpus-per-replica", "1"]
     assert replica_argv(argv) == ["tiny-shakespeare", "--max-concurrent", "8"]
+
+
+def test_metrics_are_summed_and_ratios_recomputed():
+    from native_server.cluster.ingress import sum_metrics
+
+    one = ("# TYPE ruvllm_prefix_cache_hits_total counter\nruvllm_prefix_cache_hits_total 30\n"
+           "ruvllm_prefix_cache_queries_total 100\nruvllm_prefix_cache_hit_rate 0.3\n"
+           "ruvllm_kv_cache_hot_bytes_per_token 1536\nruvllm_ttft_seconds_bucket{le=\"0.1\"} 2\n")
+    two = one.replace(" 30\n", " 70\n").replace("0.3", "0.7").replace("{le=\"0.1\"} 2", "{le=\"0.1\"} 5")
+    lines = sum_metrics([one, two]).splitlines()
+    assert lines == ["# TYPE ruvllm_prefix_cache_hits_total counter", "ruvllm_prefix_cache_hits_total 100",
+                     "ruvllm_prefix_cache_queries_total 200", "ruvllm_prefix_cache_hit_rate 0.5",
+                     "ruvllm_kv_cache_hot_bytes_per_token 1536", 'ruvllm_ttft_seconds_bucket{le="0.1"} 7']
+
+
+def test_the_documented_serve_config_is_valid():
+    """docs/serve-config.yaml against Ray Serve's own schema, and its args against build_app's options."""
+    import pytest
+    yaml = pytest.importorskip("yaml", reason="pyyaml comes with Ray Serve: pip install 'ray[serve]'")
+    schema = pytest.importorskip("ray.serve.schema", reason="Ray Serve is not installed: pip install 'ray[serve]'")
+
+    from native_server.cluster.app import ClusterOptions
+    from tests.paths import REPO
+
+    config = yaml.safe_load((REPO / "docs" / "serve-config.yaml").read_text())
+    deploy = schema.ServeDeploySchema.model_validate(config) if hasattr(schema.ServeDeploySchema, "model_validate") \
+        else schema.ServeDeploySchema.parse_obj(config)
+    app = deploy.applications[0]
+    assert app.import_path == "native_server.cluster.app:build_app"
+    options = ClusterOptions.from_dict(app.args)
+    assert options.serve_args[0] == "smollm2-135m-instruct" and options.replicas == 4
