@@ -88,6 +88,8 @@ class CpuKernels:
         f = ctypes.c_float
         lib.rk_attend_one.argtypes = [p, p, p, p, p, p, i64, i64, i64, i64, i64, i64, i64, f, f, i, p, p]
         lib.rk_attend_one.restype = i
+        lib.rk_attend_rows.argtypes = [p, p, p, p, p, p, i64, i64, i64, i64, i64, i64, i64, i64, f, f, i]
+        lib.rk_attend_rows.restype = i
         lib.rk_argmax.argtypes = [p, i64]
         lib.rk_argmax.restype = i64
         self.threads = 0
@@ -212,6 +214,23 @@ class CpuKernels:
         if status != 0:
             raise RuntimeError(f"rk_attend_one failed ({status}): heads {heads}, cache {tuple(keys.shape)}, "
                                f"position {position}, start {start}")
+        return out
+
+    def attend_rows(self, qkv: Tensor, cos: Tensor, sin: Tensor, keys: Tensor, values: Tensor, heads: int,
+                    position: int, window: int | None, scale: float, softcap: float | None) -> Tensor:
+        """attend_one for T tokens at positions position..position + T - 1: qkv [T, (H + 2 KV) * D], cos and sin
+        [T, rot] -> [T, H * D]. Every key and value is stored first; then each row gets exactly what attend_one
+        gives at its position (so a prompt chunk or a speculative step computes a token as decode does)."""
+        _, kv_heads, max_len, head_dim = keys.shape
+        rows = qkv.shape[0]
+        out = torch.empty(rows, heads * head_dim, dtype=qkv.dtype)
+        status = self.lib.rk_attend_rows(qkv.data_ptr(), cos.data_ptr(), sin.data_ptr(), keys.data_ptr(),
+                                         values.data_ptr(), out.data_ptr(), rows, heads, kv_heads, head_dim,
+                                         cos.shape[-1], position, window or 0, max_len, scale, softcap or 0.0,
+                                         qkv.dtype == torch.bfloat16)
+        if status != 0:
+            raise RuntimeError(f"rk_attend_rows failed ({status}): {rows} rows at {position}, heads {heads}, "
+                               f"cache {tuple(keys.shape)}")
         return out
 
     def argmax(self, x: Tensor) -> int:
