@@ -45,12 +45,14 @@ class KernelRMSNorm(RMSNorm):
 class KernelAttention(Attention):
     kernels: CpuKernels
 
-    def _fast(self, x: Tensor, kv: KVCache) -> bool:
+    def _fast(self, x: Tensor, kv: KVCache, positions: Tensor) -> bool:
         """One sequence over a DenseKVCache of x's dtype on the CPU (rows: a decode token, a prompt chunk or a
-        speculative step; a two-tier cache's chunks keep the torch path, its cold blocks read as the buffers)."""
+        speculative step). A two-tier cache's chunks take it while no query of theirs reads a block cold, and
+        keep the torch path (cold blocks read from the dequantized buffers) after."""
         if not (isinstance(kv, DenseKVCache) and x.shape[0] == 1 and self.fused and not self.qk_norm):
             return False
-        if x.shape[1] > 1 and isinstance(kv, TwoTierDenseKVCache):
+        if x.shape[1] > 1 and isinstance(kv, TwoTierDenseKVCache) and (
+                kv.settled or kv.quant.cold_edge(int(positions[0, -1])) > 0):
             return False
         keys = kv.keys[self.layer]
         return (x.dtype in DTYPES and keys.dtype == x.dtype and keys.device.type == "cpu" and keys.shape[0] == 1
@@ -58,7 +60,7 @@ class KernelAttention(Attention):
                 and self.head_dim % 8 == 0 and not _grad(x))
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, positions: Tensor, kv: KVCache) -> Tensor:
-        if not self._fast(x, kv):
+        if not self._fast(x, kv, positions):
             return super().forward(x, cos, sin, positions, kv)
         assert isinstance(kv, DenseKVCache)
         rows = x.shape[1]
