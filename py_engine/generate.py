@@ -136,6 +136,7 @@ def stream(backend: Backend, tokenizer: Any, prompt_ids: Sequence[int], params: 
     rows, drafts = [backend.prefill(prompt_ids)], []
     try:
         while True:
+            done = False
             for j, logits in enumerate(rows):
                 mask = guide.mask() if guide is not None else None
                 draft = drafts[j] if j < len(drafts) else None
@@ -152,18 +153,25 @@ def stream(backend: Backend, tokenizer: Any, prompt_ids: Sequence[int], params: 
                 if not ended_by_token:
                     text, stop_hit = stops.feed(detok.push(token))
                 if stop_hit is not None:
-                    yield GenerationChunk(text, token, "stop", sample)
-                    return
-                if reason is not None:
-                    yield GenerationChunk(text + stops.feed(detok.flush()).text + stops.flush(), token, reason, sample)
-                    return
-                yield GenerationChunk(text, token, None, sample)
-                if not kept:  # the target's own token (a draft rejected, or the step's bonus): the step ends
+                    chunk, done = GenerationChunk(text, token, "stop", sample), True
+                elif reason is not None:
+                    chunk = GenerationChunk(text + stops.feed(detok.flush()).text + stops.flush(), token, reason, sample)
+                    done = True
+                else:
+                    chunk = GenerationChunk(text, token, None, sample)
+                if done or not kept:  # the sequence ended, or the target's own token ended the step
                     break
+                yield chunk
+            accepted = j + (1 if kept else 0)  # drafts kept this step (the last one's too when it ended the sequence)
+            if spec is not None:
+                spec.record(len(drafts), accepted)
+            if done:
+                yield chunk
+                return
+            yield chunk
             if drafts:
                 backend.rollback(len(drafts) - j)  # the rejected drafts' positions leave the KV cache
             if spec is not None:
-                spec.record(len(drafts), j)
                 spec.keep(output[len(output) - j - 1:])
             left = room - len(output) if params.max_tokens is None else min(params.max_tokens, room) - len(output)
             drafts = spec.propose(left - 1) if spec is not None else []  # a step emits one token more than it drafts

@@ -11,11 +11,12 @@
  * - bf16 products of many rows have no fast path without AVX-512 BF16 (~10
  *   GFLOP/s against ~65 for fp32 at M = 512). Here bf16 weights are widened
  *   to fp32 in registers and fed to FMA; decode still reads half the bytes.
- * - Prefill runs MKL's sgemm per chunk when torch ships one (blas.c).
+ * - One arithmetic per output for every count of rows (see "One arithmetic" below); MKL's
+ *   sgemm (prefill until issue 32) summed in an order that depends on the shapes.
  *
  * Arithmetic: fp32 products and sums; a bf16 output is rounded once, after
  * the bias is added, as torch's bf16 addmm does. In the avx512-bf16 build,
- * bf16 x against bf16 weights below the sgemm's rows (decode, batches) runs
+ * bf16 x against bf16 weights runs
  * vdpbf16ps: 32 products a step from the stored halves, no widening (the
  * products of two bf16 are exact in fp32; the sums are fp32 in another order;
  * subnormal bf16 inputs count as zero, as the instruction does). x, w, bias and y are each

@@ -13,20 +13,16 @@
  * zero point for every group (symmetric: GGUF's Q4_0 and Q8_0, symmetric RTN)
  * has neither: its z' is the scalar zp and s * z' is taken from the scales.
  *
- * Decode and batches (int8 x, fewer than Q_TILE_ROWS rows): x is quantized per
- * sub-block of 32 (d = max|x| / 127, q = round(x / d)), or per row for W8A8,
- * and each sub-block is one integer dot product (u8 x s8: vpdpbusd in the
- * AVX-512 VNNI build, _mm256_maddubs_epi16 on AVX2, as llama.cpp's Q8_0 x
- * Q4_0), scaled by d * s:  y = sum_g s_g (sum_b d_b q_w.q_x - z'_g X_g)
- * with X_g = sum_b d_b sum(q_x). One row: rows_q below; several: qtile.c's
- * tiles, the same arithmetic with each weight block read once for all rows.
- * Dequantizing to fp32 and using FMA took twice the instructions per weight
- * (measured below the memory's rate on these cores: see quant/kernels.py).
- * Prefill (more rows, and the exact path from QUANT_BLAS_ROWS): each chunk of
- * weight rows is dequantized exactly as QuantizedWeight.dequantize does
- * ((q - z) * s in fp32) into a per-thread buffer and multiplied by torch's MKL
- * sgemm (blas.c) on fp32 x; W8A8 first rounds x to its int8 grid, so both
- * paths compute the same product.
+ * Int8 x (every count of rows): x is quantized per sub-block of 32 (d = max|x| / 127, q = round(x / d)), or
+ * per row for W8A8, and each sub-block is one exact integer dot product (u8 x s8: vpdpbusd in the AVX-512 VNNI
+ * build, maddubs on AVX2, as llama.cpp's Q8_0 x Q4_0), scaled by d * s and summed in quant.h's one order (the
+ * canonical sum): y = sum_g (sum_b d_b s_g I_b) - mn_g X_g, with X_g = sum_b d_b sum(q_x). qtile.c (decode,
+ * batches, every build) and qpanel.c (chunks of Q_PANEL_ROWS rows or more, AVX-512 VNNI) compute exactly it,
+ * so a row's output does not depend on the rows beside it. Dequantizing to fp32 and using FMA took twice the
+ * instructions per weight (measured below the memory's rate on these cores: see quant/kernels.py); until
+ * issue 32 prompt chunks of 32+ rows ran MKL's sgemm on dequantized rows and fp32 x, so the same position got
+ * other logits in a prompt than in decode.
+ * The exact path (mode 2, int8_activations=False): fp32 x against the codes, rows2f per row of x alone.
  */
 #include <immintrin.h>
 #include <math.h>
@@ -220,8 +216,8 @@ static void pad_x(const void *x, int x_bf16, int64_t M, int64_t K, int64_t nb, f
 }
 
 /* y[M, sum N_p] = x[M, K] @ concat(W_p)^T (+ concat(bias_p)) for n_parts matrices with the same
- * sub-block count per row. mode: 0 int8 x per sub-block, 1 W8A8 (int8 x per row, in the sgemm
- * path too), 2 exact (fp32 x, dequantize-then-FMA). */
+ * sub-block count per row. mode: 0 int8 x per sub-block, 1 W8A8 (int8 x, one d per row), 2 exact (fp32 x,
+ * dequantize-then-FMA). */
 static inline float as_stored(float v, int bf16) { /* the value a bf16 tensor would hold */
   if (!bf16) return v;
   const uint16_t h = to_bf16(v);
