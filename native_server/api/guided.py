@@ -28,7 +28,8 @@ _compiling: asyncio.Semaphore | None = None
 def tool_plan(request: Any, chat_config: Any) -> ToolPlan:
     """What the request's tools ask of the output (400 on a bad tool or tool_choice)."""
     try:
-        return plan_tools(request.tools, request.tool_choice, chat_config.templates)
+        return plan_tools(request.tools, request.tool_choice, chat_config.templates,
+                          getattr(request, "parallel_tool_calls", None))
     except GuidedError as exc:
         raise APIError(400, str(exc), exc.param) from None
 
@@ -51,7 +52,7 @@ async def prepare(params: SamplingParams, tokenizer: Any, eos_token_ids: Any) ->
         try:
             await asyncio.to_thread(_compile, params, tokenizer, tuple(eos_token_ids))
         except GuidedError as exc:
-            param = exc.param or params.structured_outputs.origin or "structured_outputs"
+            param = params.structured_outputs.origin or exc.param or "structured_outputs"
             raise APIError(400, str(exc), param.split(".")[0]) from None
 
 

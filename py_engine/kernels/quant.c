@@ -91,16 +91,48 @@ static inline __attribute__((always_inline)) void rows2f(const qjob_t *j, const 
   if (two) put_q(j, a, m, n + 1, y1);
 }
 
+/* Row n of a ggml-block matrix against every row of the fp32 x (xp, zero-padded), a block of weights at a time,
+ * dequantized exactly: the exact path (mode 2). */
+static void exact_row(const qjob_t *j, const qpart_t *a, int64_t n) {
+  const int64_t nb = nb_of(&a->w), values = a->w.spg * 32, bbytes = kq_block_bytes(a->w.kind);
+  const uint8_t *c = a->w.codes + n * row_bytes(&a->w);
+  enum { ROWS = 32 }; /* rows of x a pass over the row's blocks takes: each row's own FMA chain, as alone */
+  __m256 acc[ROWS];
+  for (int64_t m0 = 0; m0 < j->M; m0 += ROWS) {
+    const int64_t mt = j->M - m0 < ROWS ? j->M - m0 : ROWS;
+    for (int64_t m = 0; m < mt; ++m) acc[m] = _mm256_setzero_ps();
+    for (int64_t s = 0; s < a->w.ng; ++s) {
+      float wb[256];
+      kq_dequantize_block(a->w.kind, c + s * bbytes, wb);
+      for (int64_t m = 0; m < mt; ++m) {
+        const float *x = j->xp + (m0 + m) * nb * 32 + s * values;
+        for (int64_t k = 0; k < values; k += 8)
+          acc[m] = _mm256_fmadd_ps(_mm256_loadu_ps(wb + k), _mm256_loadu_ps(x + k), acc[m]);
+      }
+    }
+    for (int64_t m = 0; m < mt; ++m) put_q(j, a, m0 + m, n, hsum8(acc[m]));
+  }
+}
+
 static void run_qpart_chunk(const qjob_t *j, const qpart_t *a, int64_t c) {
   int64_t n0 = c * a->rows_per_chunk, n1 = n0 + a->rows_per_chunk;
   if (n1 > a->w.N) n1 = a->w.N;
 #if Q_PANELS_BUILT
   if (j->panel_parts >> (a - j->part) & 1) {
     if (q_panels(j, a, n0, n1) == 0) return;
-    q_tiles(j, a, n0, n1); /* no buffer for the panels: the same products in tiles */
+    if (a->w.kind) kq_rows(j, a, n0, n1); /* no buffer for the panels: the same products in tiles */
+    else q_tiles(j, a, n0, n1);
     return;
   }
 #endif
+  if (a->w.kind) { /* ggml blocks: int8 x in kquant.c's tiles (every count of rows), or fp32 x against the exact weights */
+    if (!j->exact) {
+      kq_rows(j, a, n0, n1);
+      return;
+    }
+    for (int64_t n = n0; n < n1; ++n) exact_row(j, a, n);
+    return;
+  }
   if (!j->exact) { /* decode, batches, short chunks: qtile.c's virtual panels, the panels' arithmetic */
     q_tiles(j, a, n0, n1);
     return;
@@ -287,7 +319,7 @@ int rk_gate(const void *y, void *gated, int bf16, int64_t M, int64_t N) {
 static qmat_t rows_of(const qmat_t *w, int64_t n0, int64_t n1) {
   qmat_t r = *w;
   r.codes += n0 * row_bytes(w);
-  r.scales += n0 * w->ng;
+  if (r.scales) r.scales += n0 * w->ng;
   if (r.mins) r.mins += n0 * w->ng;
   if (r.zeros) r.zeros += n0 * w->ng;
   if (r.bias) r.bias = (const char *)r.bias + n0 * (w->bias_bf16 ? 2 : 4);
@@ -316,7 +348,8 @@ static void run_parts(qjob_t *job, int n_parts, const qmat_t *parts, void *y, fl
   for (int p = 0; p < n_parts; ++p) {
     const qmat_t *w = &parts[p];
     float *part_xg = NULL;
-    if (has_mins(w) || !w->bits4) { /* X_g per row of x for this part's grouping (8-bit: the 128 s X_g term) */
+    if (w->kind) { /* ggml blocks: kquant.c's tiles read quant.c's xs and xs16 themselves */
+    } else if (has_mins(w) || !w->bits4) { /* X_g per row of x for this part's grouping (8-bit: the 128 s X_g term) */
       part_xg = xg + group * M;
       for (int64_t m = 0; m < M; ++m)
         for (int64_t g = 0; g < w->ng; ++g) {
@@ -377,8 +410,8 @@ int rk_qlinear_parts(const void *x, int x_bf16, int n_parts, const qmat_t *parts
   if (nb * 32 < K) return -1;
   for (int p = 0; p < n_parts; ++p)
     if (nb_of(&parts[p]) != nb || parts[p].N < 1) return -1;
-  static __thread void *buffers[8];
-  static __thread int64_t sizes[8];
+  static __thread void *buffers[9];
+  static __thread int64_t sizes[9];
   const int exact = mode == 2;
   int panel_parts = 0; /* parts in panels (qpanel.c); the rest in qtile.c's virtual panels: one arithmetic */
   for (int p = 0; p < n_parts; ++p)
@@ -395,6 +428,14 @@ int rk_qlinear_parts(const void *x, int x_bf16, int n_parts, const qmat_t *parts
   else quantize_x(x, x_bf16, M, K, nb, mode == 1, qx, dx, xs);
   qjob_t job = {.qx = qx, .dx = dx, .xp = xp, .y_bf16 = y_bf16, .n_parts = n_parts, .exact = exact,
                 .panel_parts = panel_parts, .M = M, .K = K};
+  int blocks16 = 0; /* ggml parts with per-16 scales (Q2_K, Q3_K, Q6_K): their zero terms take xs16 */
+  for (int p = 0; p < n_parts; ++p) blocks16 |= kq_per16(parts[p].kind);
+  if (blocks16 && !exact) {
+    float *xs16 = grow(&buffers[8], &sizes[8], M * nb * 2 * 4);
+    if (!xs16) return -2;
+    kq_sums16(qx, dx, M, nb, xs16);
+    job.xs16 = xs16;
+  }
   if (gated && !y && panel_parts == 3) return gated_blocks(&job, parts, gated, xg, xs, &buffers[7], &sizes[7]);
   void *whole = y ? NULL : aligned_alloc(64, (size_t)((M * (parts[0].N + parts[1].N) * (y_bf16 ? 2 : 4) + 63) / 64 * 64));
   if (!y && !whole) return -2;
