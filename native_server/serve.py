@@ -104,6 +104,11 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--cache-dir", metavar="DIR", help="model cache (default: $RUVLLM_CACHE_DIR or ~/.cache/ruvllm)")
     add_quantization_options(p)
     add_kv_cache_options(p, paged=True)
+    p.add_argument("--speculative-config", metavar="JSON",
+                   help='speculative decoding, which changes no output: vLLM\'s fields, e.g. \'{"method": "ngram", '
+                        '"num_speculative_tokens": 4, "prompt_lookup_max": 4}\' or \'{"model": "DRAFT", '
+                        '"num_speculative_tokens": 4}\'; also disable_by_batch_size and acceptance_floor '
+                        '(py_engine/speculative/config.py); "ngram" alone works too')
     lora = p.add_argument_group("LoRA adapters (native_server/engine/lora.py)")
     lora.add_argument("--lora-modules", nargs="+", action="append", metavar="NAME=PATH",
                       help="peft LoRA adapters to serve; a request's `model` picks one by NAME (repeatable)")
@@ -277,7 +282,7 @@ def build_server(args: argparse.Namespace) -> tuple[Any, Any]:
                        max_lora_rank=max(args.max_lora_rank, sona_config.rank + sona_config.micro_rank
                                          if sona_config else 0), xlora=args.xlora,
                        kv_cache_dtype=args.kv_cache_dtype, kv_hot_tokens=args.kv_hot_tokens,
-                       tensor_parallel_size=args.tensor_parallel_size)
+                       tensor_parallel_size=args.tensor_parallel_size, speculative_config=args.speculative_config)
     async_engine = AsyncEngine(engine)
     ctx = ServerContext.for_engine(async_engine, path, name, _aliases(args.model, path),
                                    allow_client_chat_template=args.allow_client_chat_template,

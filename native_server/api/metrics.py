@@ -111,6 +111,16 @@ class ServerMetrics:
 
         for name, kind, help_text, value in engine_samples(stats):
             lines.append(f"{header(PREFIX + name, kind, help_text)} {_number(value)}")
+        spec = getattr(stats, "spec_decode", None)
+        if spec is not None:  # vLLM's spec_decode counters
+            for name, help_text, value in (
+                    ("spec_decode_num_drafts_total", "Verify steps that carried speculative drafts.", spec.num_drafts),
+                    ("spec_decode_num_draft_tokens_total", "Draft tokens proposed.", spec.num_draft_tokens),
+                    ("spec_decode_num_accepted_tokens_total", "Draft tokens accepted.", spec.num_accepted_tokens)):
+                lines.append(f"{header(PREFIX + name, 'counter', help_text)} {value}")
+            name = header(PREFIX + "spec_decode_num_accepted_tokens_per_pos_total", "counter",
+                          "Draft tokens accepted at each position of a step's drafts (0: the first).")
+            lines.extend(f'{name}{_labels({"position": str(i)})} {n}' for i, n in enumerate(spec.accepted_per_position))
         name = header(PREFIX + "request_success_total", "counter", "Finished choices by finish reason.")
         lines.extend(f'{name}{_labels({"finished_reason": r})} {n}' for r, n in sorted(self.finished.items()))
         for name, help_text, hist in (
