@@ -104,6 +104,11 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--cache-dir", metavar="DIR", help="model cache (default: $RUVLLM_CACHE_DIR or ~/.cache/ruvllm)")
     add_quantization_options(p)
     add_kv_cache_options(p, paged=True)
+    p.add_argument("--speculative-config", metavar="JSON",
+                   help='speculative decoding, which changes no output: vLLM\'s fields, e.g. \'{"method": "ngram", '
+                        '"num_speculative_tokens": 4, "prompt_lookup_max": 4}\' or \'{"model": "DRAFT", '
+                        '"num_speculative_tokens": 4}\'; also disable_by_batch_size and acceptance_floor '
+                        '(py_engine/speculative/config.py); "ngram" alone works too')
     lora = p.add_argument_group("LoRA adapters (native_server/engine/lora.py)")
     lora.add_argument("--lora-modules", nargs="+", action="append", metavar="NAME=PATH",
                       help="peft LoRA adapters to serve; a request's `model` picks one by NAME (repeatable)")
@@ -133,6 +138,9 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
                          help="affinity: the user's replica, else the one holding the prompt's prefix, else the least "
                               "loaded (default); random and least-loaded alone are for A/B measurements")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    p.add_argument("--metrics-compat", default="none", choices=["none", "vllm"],
+                   help="vllm: /metrics also carries vLLM's metric names (vllm:num_requests_running, "
+                        "vllm:kv_cache_usage_perc, ...) beside ruvllm_*, for its dashboards and autoscalers")
     p.add_argument("--allowed-hosts", metavar="NAMES",
                    help="comma-separated Host names to answer besides loopback ones, e.g. api.example.com,"
                         "*.internal; '*' for any (default: loopback names and --host)")
@@ -274,12 +282,13 @@ def build_server(args: argparse.Namespace) -> tuple[Any, Any]:
                        max_lora_rank=max(args.max_lora_rank, sona_config.rank + sona_config.micro_rank
                                          if sona_config else 0), xlora=args.xlora,
                        kv_cache_dtype=args.kv_cache_dtype, kv_hot_tokens=args.kv_hot_tokens,
-                       tensor_parallel_size=args.tensor_parallel_size)
+                       tensor_parallel_size=args.tensor_parallel_size, speculative_config=args.speculative_config)
     async_engine = AsyncEngine(engine)
     ctx = ServerContext.for_engine(async_engine, path, name, _aliases(args.model, path),
                                    allow_client_chat_template=args.allow_client_chat_template,
                                    template_timeout=args.chat_template_timeout)
     ctx.lora_dir, ctx.max_lora_rank = args.lora_dir, args.max_lora_rank
+    ctx.metrics.compat, ctx.metrics.model_name = args.metrics_compat, name
     if args.witness_log is not None:
         _open_witness_log(ctx, args)
     if args.learning:
