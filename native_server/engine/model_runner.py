@@ -31,7 +31,7 @@ class PlannedSeq:
     num_tokens: int
     new_ids: tuple[int, ...]  # the tokens this step computes, from num_computed_tokens on
     lora: str | None
-    spec_token_ids: tuple[int, ...] = ()  # speculative drafts (none under tensor parallelism: they refuse each other)
+    spec_token_ids: tuple[int, ...] = ()  # speculative drafts riding on this step (their rows follow new_ids')
 
     def token_ids(self, start: int, end: int) -> list[int]:
         if start != self.num_computed_tokens or end - start > len(self.new_ids):
