@@ -121,6 +121,7 @@ def create_app(ctx: ServerContext, *, api_key: str | None = None, max_body_bytes
             await ctx.drain(shutdown_timeout)
         finally:
             await ctx.templates.close()
+            await ctx.grammars.close()
             if ctx.learner is not None:
                 ctx.learner.close()
             if ctx.witness is not None:

@@ -13,7 +13,9 @@ act before any of it is parsed.
 
 The memory budget is what keeps slow uploads from bloating the server: a
 hundred connections stalled just short of the size limit once held 4 MiB
-each for as long as they stayed open. The shape checks run on the raw bytes,
+each for as long as they stayed open. After a body over TRIM_AFTER_BYTES is
+answered, glibc's free heap pages go back to the system (its many short-lived
+copies would otherwise stay in the server's RSS). The shape checks run on the raw bytes,
 before the JSON parser or pydantic recurse into the document, in linear
 time (regular expressions, bytes.translate, a cumulative sum): a 4 MiB body
 takes some tens of milliseconds, in a thread. Lone surrogates are refused, not replaced: no tokenizer can
@@ -27,6 +29,7 @@ import re
 from typing import Any, Awaitable, Callable
 
 from native_server.middleware import send_error
+from native_server.workers import release_memory
 
 Message = dict[str, Any]
 Receive = Callable[[], Awaitable[Message]]
@@ -36,6 +39,7 @@ DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
 DEFAULT_BODY_TIMEOUT = 30.0
 MAX_JSON_DEPTH = 64  # a tool's JSON schema nests a dozen levels; nothing legitimate nears 64
 _OFFLOAD_BYTES = 64 * 1024  # shape checks of larger bodies run in a thread, off the event loop
+TRIM_AFTER_BYTES = 1 << 20  # after a body this large is done with, free heap pages go back to the system
 
 # A JSON string literal (escapes included); what is inside one is not structure.
 _STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')
@@ -144,7 +148,12 @@ class RequestBody:
                 return {"type": "http.request", "body": body, "more_body": False}
             return await receive()  # after the body: http.disconnect when the client goes away
 
-        await self.app(scope, replay, send)
+        try:
+            await self.app(scope, replay, send)
+        finally:
+            if len(body) > TRIM_AFTER_BYTES:  # its copies (JSON, pydantic, a grammar's key) are garbage now
+                body = b""
+                await asyncio.to_thread(release_memory)
 
     async def _read(self, scope: Message, receive: Receive) -> bytes | None:
         too_big = f"request body is larger than the server's limit of {self.max_bytes} bytes"

@@ -19,7 +19,7 @@ from starlette.responses import JSONResponse, Response
 from native_server.context import ServerContext
 from native_server.errors import APIError
 from native_server.generation import Delta, Generation, Job
-from native_server.guided import prepare, tool_plan, with_tools
+from native_server.guided import client_of, prepare, tool_plan, with_tools
 from native_server.logprobs import chat_logprobs
 from native_server.prompts import chat_render_args, check_choices, fit_to_context, sampling_params
 from native_server.protocol import (ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionRequest,
@@ -47,7 +47,7 @@ async def create_chat_completion(ctx: ServerContext, request: ChatCompletionRequ
         raise APIError(400, f"messages: the chat template could not render them: {exc}", "messages") from None
     # A long conversation takes a while to tokenize in pure Python: keep it off the event loop.
     prompt_ids = await asyncio.to_thread(start_ids, ctx.tokenizer, text, add_special_tokens=False)
-    await prepare(params, ctx.tokenizer, getattr(ctx.engine, "eos_token_ids", ()))  # a grammar: in a worker
+    await prepare(ctx, params, client_of(request, raw))  # a grammar: cached, or in a worker process
     explicit = request.max_tokens is not None or request.max_completion_tokens is not None
     params = fit_to_context(params, len(prompt_ids), ctx.max_model_len, explicit_max_tokens=explicit,
                             prompt_param="messages")

@@ -19,7 +19,7 @@ from starlette.responses import JSONResponse, Response
 from native_server.context import ServerContext
 from native_server.errors import APIError
 from native_server.generation import Delta, Generation, Job
-from native_server.guided import prepare
+from native_server.guided import client_of, prepare
 from native_server.logprobs import completion_logprobs
 from native_server.prompts import (check_best_of, check_choices, completion_prompts, fit_to_context,
                                    sampling_params)
@@ -56,7 +56,7 @@ async def create_completion(ctx: ServerContext, request: CompletionRequest, raw:
     prompts = await asyncio.to_thread(completion_prompts, request, ctx.tokenizer, ctx.vocab_size)
     request_id = f"cmpl-{uuid.uuid4().hex}"
     jobs = _jobs(ctx, request, prompts, request_id, adapter)
-    await prepare(jobs[0].params, ctx.tokenizer, getattr(ctx.engine, "eos_token_ids", ()))  # a grammar: in a worker
+    await prepare(ctx, jobs[0].params, client_of(request, raw))  # a grammar: cached, or in a worker process
     n = jobs[0].params.n
     texts = [_prompt_text(ctx, request, p, ids) for p, ids in enumerate(prompts)] if ctx.witness or request.echo \
         else [""] * len(prompts)

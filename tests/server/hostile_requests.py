@@ -158,6 +158,67 @@ CASES = [
 ]
 
 
+
+# --- grammars (structured outputs): each compiled in a worker within its budget, refused fast -------------
+def ref_chain(levels: int, fan: int = 2) -> dict[str, Any]:
+    """$defs d0..d{levels}, each an object of `fan` properties that all $ref the next: fan**levels leaves
+    once expanded (each $ref names another entry, so the re-entry limit never trips)."""
+    defs = {f"d{i}": {"type": "object", "properties": {f"p{j}": {"$ref": f"#/$defs/d{i + 1}"} for j in range(fan)},
+                      "required": [f"p{j}" for j in range(fan)]} for i in range(levels)}
+    defs[f"d{levels}"] = {"type": "integer"}
+    return {"$defs": defs, "$ref": "#/$defs/d0"}
+
+
+def ref_lattice(levels: int) -> dict[str, Any]:
+    """Two $defs per level, each anyOf of both of the next level's: 2**levels distinct paths."""
+    defs = {f"{side}{i}": {"anyOf": [{"$ref": f"#/$defs/a{i + 1}"}, {"$ref": f"#/$defs/b{i + 1}"},
+                                     {"type": "object", "properties": {side: {"$ref": f"#/$defs/a{i + 1}"}}}]}
+            for i in range(levels) for side in "ab"}
+    defs[f"a{levels}"], defs[f"b{levels}"] = {"type": "integer"}, {"type": "string"}
+    return {"$defs": defs, "$ref": "#/$defs/a0"}
+
+
+def _tool(schema: dict[str, Any]) -> dict[str, Any]:
+    return {"messages": USER, "max_tokens": 2, "tool_choice": "required",
+            "tools": [{"type": "function", "function": {"name": "f", "parameters": schema}}]}
+
+
+def _schema_format(schema: dict[str, Any]) -> dict[str, Any]:
+    return _chat(response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": schema}})
+
+
+REF_LOOP_IN_ALL_OF = {"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}},
+                      "allOf": [{"$ref": "#/$defs/a"}]}  # once spun a compile thread forever
+GRAMMAR_CASES = [
+    # The probe's findings: 2**15 leaves from a 1.5 KB schema (27 s, 396 -> 1183 MB with three), an 8,000-string
+    # enum (63 s: alt() compared each string with every kept one), 1,000 long choices (16.5 s).
+    Case("guided_json_ref_chain_15x2", 400, body=_c(guided_json=ref_chain(15)), param="guided_json"),
+    Case("guided_json_ref_chain_deeper_24x2", 400, body=_c(guided_json=ref_chain(24)), param="guided_json"),
+    Case("guided_json_ref_chain_wider_8x6", 400, body=_c(guided_json=ref_chain(8, 6)), param="guided_json"),
+    Case("guided_json_ref_lattice_24", 400, body=_c(guided_json=ref_lattice(24)), param="guided_json"),
+    Case("guided_json_enum_8000", 400, body=_c(guided_json={"enum": [f"v{i:05d}" for i in range(8000)]}),
+         param="guided_json"),
+    Case("guided_json_enum_larger_11000", 400, body=_c(guided_json={"enum": [f"{i:05d}" for i in range(11000)]}),
+         param="guided_json"),
+    Case("guided_choice_1000_long", 400, body=_c(guided_choice=["x" * 3000 + str(i) for i in range(1000)]),
+         param="guided_choice"),
+    Case("guided_regex_dfa_blowup", 400, body=_c(guided_regex="(a|b)*a(a|b){20}"), param="guided_regex"),
+    Case("guided_json_allof_ref_loop", 400, body=_c(guided_json=REF_LOOP_IN_ALL_OF), param="guided_json"),
+    # The same inside a tool's parameters and in response_format (chat).
+    Case("tool_parameters_ref_chain_15x2", 400, "/v1/chat/completions", _tool(ref_chain(15)), param="tools"),
+    Case("tool_parameters_enum_8000", 400, "/v1/chat/completions",
+         _tool({"type": "object", "properties": {"v": {"enum": [f"v{i:05d}" for i in range(8000)]}}}),
+         param="tools"),
+    Case("response_format_ref_chain_15x2", 400, "/v1/chat/completions", _schema_format(ref_chain(15)),
+         param="response_format"),
+    Case("response_format_ref_lattice_24", 400, "/v1/chat/completions", _schema_format(ref_lattice(24)),
+         param="response_format"),
+    Case("structured_outputs_enum_8000", 400,
+         body=_c(structured_outputs={"json": {"enum": [f"v{i:05d}" for i in range(8000)]}}),
+         param="structured_outputs"),
+]
+NORMAL_CHOICE = {"prompt": "ROMEO:", "max_tokens": 2, "temperature": 0, "guided_choice": ["yes", "no"]}
+
 def send(client: httpx.Client, case: Case, api_key: str) -> httpx.Response:
     headers = {} if case.keyless else {"authorization": f"Bearer {api_key}"}
     headers.update(case.headers)
