@@ -41,7 +41,7 @@ class _Node:
             return True
         if type(other) is not type(self) or other.hash_ != self.hash_ or other.weight != self.weight:
             return False
-        return self.fields() == other.fields()
+        return _same(self, other)
 
     def __ne__(self, other: object) -> bool:
         return not self == other
@@ -53,6 +53,30 @@ class _Node:
         if budget is not None:
             budget.charge(work)
             budget.check_weight(weight)
+
+
+def _same(a: _Node, b: _Node) -> bool:
+    """Structural equality walking each pair of shared subtrees once (a plain recursive walk would
+    take their expanded size: exponential for a $ref used twice at every level)."""
+    seen: set[tuple[int, int]] = set()
+    todo = [(a, b)]
+    while todo:
+        x, y = todo.pop()
+        if x is y or (id(x), id(y)) in seen:
+            continue
+        if type(x) is not type(y) or x.hash_ != y.hash_ or x.weight != y.weight:
+            return False
+        seen.add((id(x), id(y)))
+        for f, g in zip(x.fields(), y.fields()):
+            if isinstance(f, _Node):
+                todo.append((f, g))
+            elif isinstance(f, tuple) and f and isinstance(f[0], _Node):
+                if len(f) != len(g):
+                    return False
+                todo.extend(zip(f, g))
+            elif f != g:
+                return False
+    return True
 
 
 @dataclass(frozen=True, eq=False, slots=True)

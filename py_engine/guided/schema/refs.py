@@ -9,8 +9,9 @@ graph "the subschema R points to contains a `$ref` to S". So the context is R's 
 counts of the active refs in R's component; for a schema without recursion, just the depth.
 
 Edges are every `$ref` anywhere below a target (more than expansion may follow: a larger
-component only costs memo hits, never a wrong tree). Pointers are keyed by their decoded parts,
-so `#/$defs/a` and `#/$defs//a` are one ref (otherwise aliases would dodge the recursion bound).
+component only costs memo hits, never a wrong tree). Pointers are keyed by their decoded parts
+(RFC 6901, as `jsonschema` reads them: `#/$defs//a` is the key "" then "a", not an alias of
+`#/$defs/a`).
 Work (JSON nodes walked) is charged to the compile's Budget. Stdlib only.
 """
 from __future__ import annotations
@@ -33,9 +34,10 @@ class RefGraph:
 
     def resolve(self, ref: Any, path: str) -> tuple[Key, Any]:
         """(key, target) of a local `$ref`; GuidedError when it is not local or points nowhere."""
-        if not isinstance(ref, str) or not ref.startswith("#"):
-            raise GuidedError(f"only local $refs ('#/...') are supported, got {ref!r} at {path}")
-        key = tuple(p.replace("~1", "/").replace("~0", "~") for p in ref[1:].split("/") if p)
+        if not isinstance(ref, str) or not (ref == "#" or ref.startswith("#/")):
+            raise GuidedError(f"only local $refs ('#/...') are supported, got {str(ref)[:200]!r} at {path}")
+        # JSON Pointer (RFC 6901): "#/a//b" names a, then the key "", then b (as jsonschema reads it).
+        key = tuple(p.replace("~1", "/").replace("~0", "~") for p in ref[2:].split("/")) if ref != "#" else ()
         if len(key) > MAX_POINTER_PARTS:
             raise GuidedError(f"$ref {ref[:200]!r} has more than {MAX_POINTER_PARTS} parts (at {path})")
         if key in self._targets:
