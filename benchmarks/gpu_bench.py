@@ -81,8 +81,8 @@ def copy_bandwidth() -> dict[str, Any]:
 
 # --- attention ------------------------------------------------------------------------------------------
 def decode_case(batch: int, context: int) -> dict[str, Any]:
-    from native_server.paged_attention import PagedMetadata, TorchPagedAttention, decode_kv_positions
-    from native_server.triton_attention import TritonPagedAttention
+    from native_server.engine.attention import PagedMetadata, TorchPagedAttention, decode_kv_positions
+    from native_server.engine.attention.triton import TritonPagedAttention
     from py_engine.models import AttentionSpec
 
     per_set = 2 * batch * context * KV_HEADS * HEAD_DIM * 2  # K and V, bf16

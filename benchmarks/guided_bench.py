@@ -54,7 +54,7 @@ def torch_path(folder: Path) -> dict[str, float]:
     """Per token, warm: the server's step-0 cost (a cached [V] bool mask, masked_fill of a float32 row)."""
     import torch
 
-    from native_server.sampler import MaskTensors
+    from native_server.engine.sampler import MaskTensors
     from py_engine.guided import Guide, token_grammar
     from py_engine.tokenizer import Tokenizer
 

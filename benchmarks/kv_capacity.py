@@ -25,8 +25,8 @@ import torch
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from native_server.block_manager import BlockManager  # noqa: E402
-from native_server.kv_cache import cold_bytes_per_block, kv_bytes_per_block, split_budget  # noqa: E402
+from native_server.engine.block_manager import BlockManager  # noqa: E402
+from native_server.engine.kv_cache import cold_bytes_per_block, kv_bytes_per_block, split_budget  # noqa: E402
 from native_server.serve import parse_size  # noqa: E402
 from py_engine.config import ModelConfig  # noqa: E402
 from py_engine.hub import resolve_model  # noqa: E402

@@ -36,9 +36,9 @@ sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
 from decode_speed import machine  # noqa: E402
-from native_server import cold_attention  # noqa: E402
-from native_server.kv_cache import ColdPool  # noqa: E402
-from native_server.paged_attention import TorchPagedAttention, backend_for  # noqa: E402
+from native_server.engine.attention import cold as cold_attention  # noqa: E402
+from native_server.engine.kv_cache import ColdPool  # noqa: E402
+from native_server.engine.attention import TorchPagedAttention, backend_for  # noqa: E402
 from py_engine.cpu.transforms import kernel_step  # noqa: E402
 from py_engine.kernels import cpu_kernels  # noqa: E402
 from py_engine.models import AttentionSpec  # noqa: E402
@@ -139,7 +139,7 @@ def dense_steps(llm, prompt: list[int], steps: int) -> tuple[float, float]:
 
 
 def step_table(gguf: Path, rounds: int, steps: int) -> list[dict]:
-    from native_server.engine import LLMEngine
+    from native_server.engine.llm_engine import LLMEngine
     from py_engine.backends.torch import LLM
 
     rng = random.Random(0)

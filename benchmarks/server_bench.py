@@ -146,7 +146,7 @@ def throughput(plan: Plan, levels: list[int], vocab: int, logs: Path) -> dict[st
 
 
 def _engine(plan: Plan, **kwargs: Any) -> Any:
-    from native_server.engine import LLMEngine
+    from native_server.engine.llm_engine import LLMEngine
 
     return LLMEngine(plan.path, dtype="float32", device="cpu", **kwargs)
 

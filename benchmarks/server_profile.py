@@ -154,7 +154,7 @@ def main() -> None:
     parser.add_argument("--output", type=Path, default=HERE / "results" / "server_profile.json")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    from native_server.engine import LLMEngine
+    from native_server.engine.llm_engine import LLMEngine
 
     kv_bytes = 8192 * 24 * 2 * 2 * 64 * 4  # 8192 fp32 positions, as llama_cpp_bench.py gives serve
     engine = LLMEngine(str(args.gguf), dtype="float32", device="cpu", max_num_seqs=16, kv_cache_memory=kv_bytes,

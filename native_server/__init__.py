@@ -1,8 +1,15 @@
 """Ring 2: the OpenAI-compatible server (paged KV cache, continuous batching) and its benchmark.
 
-`add_parser(subparsers)` registers `ruvllm serve` (serve.py) and `ruvllm
-benchmark` (bench/) on the command line; importing this package loads
-neither torch nor FastAPI.
+    engine/    LLMEngine and AsyncEngine: scheduler, block manager, KV cache, model runner, sampler,
+               LoRA slots; engine/attention/ the paged-attention interface and its backends
+    api/       the FastAPI app: OpenAI's routes, request bodies, streaming, templates, errors
+    learning/  the witness log, feedback and the learning loops (`serve --learning`)
+    bench/     `ruvllm benchmark`: the engine in-process or a server over HTTP
+    serve.py   `ruvllm serve`: the command line that builds an engine and serves it
+
+Imports flow engine <- api, learning <- serve (tests/rings/test_imports.py).
+`add_parser(subparsers)` registers `ruvllm serve` and `ruvllm benchmark` on
+the command line; importing this package loads neither torch nor FastAPI.
 """
 
 

@@ -31,7 +31,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from native_server.lora import DEFAULT_MAX_LORA_RANK, DEFAULT_MAX_LORAS, parse_lora_modules
+from native_server.engine.lora import DEFAULT_MAX_LORA_RANK, DEFAULT_MAX_LORAS, parse_lora_modules
 from py_engine.hub import BUILTIN_MODEL, load_aliases, resolve_model
 from py_engine.quant.config import add_quantization_options, quant_config_from_args
 from py_engine.models.kv_quant import add_kv_cache_options
@@ -101,7 +101,7 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--cache-dir", metavar="DIR", help="model cache (default: $RUVLLM_CACHE_DIR or ~/.cache/ruvllm)")
     add_quantization_options(p)
     add_kv_cache_options(p, paged=True)
-    lora = p.add_argument_group("LoRA adapters (native_server/lora.py)")
+    lora = p.add_argument_group("LoRA adapters (native_server/engine/lora.py)")
     lora.add_argument("--lora-modules", nargs="+", action="append", metavar="NAME=PATH",
                       help="peft LoRA adapters to serve; a request's `model` picks one by NAME (repeatable)")
     lora.add_argument("--max-loras", type=_positive, default=DEFAULT_MAX_LORAS, metavar="N",
@@ -158,7 +158,7 @@ WILDCARD_HOSTS = ("0.0.0.0", "::", "")
 
 def allowed_hosts(host: str, names: str | None) -> tuple[str, ...]:
     """The Host names the server answers: loopback ones, the bound address, and --allowed-hosts."""
-    from native_server.middleware import LOOPBACK_HOSTS
+    from native_server.api.middleware import LOOPBACK_HOSTS
 
     extra = tuple(n.strip() for n in (names or "").split(",") if n.strip())
     if host in WILDCARD_HOSTS and not extra:
@@ -186,8 +186,8 @@ def _log_configuration(args: argparse.Namespace, path: Path, engine: Any) -> Non
 
 
 def _open_witness_log(ctx: Any, args: argparse.Namespace) -> None:
-    from native_server.feedback import FeedbackDesk, FeedbackLimits
-    from native_server.witness import WitnessLog
+    from native_server.learning.feedback import FeedbackDesk, FeedbackLimits
+    from native_server.learning.witness import WitnessLog
 
     ctx.witness = WitnessLog(args.witness_log, max_file_bytes=args.witness_log_file_size,
                              max_files=args.witness_log_files)
@@ -212,7 +212,7 @@ def _learning_config(args: argparse.Namespace) -> Any:
 
 
 def _start_learning(ctx: Any, args: argparse.Namespace, config: Any, path: Path, engine: Any) -> None:
-    from native_server.learner import EngineSlots, Learner
+    from native_server.learning.learner import EngineSlots, Learner
     from py_engine.learning import Sona
 
     sona = Sona.load(path, config, folder=args.witness_log)
@@ -229,13 +229,13 @@ def run_serve(args: argparse.Namespace) -> int:
     try:  # the server's dependencies are an extra: the rest of the CLI runs without them
         import uvicorn
 
-        from native_server.api import create_app
-        from native_server.http_server import GracefulServer
+        from native_server.api.app import create_app
+        from native_server.api.http_server import GracefulServer
     except ImportError as exc:
         raise ImportError(f"`ruvllm serve` needs the server extra: pip install 'ruvllm[server]' ({exc})") from exc
-    from native_server.async_engine import AsyncEngine
-    from native_server.context import ServerContext
-    from native_server.engine import LLMEngine
+    from native_server.engine.async_engine import AsyncEngine
+    from native_server.api.context import ServerContext
+    from native_server.engine.llm_engine import LLMEngine
 
     if args.learning and args.witness_log is None:
         raise ValueError("--learning needs --witness-log DIR (the feedback it learns from and its adapters live "

@@ -10,7 +10,7 @@ Every render is bounded (`RenderLimits`): the output's length is checked as
 it is produced, and an optional deadline between pieces of it; the sandbox
 refuses `*` and `**` whose result would be huge. A loop that produces
 nothing cannot be stopped from inside one Python process, so a server
-renders in a worker process it can kill (native_server/templates.py); in
+renders in a worker process it can kill (native_server/api/templates.py); in
 Pyodide these in-process bounds are what there is.
 """
 from __future__ import annotations

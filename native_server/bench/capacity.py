@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from native_server.bench.workload import random_prompts
-from native_server.kv_cache import kv_bytes_per_block
+from native_server.engine.kv_cache import kv_bytes_per_block
 from py_engine.sampling_params import SamplingParams
 
 _ids = itertools.count()

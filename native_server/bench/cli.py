@@ -106,7 +106,7 @@ def _waves(workload: Workload, concurrency: int, iterations: int, vocab: int, la
 
 def run_offline(args: argparse.Namespace, workload: Workload, levels: Sequence[int]) -> tuple[list[dict], dict]:
     from native_server.bench.offline import occupancy_at_peak, peak_rss_mib, run_engine
-    from native_server.engine import LLMEngine
+    from native_server.engine.llm_engine import LLMEngine
     from py_engine.hub import resolve_model
 
     path = resolve_model(args.model, args.cache_dir)

@@ -8,7 +8,7 @@
         from py_engine.gpu.quant_matmul import quant_matmul  # int2-8 codes in PackedWeight's layout
 
 Ring 1, beside `py_engine/cpu/` (the CPU fast path). Every kernel has a plain-torch
-oracle: native_server/paged_attention.py for attention, quant.linear.reference_forward for the
+oracle: native_server/engine/attention/interface.py for attention, quant.linear.reference_forward for the
 matmuls. Each kernel is written so Triton's interpreter (TRITON_INTERPRET=1, set before this
 package's kernel modules are imported) runs it on CPU tensors: fp32/fp16 only there (no bf16
 tl.dot), block ids loaded as integers and turned into offsets (never a pointer read from

@@ -1,12 +1,12 @@
 /* Paged attention of the server's decode rows: one query per sequence over its block table.
  *
- * The paged cache (native_server/paged_attention.py) keeps per layer keys and
+ * The paged cache (native_server/engine/attention/interface.py) keeps per layer keys and
  * values [num_blocks, block_size, KV, D]; sequence s's tokens are its table's
  * blocks in order. The torch path gathers those blocks into a padded copy
  * every layer and calls attention(); here each (sequence, KV head) is one
  * chunk of the pool: its G query heads walk the table once, reading hot
  * blocks in place, and with a two-tier cache (int8/int4 KV) the table's
- * leading n_cold ids are blocks of the cold pool (native_server/kv_cache.py's
+ * leading n_cold ids are blocks of the cold pool (native_server/engine/kv_cache.py's
  * ColdPool: codes [blocks, bs, KV, D * bits / 8], key scales and zero points
  * [blocks, 1, KV, D] per channel, value ones [blocks, bs, KV, 1] per token),
  * dequantized on the fly as decode.c reads the dense cache's cold tier:

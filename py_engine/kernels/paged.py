@@ -108,7 +108,7 @@ class PagedStepView:
     keys: list[Tensor]  # per layer [num_blocks, block_size, KV, D] (fp32, bf16 or fp16); the list names the cache
     values: list[Tensor]
     cold: list[tuple[Tensor, ...]] | None  # per layer (key codes, value codes, key scales, key zeros, value scales,
-    bits: int  # value zeros) of the cold pool (native_server.kv_cache.ColdPool), or None; its bits (8 or 4)
+    bits: int  # value zeros) of the cold pool (native_server.engine.kv_cache.ColdPool), or None; its bits (8 or 4)
     table: Tensor  # [blocks] int64, contiguous: the sequence's block ids, n_cold leading ones in the cold pool
     length: int  # context length after this step's write
     n_cold: int

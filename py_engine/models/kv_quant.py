@@ -45,7 +45,7 @@ class KVQuantConfig:
 
     One value, as vLLM's --kv-cache-dtype: fp16 and int8/int4 do not combine. The two-tier cache's hot window
     is a small share of its bytes (kv_hot_tokens per sequence), so a 16-bit one would save little, and keeping
-    it in the model's dtype keeps the tiers' arithmetic (cold_attention.py, the Triton and C cold paths)
+    it in the model's dtype keeps the tiers' arithmetic (native_server/engine/attention/cold.py, the Triton and C cold paths)
     bit for bit the dense two-tier cache's."""
 
     dtype: str = "auto"

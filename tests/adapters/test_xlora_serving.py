@@ -13,7 +13,7 @@ import pytest
 from tests.paths import BUILTIN, REPO
 
 torch = pytest.importorskip("torch")
-from native_server.engine import LLMEngine  # noqa: E402
+from native_server.engine.llm_engine import LLMEngine  # noqa: E402
 from py_engine import LLM, SamplingParams  # noqa: E402
 from tests.server.server_harness import running_server  # noqa: E402
 from tests.server.test_server_engine import assert_all_blocks_free, expect, run  # noqa: E402

@@ -15,15 +15,15 @@ import random
 import pytest
 import torch
 
-from native_server.model_runner import prepare_inputs
-from native_server.paged_attention import TorchPagedAttention
-from native_server.scheduler import SchedulerOutput
-from native_server.sequence import Sequence
+from native_server.engine.model_runner import prepare_inputs
+from native_server.engine.attention import TorchPagedAttention
+from native_server.engine.scheduler import SchedulerOutput
+from native_server.engine.sequence import Sequence
 from py_engine.models import AttentionSpec
 from py_engine.sampling_params import SamplingParams
 
 pytest.importorskip("triton", reason="triton is not installed (make test installs triton==3.9.0)")
-from native_server.triton_attention import TritonPagedAttention  # noqa: E402
+from native_server.engine.attention.triton import TritonPagedAttention  # noqa: E402
 from py_engine.gpu.kv_store import store_kv  # noqa: E402
 from py_engine.gpu.paged_attention import paged_attention  # noqa: E402
 

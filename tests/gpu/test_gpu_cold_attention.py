@@ -1,4 +1,4 @@
-"""The Triton paged-attention kernel reading int8/int4 cold blocks against the torch path, cold_attention.py.
+"""The Triton paged-attention kernel reading int8/int4 cold blocks against the torch path, attention/cold.py.
 
 Each case is one ragged step over a two-tier cache: every sequence's table
 starts with the cold-pool blocks its first query reads cold (what the
@@ -20,11 +20,11 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from native_server import cold_attention
-from native_server.kv_cache import ColdPool
-from native_server.model_runner import prepare_inputs
-from native_server.scheduler import SchedulerOutput
-from native_server.sequence import Sequence
+from native_server.engine.attention import cold as cold_attention
+from native_server.engine.kv_cache import ColdPool
+from native_server.engine.model_runner import prepare_inputs
+from native_server.engine.scheduler import SchedulerOutput
+from native_server.engine.sequence import Sequence
 from py_engine.models import AttentionSpec
 from py_engine.models.kv_quant import KVQuantConfig, dequantize, quantize
 from py_engine.sampling_params import SamplingParams
@@ -32,7 +32,7 @@ from py_engine.sampling_params import SamplingParams
 triton = pytest.importorskip("triton", reason="triton is not installed (make test installs triton==3.9.0)")
 import triton.language as tl  # noqa: E402
 
-from native_server.triton_attention import TritonPagedAttention  # noqa: E402
+from native_server.engine.attention.triton import TritonPagedAttention  # noqa: E402
 from py_engine.gpu.combine import max_combine  # noqa: E402
 from py_engine.gpu.paged_attention import ColdBlocks, _fake_quantize, paged_attention  # noqa: E402
 

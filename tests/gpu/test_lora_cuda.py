@@ -32,7 +32,7 @@ def test_lora_on_cuda_matches_peft_on_cpu(tmp_path):
 
 
 def test_server_engine_on_cuda_mixes_adapters_and_base(tmp_path):
-    from native_server.engine import LLMEngine
+    from native_server.engine.llm_engine import LLMEngine
     from py_engine.sampling_params import SamplingParams
     from tests.paths import BUILTIN
     from tests.server.lora_adapters import build_adapters

@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from native_server.witness import WitnessLog
+from native_server.learning.witness import WitnessLog
 from py_engine.tokenizer import Tokenizer
 from ruvllm_cli.main import main
 from tests.paths import BUILTIN

@@ -121,7 +121,7 @@ def test_llm_api_accepts_a_name_or_a_config():
 
 def test_server_engine_quantizes_at_load():
     pytest.importorskip("torch")
-    from native_server.engine import LLMEngine
+    from native_server.engine.llm_engine import LLMEngine
     from py_engine.quant.linear import QuantLinear
     from py_engine.sampling_params import SamplingParams
 

@@ -210,7 +210,7 @@ def test_rtn_in_row_blocks_gives_quantize_rtn_bytes(args, monkeypatch):
 def test_server_engine_runs_a_quantized_model():
     """Paged, batched [1, T] rows through QuantLinear under inference_mode: each prompt's greedy
     tokens as the quantized LLM gives them alone (exact decode path, so batch size cannot matter)."""
-    from native_server.engine import LLMEngine
+    from native_server.engine.llm_engine import LLMEngine
 
     eng = LLMEngine(str(builtin_path()), dtype="float32", device="cpu", quantization="int4")
     llm = LLM(str(builtin_path()), dtype="float32", quantization="int4")

@@ -1,6 +1,7 @@
 """Imports flow one way and never in a circle.
 
-Every `import` in py_engine counts, at module level or inside a function
+Every `import` of every package counts (py_engine, the applications above it,
+the CLI and training), at module level or inside a function
 (a lazy import still ties the modules together: the cpu_layers <-> cpu_stack
 <-> cpu_transforms circle of issue 13 was made of them); only imports under
 `if TYPE_CHECKING:`, which never run, are left out. `from a import b` is an
@@ -12,9 +13,12 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
 from tests.paths import REPO
 
 APPLICATIONS = ("export", "native_server", "web", "ruvllm_cli")  # ring 2 and the CLI above it
+PACKAGES = ("py_engine", *APPLICATIONS, "training")
 
 
 def modules(root: Path, package: str) -> dict[str, Path]:
@@ -101,8 +105,46 @@ def test_py_engine_imports_no_application():
     assert {m: t for m, t in upward.items() if t} == {}
 
 
-def test_py_engine_has_no_import_circle():
-    assert circles(import_edges(REPO, "py_engine")) == []
+def test_every_package_has_a_package_file_and_is_checked():
+    """A top folder with an __init__.py is a package the circle check below walks (tests aside)."""
+    found = {p.parent.name for p in REPO.glob("*/__init__.py")} - {"tests"}
+    assert sorted(found) == sorted(PACKAGES)
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_no_package_has_an_import_circle(package):
+    edges = import_edges(REPO, package)
+    assert len(edges) > 2 and circles(edges) == []
+
+
+def _native_server_edges() -> dict[str, set[str]]:
+    return import_edges(REPO, "native_server")
+
+
+def test_native_server_top_level_is_packages_and_entry_modules():
+    """Its folders name the architecture; beside them only the package file and `ruvllm serve`'s module."""
+    root = REPO / "native_server"
+    assert sorted(p.name for p in root.glob("*.py")) == ["__init__.py", "serve.py"]
+    packages = sorted(p.parent.name for p in root.glob("*/__init__.py"))
+    assert packages == ["api", "bench", "engine", "learning"]
+
+
+def test_the_engine_imports_no_http_learning_or_benchmark_module():
+    """The seam of the server: api/, learning/ and bench/ build on the engine, never the other way."""
+    above = ("native_server.api", "native_server.learning", "native_server.bench", "native_server.serve")
+    upward = {m: sorted(t for t in targets if t.startswith(above))
+              for m, targets in _native_server_edges().items() if m.startswith("native_server.engine")}
+    assert len(upward) > 12 and {m: t for m, t in upward.items() if t} == {}
+
+
+def test_attention_backends_import_the_interface_not_the_picker():
+    """interface.py imports no backend; the backends never import the package that picks among them."""
+    edges = _native_server_edges()
+    package = "native_server.engine.attention"
+    backends = [m for m in edges if m.startswith(package + ".")]
+    assert {f"{package}.{name}" for name in ("interface", "reference", "cold", "cpu", "triton")} <= set(backends)
+    assert [m for m in backends if package in edges[m]] == []
+    assert not {t for t in edges[f"{package}.interface"] if t.startswith(package)}
 
 
 def test_the_checks_see_lazy_circles_and_upward_imports(tmp_path):

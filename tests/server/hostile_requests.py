@@ -304,7 +304,7 @@ def open_and_drop(url: str, body: dict, api_key: str, done: list) -> None:
 
 # Run in a server process (running_server's prelude): its forward pass fails from the 21st step on.
 FAULTY_FORWARD = """
-from native_server.model_runner import ModelRunner
+from native_server.engine.model_runner import ModelRunner
 _execute, _calls = ModelRunner.execute, [0]
 def execute(self, *args, **kwargs):
     _calls[0] += 1

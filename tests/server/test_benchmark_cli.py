@@ -17,9 +17,9 @@ from native_server.bench.offline import KVOccupancy, kv_occupancy, occupancy_at_
 from native_server.bench.report import flatten, format_csv, format_table, render
 from native_server.bench.stats import RequestTiming, Summary, percentile, summarize
 from native_server.bench.workload import RESERVED_LOW_IDS, Workload, random_prompts
-from native_server.block_manager import BlockManager
-from native_server.scheduler import Scheduler
-from native_server.sequence import Sequence
+from native_server.engine.block_manager import BlockManager
+from native_server.engine.scheduler import Scheduler
+from native_server.engine.sequence import Sequence
 from py_engine.sampling_params import SamplingParams
 from ruvllm_cli.main import main
 from tests.server.server_harness import no_traceback, running_server
@@ -141,7 +141,7 @@ def test_capacity_paged_blocks_against_contiguous_slabs(model_dir):
     import torch
 
     from native_server.bench.capacity import admit_all, kv_capacity
-    from native_server.engine import LLMEngine
+    from native_server.engine.llm_engine import LLMEngine
     from py_engine.config import ModelConfig
 
     config = ModelConfig.from_file(model_dir)  # 2 layers x (k, v) x 2 kv heads x head_dim 16 x 4 bytes

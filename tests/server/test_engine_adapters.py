@@ -9,8 +9,8 @@ import itertools
 import pytest
 import torch
 
-from native_server.engine import LLMEngine
-from native_server.outputs import AdapterNotFoundError
+from native_server.engine.llm_engine import LLMEngine
+from native_server.engine.outputs import AdapterNotFoundError
 from py_engine import LLM
 from py_engine.learning.lora import TrainableLora, to_lora_adapter
 from py_engine.models import load_model

@@ -12,8 +12,8 @@ import time
 
 import pytest
 
-from native_server.fair_queue import FairSlots, QueueFullError
-from native_server.grammars import GrammarCompiler
+from native_server.api.fair_queue import FairSlots, QueueFullError
+from native_server.api.grammars import GrammarCompiler
 from py_engine.guided import GrammarTimeoutError, GrammarTooLargeError, StructuredOutputsParams, guide_for
 from py_engine.guided.compile import token_grammar
 from py_engine.sampling_params import SamplingParams

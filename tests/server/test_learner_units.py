@@ -8,7 +8,7 @@ import time
 import pytest
 import torch
 
-from native_server.learner import Learner
+from native_server.learning.learner import Learner
 from py_engine.learning import Sona, SonaConfig
 from py_engine.tokenizer import Tokenizer
 from tests.paths import BUILTIN

@@ -19,17 +19,17 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from native_server.api import create_app
-from native_server.context import ServerContext
-from native_server.errors import APIError
-from native_server.metrics import Histogram, ServerMetrics, histogram_lines
-from native_server.middleware import APIKey, IsolationHeaders
-from native_server.outputs import (CompletionOutput, EngineShutdownError, EngineStats, PromptTooLongError,
+from native_server.api.app import create_app
+from native_server.api.context import ServerContext
+from native_server.api.errors import APIError
+from native_server.api.metrics import Histogram, ServerMetrics, histogram_lines
+from native_server.api.middleware import APIKey, IsolationHeaders
+from native_server.engine.outputs import (CompletionOutput, EngineShutdownError, EngineStats, PromptTooLongError,
                                    QueueFullError, RequestOutput)
-from native_server.outputs import Histogram as EngineHistogram
-from native_server.prompts import check_model, completion_prompts, fit_to_context, sampling_params
-from native_server.protocol import ChatCompletionRequest, CompletionRequest
-from native_server.request_body import RequestBody
+from native_server.engine.outputs import Histogram as EngineHistogram
+from native_server.api.prompts import check_model, completion_prompts, fit_to_context, sampling_params
+from native_server.api.protocol import ChatCompletionRequest, CompletionRequest
+from native_server.api.request_body import RequestBody
 from native_server.serve import parse_size
 from py_engine.sampling_params import SamplingParams
 

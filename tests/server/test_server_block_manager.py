@@ -7,7 +7,7 @@ import textwrap
 
 import pytest
 
-from native_server.block_manager import BlockManager, FreeBlockQueue, KVBlock, extend_block_hashes, hash_block
+from native_server.engine.block_manager import BlockManager, FreeBlockQueue, KVBlock, extend_block_hashes, hash_block
 from tests.paths import REPO
 
 
@@ -210,7 +210,7 @@ def test_scheduler_block_manager_and_outputs_import_without_torch():
         import sys
         sys.modules['torch'] = None
         sys.modules['numpy'] = None
-        import native_server.block_manager, native_server.scheduler, native_server.sequence, native_server.outputs
+        import native_server.engine.block_manager, native_server.engine.scheduler, native_server.engine.sequence, native_server.engine.outputs
         assert not [m for m in sys.modules if m.split('.')[0] in ('torch', 'numpy') and sys.modules[m]]
         print('ok')
     """)

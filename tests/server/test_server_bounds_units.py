@@ -12,13 +12,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from native_server.errors import APIError
-from native_server.middleware import AllowedHosts
-from native_server.prompts import chat_render_args
-from native_server.protocol import ChatCompletionRequest
-from native_server.request_body import BodyError, RequestBody, check_json_shape, json_too_deep, lone_surrogate
+from native_server.api.errors import APIError
+from native_server.api.middleware import AllowedHosts
+from native_server.api.prompts import chat_render_args
+from native_server.api.protocol import ChatCompletionRequest
+from native_server.api.request_body import BodyError, RequestBody, check_json_shape, json_too_deep, lone_surrogate
 from native_server.serve import allowed_hosts
-from native_server.templates import TemplateRenderer
+from native_server.api.templates import TemplateRenderer
 from py_engine.chat import ChatConfig, ChatTemplateError, RenderLimits, render_chat
 
 CHATML = ChatConfig("{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}", {}, "test")

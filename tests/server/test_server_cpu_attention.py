@@ -14,9 +14,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from native_server import cold_attention
-from native_server.kv_cache import ColdPool
-from native_server.paged_attention import PagedMetadata, TorchPagedAttention, backend_for, decode_kv_positions
+from native_server.engine.attention import cold as cold_attention
+from native_server.engine.kv_cache import ColdPool
+from native_server.engine.attention import PagedMetadata, TorchPagedAttention, backend_for, decode_kv_positions
 from py_engine.kernels import cpu_kernels
 from py_engine.models import AttentionSpec
 from py_engine.models.kv_quant import KVQuantConfig
@@ -89,7 +89,7 @@ def c_calls(monkeypatch):
     """Each call of paged.c's rk_paged_decode (through kernels.paged.paged_decode): the backend falls back to
     the torch oracle for what the kernel refuses, so a test that only compared results could compare torch
     with torch."""
-    import native_server.cpu_attention as module
+    import native_server.engine.attention.cpu as module
 
     calls, original = [], module.paged_decode
 
@@ -199,7 +199,7 @@ def test_a_single_stream_runs_as_one_c_call_and_equals_the_dense_engine(model_di
     blocks; its greedy tokens equal the per-module path's (stack off: the same kernels call by call) and, in
     fp32, the dense LLM's (same KV settings; with fp16 or bf16 KV, which the dense cache does not store, its fp32
     one: on this model the rounding flips no token) and the torch backend's."""
-    from native_server.engine import LLMEngine
+    from native_server.engine.llm_engine import LLMEngine
     from py_engine.backends.torch import LLM
     from py_engine.cpu.stack import StackPlan
     from py_engine.sampling_params import SamplingParams
@@ -244,7 +244,7 @@ def test_a_single_stream_runs_as_one_c_call_and_equals_the_dense_engine(model_di
 @pytest.mark.parametrize("variant", ["avx2", "avx512", "avx512-vnni", "avx512-bf16"])
 def test_every_kernel_variant_equals_the_oracle(variant, c_calls):
     """Each instruction-set build of the kernels (py_engine.kernels.VARIANTS) runs the same paged decode."""
-    from native_server.cpu_attention import CpuPagedAttention
+    from native_server.engine.attention.cpu import CpuPagedAttention
     from py_engine.kernels import kernel_variant, variant_fits
 
     if not variant_fits(variant):
@@ -312,7 +312,7 @@ def test_every_kernel_variant_reads_and_writes_fp16_as_torch(variant, c_calls):
     rk_paged_attend_one), and runs the paged decode over an fp16 cache."""
     import ctypes
 
-    from native_server.cpu_attention import CpuPagedAttention
+    from native_server.engine.attention.cpu import CpuPagedAttention
     from py_engine.kernels import kernel_variant, variant_fits
     from py_engine.kernels.paged import PagedDecode
 

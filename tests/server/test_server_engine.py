@@ -12,10 +12,10 @@ import random
 import pytest
 import torch
 
-from native_server.async_engine import AsyncEngine
-from native_server.engine import LLMEngine, PromptTooLongError, QueueFullError
-from native_server.kv_cache import kv_bytes_per_block
-from native_server.outputs import EngineDeadError, EngineShutdownError, RequestFailedError
+from native_server.engine.async_engine import AsyncEngine
+from native_server.engine.llm_engine import LLMEngine, PromptTooLongError, QueueFullError
+from native_server.engine.kv_cache import kv_bytes_per_block
+from native_server.engine.outputs import EngineDeadError, EngineShutdownError, RequestFailedError
 from py_engine.backends.torch import LLM
 from py_engine.sampling_params import SamplingParams
 from tests.requires import kernels_missing
@@ -128,7 +128,7 @@ def test_the_cpu_kernels_run_under_the_paged_engine(model_dir, corpus):
 
 
 def test_the_step_budget_defaults_to_512_tokens_on_cpu(model_dir):
-    from native_server.engine import default_batched_tokens
+    from native_server.engine.llm_engine import default_batched_tokens
 
     assert engine(model_dir).scheduler.max_num_batched_tokens == 512
     assert engine(model_dir, max_num_batched_tokens=40).scheduler.max_num_batched_tokens == 40
@@ -337,7 +337,7 @@ def test_async_engine_failure_reaches_every_stream_and_shutdown_refuses(model_di
 def test_a_request_failing_in_sampling_or_detokenizing_fails_alone(model_dir, reference, corpus, monkeypatch):
     """Only the forward pass is the batch's; a request whose own sampling or text side raises ends with
     an error, its blocks freed, and every other request gives the reference's output."""
-    import native_server.engine as engine_module
+    import native_server.engine.llm_engine as engine_module
 
     batched = engine_module.sample
 

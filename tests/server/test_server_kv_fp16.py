@@ -15,7 +15,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from native_server.kv_cache import kv_bytes_per_block
+from native_server.engine.kv_cache import kv_bytes_per_block
 from py_engine.sampling_params import SamplingParams
 from tests.server.server_harness import Server, greedy_completions, metric, no_traceback, running_server
 from tests.server.test_server_engine import assert_all_blocks_free, mixed_params, prompts, run
@@ -27,7 +27,7 @@ PROMPTS = [" ".join(WORDS[(5 * i) % 40:(5 * i) % 40 + 3 + i]) for i in range(8)]
 
 
 def engine(model_dir, **kwargs):
-    from native_server.engine import LLMEngine
+    from native_server.engine.llm_engine import LLMEngine
 
     return LLMEngine(str(model_dir), dtype="float32", device="cpu", **kwargs)
 
@@ -56,7 +56,7 @@ def test_a_mixed_batch_on_fp16_kv_gives_the_oracle_backends_and_the_dense_engine
                                                                                          monkeypatch):
     """Chunked prefill (8-token steps), prefix hits, preemption (a 12-block budget) and seeded sampling: the C
     backend equals the torch backend on the same fp16 cache; greedy requests equal the dense fp32 engine."""
-    import native_server.cpu_attention as cpu_attention
+    import native_server.engine.attention.cpu as cpu_attention
 
     c_calls, paged_decode = [], cpu_attention.paged_decode  # the backend falls back to torch where C refuses
     monkeypatch.setattr(cpu_attention, "paged_decode", lambda *a, **k: c_calls.append(1) or paged_decode(*a, **k))

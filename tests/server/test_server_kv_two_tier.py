@@ -14,7 +14,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from native_server.block_manager import BlockManager, extend_block_hashes
+from native_server.engine.block_manager import BlockManager, extend_block_hashes
 from tests.server.server_harness import Server, greedy_completions, metric, no_traceback, running_server, wait_until
 from tests.tiny_models import TEXT
 
@@ -89,7 +89,7 @@ def test_forks_share_one_cold_copy_and_free_both_pools():
 
 
 def test_engine_equals_the_dense_engine_through_chunks_shared_prefixes_and_preemption(model_dir):
-    from native_server.engine import LLMEngine
+    from native_server.engine.llm_engine import LLMEngine
     from py_engine.backends.torch import LLM
     from py_engine.sampling_params import SamplingParams
 
@@ -178,7 +178,7 @@ class _no_raise:
 def test_the_cold_pool_takes_the_bytes_it_is_accounted_in(model_dir, dtype):
     import torch
 
-    from native_server.kv_cache import ColdPool, cold_bytes_per_block, kv_bytes_per_block, split_budget
+    from native_server.engine.kv_cache import ColdPool, cold_bytes_per_block, kv_bytes_per_block, split_budget
     from py_engine.config import ModelConfig
     from py_engine.models.kv_quant import KVQuantConfig
 
@@ -193,7 +193,7 @@ def test_the_cold_pool_takes_the_bytes_it_is_accounted_in(model_dir, dtype):
 
 
 def test_default_cpu_sizing_has_room_for_every_sequence_and_a_small_budget_is_refused(model_dir):
-    from native_server.engine import LLMEngine
+    from native_server.engine.llm_engine import LLMEngine
 
     eng = LLMEngine(str(model_dir), device="cpu", kv_cache_dtype="int4", kv_hot_tokens=32, max_num_seqs=4)
     # max_model_len 128: each sequence 2 + 2 hot blocks and 6 cold ones; one step of 128 tokens hot

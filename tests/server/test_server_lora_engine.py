@@ -1,4 +1,4 @@
-"""Multi-LoRA in the engine (native_server/lora.py), in process: one batch mixing four adapters and the base
+"""Multi-LoRA in the engine (native_server/engine/lora.py), in process: one batch mixing four adapters and the base
 gives every request the tokens it gets alone, and the tokens LLM(lora=...) gives (which equal peft's:
 tests/adapters); prefix-cache blocks are never shared across adapters; unloading waits for running requests.
 """
@@ -11,8 +11,8 @@ from tests.server.lora_adapters import ADAPTERS, build_adapters
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("peft", reason="peft is in the [test] extra: pip install -e '.[test]'")
-from native_server.engine import LLMEngine  # noqa: E402
-from native_server.outputs import AdapterNotFoundError  # noqa: E402
+from native_server.engine.llm_engine import LLMEngine  # noqa: E402
+from native_server.engine.outputs import AdapterNotFoundError  # noqa: E402
 from py_engine import LLM  # noqa: E402
 from py_engine.adapters import AdapterError  # noqa: E402
 from py_engine.sampling_params import SamplingParams  # noqa: E402

@@ -12,12 +12,12 @@ import random
 import pytest
 import torch
 
-from native_server.block_manager import BlockManager
-from native_server.kv_cache import PagedKVCache
-from native_server.model_runner import ModelRunner, prepare_inputs
-from native_server.paged_attention import TorchPagedAttention, backend_for
-from native_server.scheduler import Scheduler
-from native_server.sequence import Sequence
+from native_server.engine.block_manager import BlockManager
+from native_server.engine.kv_cache import PagedKVCache
+from native_server.engine.model_runner import ModelRunner, prepare_inputs
+from native_server.engine.attention import TorchPagedAttention, backend_for
+from native_server.engine.scheduler import Scheduler
+from native_server.engine.sequence import Sequence
 from py_engine.config import ModelConfig
 from py_engine.models import AttentionSpec, CausalLM, DenseKVCache
 from py_engine.sampling_params import SamplingParams
@@ -89,7 +89,7 @@ def test_paged_attention_equals_dense_on_a_ragged_batch(device, spec):
 
 
 def _scheduled(seqs, num_new):
-    from native_server.scheduler import SchedulerOutput
+    from native_server.engine.scheduler import SchedulerOutput
     return SchedulerOutput(seqs=list(seqs), num_new_tokens=list(num_new))
 
 

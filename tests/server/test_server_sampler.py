@@ -11,8 +11,8 @@ import random
 import pytest
 import torch
 
-from native_server import sampler
-from native_server.sampler import SamplingRow, sample
+from native_server.engine import sampler
+from native_server.engine.sampler import SamplingRow, sample
 from py_engine.sampling import Sampler, SamplingParams, sample_token, token_probabilities
 
 torch.set_num_threads(1)
@@ -163,7 +163,7 @@ def _builtin_masks():
 def test_masked_rows_equal_the_reference_sampler():
     """Step 0: a row's grammar mask (MaskTensors of real TokenMasks) gives the reference's token,
     for few- and many-token masks, EOS-only ones, greedy and top-k past the allowed count."""
-    from native_server.sampler import MaskTensors
+    from native_server.engine.sampler import MaskTensors
 
     masks, vocab = _builtin_masks()
     counts = sorted({m.count for m in masks})

@@ -1,9 +1,9 @@
 """Scheduler unit tests (no model): token budget, chunked prefill, FCFS, max_num_seqs, preemption, prefix hits."""
 from __future__ import annotations
 
-from native_server.block_manager import BlockManager
-from native_server.scheduler import Scheduler, SchedulerOutput
-from native_server.sequence import Sequence, SequenceStatus
+from native_server.engine.block_manager import BlockManager
+from native_server.engine.scheduler import Scheduler, SchedulerOutput
+from native_server.engine.sequence import Sequence, SequenceStatus
 from py_engine.sampling_params import SamplingParams
 
 

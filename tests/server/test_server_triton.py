@@ -14,10 +14,10 @@ import os
 import pytest
 import torch
 
-from native_server.cuda_graphs import DecodeGraphs
-from native_server.engine import LLMEngine
-from native_server.kv_cache import kv_bytes_per_block
-from native_server.paged_attention import TorchPagedAttention, backend_for
+from native_server.engine.cuda_graphs import DecodeGraphs
+from native_server.engine.llm_engine import LLMEngine
+from native_server.engine.kv_cache import kv_bytes_per_block
+from native_server.engine.attention import TorchPagedAttention, backend_for
 from py_engine.sampling_params import SamplingParams
 from tests.server.test_server_engine import SLIDING, assert_all_blocks_free, mixed_params, prompts, run
 from tests.tiny_models import TEXT, build_tiny_model
@@ -73,7 +73,7 @@ def test_prefix_hits_preemption_and_forks_give_the_oracle_backends_tokens(model_
 def test_the_two_tier_kv_cache_gives_the_oracle_backends_tokens(model_dir, corpus):
     """int4 KV, 8 hot tokens: the Triton kernels read the cold blocks (attend_cold) of decode rows and
     prompt chunks, and quantize on the fly the blocks of a chunk its later queries read cold; the oracle
-    engine runs the torch path (cold_attention.py) for all of it.
+    engine runs the torch path (attention/cold.py) for all of it.
     Steps where every sequence decodes go through the CUDA-graph inputs (cold counts in the static buffer),
     run eagerly here (capture=False); test_cuda_graph_decode_steps_with_int8_int4_kv_give_the_eager_tokens
     captures them on a GPU."""

@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from native_server.errors import APIError
-from native_server.feedback import FeedbackDesk, FeedbackLimits, FeedbackRequest, TokenBucket
-from native_server.witness import WitnessLog, log_size, read_lines
+from native_server.api.errors import APIError
+from native_server.learning.feedback import FeedbackDesk, FeedbackLimits, FeedbackRequest, TokenBucket
+from native_server.learning.witness import WitnessLog, log_size, read_lines
 
 
 def completion(i: int, session: str | None = "s", pad: int = 200) -> dict:

@@ -1,6 +1,6 @@
 """The demo page's test rig: web/dist served as `ruvllm serve` serves it, and a headless Chromium.
 
-`static_server(dist)` runs the server's own static-file app (native_server.api.DemoFiles behind
+`static_server(dist)` runs the server's own static-file app (native_server.api.app.DemoFiles behind
 its IsolationHeaders middleware: COOP/COEP, application/wasm, text/javascript) on 127.0.0.1
 without loading a model. `browser(profile)` is Playwright driving Debian's Chromium
 (/usr/bin/chromium; Playwright never downloads a browser here); every request the page makes
@@ -33,8 +33,8 @@ def static_server(dist: Path) -> Iterator[str]:
     import uvicorn
     from starlette.applications import Starlette
 
-    from native_server.api import DemoFiles
-    from native_server.middleware import IsolationHeaders
+    from native_server.api.app import DemoFiles
+    from native_server.api.middleware import IsolationHeaders
 
     app = Starlette()
     app.mount("/", DemoFiles(directory=dist, html=True), name="web")

@@ -1,0 +1,105 @@
+"""POST /v1/chat/completions: render the conversation, run it, answer in OpenAI's chat shape.
+
+Streaming sends, per choice, a first chunk with `role: "assistant"`, then one
+chunk per output step with the new text (and logprobs), the last carrying
+`finish_reason`; with `stream_options.include_usage` a final chunk with no
+choices carries the usage; `data: [DONE]` ends every stream, failed or not.
+With tools, text that may be a tool call is held back and the calls go out as
+`delta.tool_calls` once complete, with finish_reason "tool_calls" (guided.py).
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from native_server.api.context import ServerContext
+from native_server.api.errors import APIError
+from native_server.api.generation import Delta, Generation, Job
+from native_server.api.guided import client_of, prepare, tool_plan, with_tools
+from native_server.api.logprobs import chat_logprobs
+from native_server.api.prompts import chat_render_args, check_choices, fit_to_context, sampling_params
+from native_server.api.protocol import (ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionRequest,
+                                    ChatCompletionResponse, ChatDelta, ChatResponseMessage, DeltaToolCall, Usage)
+from native_server.api.serving import event_stream, run_to_end, usage_of
+from native_server.api.streaming import event
+from native_server.learning.witness_record import route, start_trace
+from py_engine.chat import ChatTemplateError
+from py_engine.generate import start_ids
+from py_engine.guided.tools import ChoiceReader, ToolPlan, split_events
+
+
+async def create_chat_completion(ctx: ServerContext, request: ChatCompletionRequest, raw: Request) -> Response:
+    ctx.check_accepting()
+    adapter = ctx.adapter_for(request.model)
+    chat_config = ctx.check_chat()
+    params = sampling_params(request, ctx.vocab_size)
+    check_choices(params.n, 1)
+    plan = tool_plan(request, chat_config)
+    params = with_tools(params, plan)
+    messages, options = chat_render_args(request, chat_config, ctx.allow_client_chat_template)
+    try:  # in a worker process, bounded in time and size (templates.py)
+        text = await ctx.templates.render(messages, chat_config, **options)
+    except ChatTemplateError as exc:
+        raise APIError(400, f"messages: the chat template could not render them: {exc}", "messages") from None
+    # A long conversation takes a while to tokenize in pure Python: keep it off the event loop.
+    prompt_ids = await asyncio.to_thread(start_ids, ctx.tokenizer, text, add_special_tokens=False)
+    await prepare(ctx, params, client_of(request, raw))  # a grammar: cached, or in a worker process
+    explicit = request.max_tokens is not None or request.max_completion_tokens is not None
+    params = fit_to_context(params, len(prompt_ids), ctx.max_model_len, explicit_max_tokens=explicit,
+                            prompt_param="messages")
+    request_id = f"chatcmpl-{uuid.uuid4().hex}"
+    trace = start_trace(ctx, request_id, "chat.completions", request, [
+        {"messages": [m.model_dump(exclude_none=True) for m in request.messages], "text": text,
+         "token_ids": prompt_ids}], params)
+    job = Job(request_id, prompt_ids, params, 0, adapter or route(ctx, request))
+    generation = Generation(ctx.engine, [job], ctx.metrics, trace=trace)
+    want_logprobs = params.logprobs is not None
+    if request.stream:
+        include_usage = bool(request.stream_options and request.stream_options.include_usage)
+        return await _stream(ctx, generation, raw, request_id, want_logprobs, include_usage, plan)
+    results = await run_to_end(raw, generation)
+    choices = []
+    for i, r in enumerate(results):
+        reader = ChoiceReader(plan)
+        content, calls = reader.message(r.text)
+        choices.append(ChatChoice(index=i, message=ChatResponseMessage(content=content, tool_calls=calls),
+                                  finish_reason=reader.finish_reason(r.finish_reason),
+                                  logprobs=chat_logprobs(r.logprobs, ctx.texts) if want_logprobs else None))
+    body = ChatCompletionResponse(id=request_id, created=int(time.time()), model=adapter or ctx.model_name,
+                                  choices=choices,
+                                  usage=usage_of(generation))
+    return JSONResponse(body.model_dump(mode="json"))
+
+
+async def _stream(ctx: ServerContext, generation: Generation, raw: Request, request_id: str,
+                  want_logprobs: bool, include_usage: bool, plan: ToolPlan) -> Response:
+    created = int(time.time())
+    model = generation.jobs[0].lora or ctx.model_name
+    readers = [ChoiceReader(plan) for _ in range(generation.num_choices)] if plan.active else None
+
+    def chunk(choices: list[ChatChunkChoice], usage: Usage | None = None) -> str:
+        return event(ChatCompletionChunk(id=request_id, created=created, model=model, choices=choices,
+                                         usage=usage))
+
+    def delta_chunk(delta: Delta) -> str:
+        logprobs = chat_logprobs(delta.logprobs or [], ctx.texts) if want_logprobs else None
+        if readers is None:
+            return chunk([ChatChunkChoice(index=delta.choice, delta=ChatDelta(content=delta.text),
+                                          logprobs=logprobs, finish_reason=delta.finish_reason)])
+        reader = readers[delta.choice]
+        content, calls = split_events(reader.feed(delta.text) + (reader.finish() if delta.finish_reason else []))
+        if not (content or calls or delta.finish_reason or logprobs):
+            return ""  # text held back (it may open a tool call): no event yet
+        calls = [DeltaToolCall(index=j, **c) for j, c in enumerate(calls)]
+        return chunk([ChatChunkChoice(index=delta.choice, delta=ChatDelta(content=content or None,
+                                                                          tool_calls=calls or None),
+                                      logprobs=logprobs, finish_reason=reader.finish_reason(delta.finish_reason))])
+
+    head = [chunk([ChatChunkChoice(index=i, delta=ChatDelta(role="assistant", content=""))])
+            for i in range(generation.num_choices)]
+    return await event_stream(raw, generation, head, delta_chunk,
+                              (lambda u: chunk([], u)) if include_usage else None)

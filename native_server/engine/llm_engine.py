@@ -1,0 +1,444 @@
+"""The server's engine: many requests in one forward pass per step, over a paged KV cache.
+
+    engine = LLMEngine("tiny-shakespeare", device="cpu")
+    engine.add_request("r1", prompt_ids, SamplingParams(max_tokens=16, n=2, seed=0))
+    while engine.has_unfinished_requests():
+        for out in engine.step():          # schedule -> run -> postprocess
+            ...                            # RequestOutput deltas
+
+A request with n samples is prefilled once; at its first token it forks into
+n sequences sharing the prompt's KV blocks (copy-on-write). Sample i draws
+from random.Random(seed + i), so it yields what an n=1 request with seed + i
+would. `AsyncEngine` (async_engine.py) runs `step()` in a thread of its own.
+"""
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from native_server.engine.block_manager import BlockManager
+from native_server.engine.kv_cache import (PagedKVCache, _two_tier_blocks, activation_reserve, memory_budget,
+                                    num_kv_blocks, split_budget, two_tier_bytes)
+from native_server.engine.model_runner import ModelRunner
+from native_server.engine.lora import DEFAULT_MAX_LORA_RANK, DEFAULT_MAX_LORAS, EngineAdapters
+from native_server.engine.outputs import (AdapterNotFoundError, CompletionOutput, EngineError, EngineStats, Histogram,
+                                   PromptTooLongError, QueueFullError, RequestOutput, SampleStream)
+from native_server.engine.attention import PagedAttentionBackend, backend_for
+from native_server.engine.sampler import MaskTensors, SamplingRow, sample
+from native_server.engine.scheduler import Scheduler
+from native_server.engine.sequence import Sequence, SequenceStatus
+from py_engine.adapters import AdapterError, LoraAdapter
+from py_engine.config import GenerationConfig
+from py_engine.backends.torch import pick_device
+from py_engine.generate import eos_token_ids
+from py_engine.hub import resolve_model
+from py_engine.models.memory import trim_heap
+from py_engine.models import longrope_switch_length
+from py_engine.models.kv_quant import DEFAULT_HOT_TOKENS, KVQuantConfig
+from py_engine.cpu.transforms import optimize_for_cpu
+from py_engine.quant.config import QuantConfig
+from py_engine.quant.load import load_quantized
+from py_engine.sampling import SampleOutput
+from py_engine.sampling_params import SamplingParams
+from py_engine.tokenizer import Tokenizer
+
+logger = logging.getLogger("ruvllm.server")
+
+
+# Tokens per step unless given. On CPU a step's activations should stay in the cores' L2: at 2048 rows
+# x alone [2048, 896] fp32 is 7 MB, read again for every 1 MB panel of dequantized weights, and the
+# elementwise ops stream from L3; 512 rows (llama.cpp's default micro-batch, vLLM's first chunked-prefill
+# default) cost ~7-10% less CPU per prompt token on Qwen2.5-0.5B Q4_0, and decode rows ride along with the
+# prompt chunks (benchmarks/server_profile.py).
+DEFAULT_BATCHED_TOKENS = {"cpu": 512}
+DEFAULT_BATCHED_TOKENS_OTHER = 2048
+
+
+def default_batched_tokens(device: torch.device) -> int:
+    return DEFAULT_BATCHED_TOKENS.get(device.type, DEFAULT_BATCHED_TOKENS_OTHER)
+
+
+@dataclass(eq=False)
+class _Request:
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    arrival_time: float
+    streams: list[SampleStream]  # one per sample, made up front so each seed is fixed from the start
+    seqs: list[Sequence] = field(default_factory=list)  # grows to n at the fork
+    first_token_time: float | None = None
+
+    @property
+    def finished(self) -> bool:
+        return all(s.finish_reason is not None for s in self.streams)
+
+
+class LLMEngine:
+    def __init__(self, model_path: str, *, dtype: str = "auto", device: str = "auto", block_size: int = 16,
+                 kv_cache_memory: int | None = None, gpu_memory_fraction: float = 0.9, max_num_seqs: int = 64,
+                 max_num_batched_tokens: int | None = None, max_model_len: int | None = None, max_queue: int = 1024,
+                 enable_prefix_caching: bool = True, model_name: str | None = None,
+                 quantization: str | QuantConfig | None = None, optimize: bool = True,
+                 attention_backend: str = "auto", cuda_graphs: bool = True,
+                 lora_modules: dict[str, str] | None = None, enable_lora: bool = False,
+                 max_loras: int = DEFAULT_MAX_LORAS, max_lora_rank: int = DEFAULT_MAX_LORA_RANK,
+                 xlora: str | None = None, kv_cache_dtype: str = "auto",
+                 kv_hot_tokens: int = DEFAULT_HOT_TOKENS) -> None:
+        """lora_modules: adapter name -> peft folder, loaded now; enable_lora: adapters may be loaded later
+        (load_lora) even if none is given now. See native_server/engine/lora.py. xlora: a peft X-LoRA folder
+        applied to every request (py_engine/adapters/xlora.py); it takes no other adapters.
+        kv_cache_dtype "fp16" / "bf16": every block in that dtype (an fp32 model's cache in half the bytes);
+        "int8" / "int4": the two-tier KV cache, kv_hot_tokens in the model's dtype
+        (py_engine/models/kv_quant.py, attention/cold.py). max_num_batched_tokens: the tokens of one step
+        (None: default_batched_tokens for the device)."""
+        if xlora is not None and (lora_modules or enable_lora):
+            raise ValueError("--xlora applies its own LoRA experts to every request: it cannot be combined with "
+                             "--lora-modules or --enable-runtime-lora")
+        kv_quant = KVQuantConfig(kv_cache_dtype, kv_hot_tokens, block_size)  # bad values fail before loading
+        if xlora is not None and kv_quant.enabled:
+            raise ValueError("--kv-cache-dtype int8/int4 cannot be combined with --xlora (its scaling pass keeps "
+                             "a second cache)")
+        path: Path = resolve_model(model_path)
+        self.model_name = model_name or model_path
+        self.device = torch.device(pick_device(device))
+        if max_num_batched_tokens is None:
+            max_num_batched_tokens = default_batched_tokens(self.device)
+        self.max_num_batched_tokens = max_num_batched_tokens
+        # In-situ quantization (none by default) happens here, before the KV cache is sized from what is left.
+        self.model, self.model_config, self.quant_report = load_quantized(path, quantization, dtype=dtype,
+                                                                          device=self.device)
+        if optimize:  # on CPU: fused projections, the native GEMV/GEMM kernels and norms (no-op elsewhere)
+            optimize_for_cpu(self.model)
+        self.adapters: EngineAdapters | None = None
+        if lora_modules or enable_lora:
+            self.adapters = EngineAdapters(self.model, max_loras, max_lora_rank)
+            for name, lora_path in (lora_modules or {}).items():
+                self.adapters.add(name, lora_path)
+        if xlora is not None:  # per-token scalings from each row's own hidden state: batches mix freely
+            from py_engine.adapters.xlora import load_xlora
+            self.model = load_xlora(self.model, xlora)
+        self.kv_layers = getattr(self.model, "kv_layers", None)  # X-LoRA: its scaling pass's layers too
+        self.tokenizer = Tokenizer.from_pretrained(path)
+        trim_heap()  # what parsing tokenizer.json freed (~11 MB for Qwen2.5's): not resident beside the model
+        config = self.model_config
+        self.eos_token_ids = eos_token_ids(GenerationConfig.from_model_dir(path), config, self.tokenizer)
+        self.max_model_len = self._context_limit(max_model_len)
+        self.kv_quant = kv_quant.check(self.max_model_len)
+        self.max_queue, self.max_num_seqs = max_queue, max_num_seqs
+        backend = backend_for(self.device, attention_backend)  # before the memory is sized: it may refuse
+        self.kv = self._allocate_kv(block_size, kv_cache_memory, gpu_memory_fraction, max_num_seqs,
+                                    max_num_batched_tokens, backend)
+        self.block_manager = BlockManager(self.kv.num_blocks, block_size, enable_prefix_caching,
+                                          self.kv.num_cold_blocks, kv_quant.hot_tokens if kv_quant.enabled else None)
+        self.scheduler = Scheduler(self.block_manager, max_num_seqs, max_num_batched_tokens)
+        self.runner = ModelRunner(self.model, self.kv, self._decode_graphs(cuda_graphs, max_num_seqs), self.adapters)
+        self.mask_tensors = MaskTensors(config.vocab_size, self.device)  # structured outputs' token masks
+        self._requests: dict[str, _Request] = {}
+        self._seq_ids = itertools.count()
+        self.prompt_tokens = self.generation_tokens = 0
+        self.ttft, self.inter_token_latency = Histogram(), Histogram()
+        logger.info("engine: %s on %s, max_model_len %d, max_num_seqs %d, max_num_batched_tokens %d",
+                    self.model_name, self.device, self.max_model_len, max_num_seqs, max_num_batched_tokens)
+
+    def _context_limit(self, max_model_len: int | None) -> int:
+        config = self.model_config
+        limit = min(max_model_len or config.max_position_embeddings, config.max_position_embeddings)
+        switch = longrope_switch_length(config)
+        if switch is not None and limit > switch:
+            # Past the switch every sequence of the flattened batch would get the long factors, and
+            # keys cached with the short ones would need recomputing (transformers does it per sequence).
+            logger.warning("LongRoPE model: max_model_len lowered from %d to %d, where it switches factors",
+                           limit, switch)
+            limit = switch
+        return limit
+
+    def _decode_graphs(self, enabled: bool, max_num_seqs: int) -> object | None:
+        """CUDA graphs of decode steps (cuda_graphs.py) where they can be captured, else None."""
+        if not enabled or self.device.type != "cuda":
+            return None
+        if self.kv_layers is not None:
+            logger.info("CUDA graphs off: X-LoRA runs two passes with data-dependent scalings")
+            return None
+        from native_server.engine.cuda_graphs import DecodeGraphs, graph_problem
+
+        problem = graph_problem(self.model, self.kv)
+        if problem is not None:
+            logger.info("CUDA graphs off: %s", problem)
+            return None
+        return DecodeGraphs(self.model, self.kv, max_num_seqs, self.max_model_len)
+
+    def _allocate_kv(self, block_size: int, kv_cache_memory: int | None, gpu_memory_fraction: float,
+                     max_num_seqs: int, max_num_batched_tokens: int,
+                     backend: PagedAttentionBackend) -> PagedKVCache:
+        config, quant = self.model_config, self.kv_quant
+        dtype = quant.storage(next(self.model.parameters()).dtype)  # the (hot) blocks': fp16 / bf16, or the model's
+        reserve = activation_reserve(config, max_num_batched_tokens, max_num_seqs)
+        budget = memory_budget(self.device, kv_cache_memory, gpu_memory_fraction, reserve)
+        # On CPU without a budget, stop at what max_num_seqs full-length sequences could fill.
+        cap = -(-max_num_seqs * self.max_model_len // block_size) if (
+            kv_cache_memory is None and self.device.type == "cpu") else None
+        if quant.enabled:
+            if cap is not None:  # the same cap: what max_num_seqs full-length sequences could fill
+                budget = min(budget, two_tier_bytes(config, quant, dtype, max_num_seqs, max_num_batched_tokens,
+                                                    self.max_model_len))
+            hot, cold = split_budget(config, quant, dtype, max(budget, 0), max_num_seqs, max_num_batched_tokens,
+                                     self.max_model_len)
+            # One max_model_len sequence must fit: hot its window and one step's tokens, cold the rest.
+            need_hot, need_cold, step = _two_tier_blocks(quant, max_num_batched_tokens, self.max_model_len)
+            if hot < need_hot + step or cold < need_cold:
+                raise ValueError(f"the KV cache budget holds {hot} hot and {cold} cold blocks of {block_size} "
+                                 f"tokens, too few for one sequence of max_model_len {self.max_model_len}: give it "
+                                 f"more memory or lower max_model_len")
+            return PagedKVCache(config, hot, block_size, dtype, self.device, backend, quant=quant,
+                                num_cold_blocks=cold)
+        num_blocks = num_kv_blocks(config, block_size, dtype, max(budget, 0), cap, self.kv_layers)
+        if num_blocks * block_size < self.max_model_len:
+            raise ValueError(f"the KV cache budget holds {max(num_blocks, 0) * block_size} tokens, fewer than "
+                             f"max_model_len {self.max_model_len}: give it more memory or lower max_model_len")
+        return PagedKVCache(config, num_blocks, block_size, dtype, self.device, backend, self.kv_layers)
+
+    # --- requests ---------------------------------------------------------------------------------
+    def check_request(self, prompt_token_ids: list[int], params: SamplingParams, lora: str | None = None) -> None:
+        """Raise PromptTooLongError, AdapterNotFoundError or ValueError for a request that can never run."""
+        if lora is not None and (self.adapters is None or lora not in self.adapters.by_name):
+            raise AdapterNotFoundError(f"no LoRA adapter named {lora!r} is loaded")
+        if not prompt_token_ids:
+            raise ValueError("the prompt is empty")
+        if len(prompt_token_ids) > self.max_model_len - 1:
+            raise PromptTooLongError(f"the prompt has {len(prompt_token_ids)} tokens but max_model_len is "
+                                     f"{self.max_model_len}: at most {self.max_model_len - 1} leave room to generate")
+        vocab = self.model_config.vocab_size
+        bad = [t for t in (*prompt_token_ids, *params.logit_bias) if not 0 <= t < vocab]
+        if bad:
+            raise ValueError(f"token id {bad[0]} is outside the vocabulary [0, {vocab})")
+        if params.n > self.max_num_seqs:
+            raise ValueError(f"n is {params.n} but the engine runs at most {self.max_num_seqs} sequences")
+
+    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
+                    lora: str | None = None) -> None:
+        """lora: the name of a loaded adapter to run the request with (None: the base model)."""
+        self.check_request(prompt_token_ids, params, lora)
+        if request_id in self._requests:
+            raise ValueError(f"request id {request_id!r} is already running")
+        if len(self.scheduler.waiting) >= self.max_queue:
+            raise QueueFullError(f"the waiting queue is full ({self.max_queue} requests)")
+        prompt = list(prompt_token_ids)
+        room = self.max_model_len - len(prompt)
+        streams = [SampleStream(self.tokenizer, params, i, self.eos_token_ids, room) for i in range(params.n)]
+        req = _Request(request_id, prompt, params, time.monotonic(), streams)
+        seq = Sequence(next(self._seq_ids), request_id, 0, prompt, params)
+        if lora is not None:
+            loaded = self.adapters.get(lora)
+            seq.lora, seq.lora_load_id = loaded.key, loaded.load_id
+        req.seqs.append(seq)
+        self.scheduler.add(req.seqs[0])
+        self._requests[request_id] = req
+        self.prompt_tokens += len(prompt)
+
+    def abort(self, request_id: str) -> RequestOutput | None:
+        """Stop a request and free its blocks; returns its last output (finish_reason "abort"), or None
+        if the request is unknown or already finished."""
+        req = self._requests.pop(request_id, None)
+        if req is None:
+            return None
+        for seq in req.seqs:
+            if not seq.status.is_finished:
+                self.scheduler.finish(seq, SequenceStatus.FINISHED_ABORTED)
+        for stream in req.streams:
+            stream.abort()
+        self._release_adapters()
+        return self._output(req)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self._requests)
+
+    # --- the loop ---------------------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        """Schedule, run one forward pass, sample, detokenize; the outputs of requests that moved.
+
+        The forward pass is the whole batch's: if it raises, so does step() (the engine is then
+        unusable). Anything after it is one request's: a request whose sampling or detokenizing
+        raises is aborted, its blocks freed, and it ends with an output carrying `error`; the
+        others go on.
+        """
+        try:
+            with self.runner.threads():
+                return self._step()
+        finally:
+            self._release_adapters()
+
+    def _release_adapters(self) -> None:
+        """Unloaded adapters leave the model once no request uses them (lora.py)."""
+        if self.adapters is not None and self.adapters.retiring:
+            self.adapters.release(s.lora for req in self._requests.values() for s in req.seqs)
+
+    def _step(self) -> list[RequestOutput]:
+        out = self.scheduler.schedule()
+        if not out.seqs:
+            return []
+        bm = self.block_manager
+        cold = [bm.num_cold(s.seq_id) for s in out.seqs] if self.kv.quant is not None else None
+        logits, sampling = self.runner.execute(out, [bm.block_table(s.seq_id) for s in out.seqs], cold)
+        seqs = [out.seqs[i] for i in sampling]
+        if not seqs:  # only prompt chunks ran
+            self.scheduler.update(out, {})
+            return []
+        children = self._new_children(seqs)
+        row_of = {seq.seq_id: row for row, seq in enumerate(seqs)}
+        rows = [*range(len(seqs)), *(row_of[parent.seq_id] for parent, _ in children)]  # a child samples
+        all_seqs = seqs + [child for _, child in children]  # from its parent's logits row
+        if rows != list(range(len(logits))):  # children sample from their parents' rows; else no 10 MB copy
+            logits = logits[rows]
+        samples, failed = self._sample(logits, all_seqs)
+        self.scheduler.update(out, {s.seq_id: x.token_id for s, x in zip(seqs, samples) if x is not None})
+        for (parent, child), x in zip(children, samples[len(seqs):]):
+            if x is not None:
+                child.output_token_ids.append(x.token_id)
+                self.scheduler.fork(parent, child)
+                self._requests[parent.request_id].seqs.append(child)
+        sampled = [(s, x) for s, x in zip(all_seqs, samples) if x is not None]
+        outputs = self._postprocess(sampled, failed)
+        return outputs + [self._fail(request_id, error) for request_id, error in failed.items()]
+
+    def _sample(self, logits: torch.Tensor, seqs: list[Sequence]
+                ) -> tuple[list[SampleOutput | None], dict[str, Exception]]:
+        """One sample per row of logits [R, V]; when the batch raises, row by row, to find the
+        requests at fault (None for each of their rows). Each row's uniform draw is taken once,
+        so the rows that succeed sample what they would have in the batch."""
+        rows = [self._row(s) for s in seqs]
+        try:
+            return list(sample(logits, rows)), {}
+        except Exception:
+            logger.warning("batched sampling failed; sampling row by row to find the request at fault")
+        samples: list[SampleOutput | None] = []
+        failed: dict[str, Exception] = {}
+        for i, (seq, row) in enumerate(zip(seqs, rows)):
+            try:
+                samples.append(None if seq.request_id in failed else sample(logits[i:i + 1], [row])[0])
+            except Exception as error:
+                failed[seq.request_id] = error
+                samples.append(None)
+        return [None if s.request_id in failed else x for s, x in zip(seqs, samples)], failed
+
+    def _new_children(self, seqs: list[Sequence]) -> list[tuple[Sequence, Sequence]]:
+        """The n - 1 samples of each request whose prompt has just been computed."""
+        pairs = []
+        for parent in seqs:
+            if parent.index == 0 and parent.params.n > 1 and not parent.output_token_ids:
+                for i in range(1, parent.params.n):
+                    pairs.append((parent, Sequence(next(self._seq_ids), parent.request_id, i,
+                                                   parent.prompt_token_ids, parent.params, lora=parent.lora,
+                                                   lora_load_id=parent.lora_load_id)))
+        return pairs
+
+    def _row(self, seq: Sequence) -> SamplingRow:
+        stream = self._requests[seq.request_id].streams[seq.index]
+        u = None if seq.params.is_greedy else stream.rng.random()  # one draw per token, as the reference
+        mask = stream.guide.mask() if stream.guide is not None else None
+        return SamplingRow(seq.params, u, seq.prompt_token_ids, seq.output_token_ids,
+                           None if mask is None else self.mask_tensors.get(mask))
+
+    def _postprocess(self, sampled: list[tuple[Sequence, SampleOutput]],
+                     failed: dict[str, Exception]) -> list[RequestOutput]:
+        """Detokenize and check stops; a request whose text side raises joins `failed`."""
+        now = time.monotonic()
+        moved: dict[str, _Request] = {}
+        for seq, x in sampled:
+            req = self._requests[seq.request_id]
+            try:
+                self._advance(req, seq, x, now)
+            except Exception as error:
+                failed.setdefault(req.request_id, error)
+                continue
+            moved[req.request_id] = req
+        outputs = [self._output(req) for req in moved.values() if req.request_id not in failed]
+        for req in moved.values():
+            if req.finished and req.request_id not in failed:
+                del self._requests[req.request_id]
+        return outputs
+
+    def _advance(self, req: _Request, seq: Sequence, x: SampleOutput, now: float) -> None:
+        stream = req.streams[seq.index]
+        if req.first_token_time is None:
+            req.first_token_time = now
+            self.ttft.observe(now - req.arrival_time)
+        if stream.last_token_time is not None:
+            self.inter_token_latency.observe(now - stream.last_token_time)
+        stream.last_token_time = now
+        self.generation_tokens += 1
+        reason = stream.append(x, len(seq.output_token_ids))
+        if reason is not None:
+            self.scheduler.finish(seq, SequenceStatus.finished_by(reason))
+
+    def _fail(self, request_id: str, error: Exception) -> RequestOutput:
+        """End a request that raised: abort its sequences, free its blocks, report the error."""
+        logger.error("request %s failed; the engine goes on without it", request_id, exc_info=error)
+        req = self._requests.pop(request_id)
+        for seq in req.seqs:
+            if not seq.status.is_finished:
+                self.scheduler.finish(seq, SequenceStatus.FINISHED_ABORTED)
+        for stream in req.streams:
+            stream.abort()
+        return RequestOutput(request_id, req.prompt_token_ids, [], True, req.seqs[0].num_cached_tokens or 0,
+                             error=f"{type(error).__name__}: {error}")
+
+    def _output(self, req: _Request) -> RequestOutput:
+        deltas = [d for d in (s.take() for s in req.streams) if d is not None]
+        return RequestOutput(req.request_id, req.prompt_token_ids, deltas, req.finished,
+                             req.seqs[0].num_cached_tokens or 0)
+
+    # --- adapters (engine thread) ------------------------------------------------------------------
+    def load_lora(self, name: str, adapter: LoraAdapter | str | Path) -> None:
+        """Load an adapter under a name (AdapterError if it does not fit the model or the limits)."""
+        if self.adapters is None:
+            raise AdapterError("this engine was started without LoRA support (enable_lora / --enable-runtime-lora)")
+        self.adapters.add(name, adapter)
+
+    def unload_lora(self, name: str) -> None:
+        """New requests for `name` are refused from now; running ones finish with it (see lora.py)."""
+        if self.adapters is None:
+            raise AdapterNotFoundError(f"no LoRA adapter named {name!r} is loaded")
+        try:
+            self.adapters.retire(name)
+        except AdapterError as e:
+            raise AdapterNotFoundError(str(e)) from None
+        self._release_adapters()
+
+    def replace_lora(self, name: str, adapter: LoraAdapter | None) -> None:
+        """Load `adapter` as `name` in one call, retiring the one loaded under that name (its running
+        requests finish with it; new ones get the new one); None only retires. The learning loops' hot
+        swap (learner.py): between two steps, so no request sees the name missing."""
+        if self.adapters is None:
+            raise AdapterError("this engine was started without LoRA support (enable_lora / --enable-runtime-lora)")
+        if name in self.adapters.by_name:
+            self.adapters.retire(name)
+        if adapter is not None:
+            self.adapters.add(name, adapter)
+        self._release_adapters()
+
+    def lora_names(self) -> list[str]:
+        return sorted(self.adapters.by_name) if self.adapters is not None else []
+
+    def stats(self) -> EngineStats:
+        bm = self.block_manager
+        return EngineStats(
+            num_running=len(self.scheduler.running), num_waiting=len(self.scheduler.waiting),
+            kv_blocks_total=bm.num_blocks, kv_blocks_used=bm.num_used_blocks,
+            kv_blocks_cached=bm.num_cached_blocks, kv_blocks_free=bm.num_free_blocks, block_size=bm.block_size,
+            prefix_cache_hits=bm.prefix_hits, prefix_cache_queries=bm.prefix_queries,
+            prompt_tokens=self.prompt_tokens, generation_tokens=self.generation_tokens,
+            num_preemptions=self.scheduler.num_preemptions,
+            ttft=self.ttft.snapshot(), inter_token_latency=self.inter_token_latency.snapshot(),
+            kv_cold_blocks_total=bm.num_cold_blocks, kv_cold_blocks_used=bm.num_used_cold_blocks,
+            kv_hot_bytes_per_token=self.kv.hot_bytes_per_token, kv_cold_bytes_per_token=self.kv.cold_bytes_per_token,
+            kv_capacity_tokens=(bm.num_blocks + bm.num_cold_blocks) * bm.block_size,
+            kv_demoted_blocks=bm.num_demoted)
+
+
+__all__ = ["CompletionOutput", "EngineError", "EngineStats", "LLMEngine", "PromptTooLongError", "QueueFullError",
+           "RequestOutput"]
