@@ -153,7 +153,7 @@ def _add_lora_routes(app: FastAPI, ctx: ServerContext) -> None:
             raise APIError(400, f"lora_name {body.lora_name!r} is the served model's name", "lora_name")
         try:  # reading the files happens here, off the engine's thread; placing them, on it
             path = confined_path(ctx.lora_dir, body.lora_path)
-            adapter = await asyncio.to_thread(load_lora, path, ctx.max_lora_rank)
+            adapter = await asyncio.to_thread(load_lora, path, ctx.max_lora_rank, ctx.lora_dir)
             await ctx.engine.load_lora(body.lora_name, adapter)
         except AdapterError as exc:
             raise APIError(400, str(exc).replace(str(ctx.lora_dir.resolve()), "<lora-dir>"), "lora_path") from None

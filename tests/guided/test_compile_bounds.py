@@ -20,7 +20,9 @@ from tests.guided.schemas import random_document
 from tests.server.hostile_requests import REF_LOOP_IN_ALL_OF, ref_chain, ref_lattice
 
 jsonschema = pytest.importorskip("jsonschema")
-SERVER_BUDGET = dict(max_states=50_000, max_nodes=200_000, seconds=10.0)  # native_server/grammars.py's
+# native_server/api/grammars.py's size bounds; its 10 s wall clock is the server's safety net, not what these
+# grammars must hit (a machine loaded tenfold would hit it first), so the clock here is far away.
+SERVER_BUDGET = dict(max_states=50_000, max_nodes=200_000, seconds=300.0)
 CPU_BOUND = 4.0  # seconds: the 2 s, with room for a shared machine
 
 
