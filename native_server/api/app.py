@@ -45,7 +45,7 @@ from native_server.learning.learner import learning_metrics
 from native_server.engine.lora import confined_path
 from native_server.engine.outputs import EngineError
 from native_server.api.middleware import AllowedHosts, APIKey, IsolationHeaders
-from native_server.api.request_body import DEFAULT_BODY_TIMEOUT, DEFAULT_MAX_BODY_BYTES, RequestBody
+from native_server.api.request_body import DEFAULT_BODY_TIMEOUT, DEFAULT_MAX_BODY_BYTES, OffLoopJSONRoute, RequestBody
 from native_server.api.protocol import (ChatCompletionRequest, ChatCompletionResponse, CompletionRequest,
                                     CompletionResponse, ErrorResponse, Int, LoadLoraAdapterRequest, ModelCard,
                                     ModelList, UnloadLoraAdapterRequest)
@@ -129,6 +129,7 @@ def create_app(ctx: ServerContext, *, api_key: str | None = None, max_body_bytes
 
     app = FastAPI(title="ruvllm", summary="OpenAI-compatible server of the ruvllm engine", lifespan=lifespan)
     app.state.ctx = ctx
+    app.router.route_class = OffLoopJSONRoute  # large bodies parsed in a thread, not on the event loop
     install_error_handlers(app)
     app.add_exception_handler(ClientDisconnected, _on_client_gone)
     _add_routes(app, ctx)

@@ -13,8 +13,8 @@ In order, for each request's grammar:
      decode of a big DFA is not the event loop's) and the engine finds them on the request's params.
 A worker that does not answer within the budget's seconds plus a grace is killed and replaced (the
 budget stops a compile itself; the kill is for what the budget does not see), and so is one whose
-memory grew past RECYCLE_BYTES. Workers start when first needed; their start-up (the vocabulary
-trie) is not a request's time.
+memory grew past RECYCLE_BYTES. Workers start when first needed, and a spare beside each one taken
+while there are fewer than slots; a start-up (the vocabulary trie) is not a request's time.
 """
 from __future__ import annotations
 
@@ -56,6 +56,8 @@ class GrammarCompiler:
         self._inflight: dict[tuple, asyncio.Task[TokenGrammar]] = {}
         self._failures: OrderedDict[str, tuple[type[GuidedError], str, str | None]] = OrderedDict()
         self._vocab: dict[int, bytes] = {}  # id(trie) -> the INIT message of its workers
+        self._starting, self._closed = 0, False
+        self._spares: set[asyncio.Task[None]] = set()
         self.stats = {"compiled": 0, "cached": 0, "remembered_failures": 0, "joined": 0, "killed": 0, "recycled": 0}
 
     async def compile(self, spec: StructuredOutputsParams, tokenizer: Any, eos: tuple[int, ...],
@@ -63,6 +65,7 @@ class GrammarCompiler:
         """Make spec's token grammar ready for the engine (on spec.compiled); GuidedError when it cannot be."""
         if getattr(tokenizer, "_guided_trie", None) is None:  # once per server: ~1 s for a 150k vocabulary
             await asyncio.to_thread(vocab_trie, tokenizer)
+        await asyncio.to_thread(getattr, spec, "digest")  # megabytes of choices to dump and hash: off the loop
         if cached_grammar(spec, tokenizer, eos) is not None:
             self.stats["cached"] += 1
             return
@@ -123,20 +126,48 @@ class GrammarCompiler:
         return reply
 
     async def _worker(self, trie: Any) -> WorkerProcess:
+        """An idle worker, else a new one; either way a spare starts in the background while there are
+        fewer than slots (a second client's first compile then finds a worker ready, not a start-up)."""
         while self._idle:
             worker = self._idle.pop()
             if worker.alive:
+                self._start_spare(trie)
                 return worker
             self._all.discard(worker)
+        worker = await self._start(trie)
+        self._start_spare(trie)
+        return worker
+
+    async def _start(self, trie: Any) -> WorkerProcess:
         init = self._vocab.get(id(trie))
         if init is None:
             init = self._vocab[id(trie)] = marshal.dumps(trie.tokens)
+        self._starting += 1
         try:
             worker = await WorkerProcess.start("native_server.api.grammar_worker", init)
         except (OSError, EOFError) as exc:
             raise GrammarTooLargeError(f"the grammar compiler could not start ({exc})") from None
+        finally:
+            self._starting -= 1
         self._all.add(worker)
         return worker
+
+    def _start_spare(self, trie: Any) -> None:
+        if len(self._all) + self._starting >= self.slots.size or self._closed:
+            return
+
+        async def spare() -> None:
+            try:
+                worker = await self._start(trie)
+            except GrammarTooLargeError:
+                return  # the next request starts one itself (and reports why it cannot)
+            if self._closed:
+                await worker.reap()
+            else:
+                self._idle.append(worker)
+
+        self._spares.add(task := asyncio.ensure_future(spare()))
+        task.add_done_callback(self._spares.discard)
 
     def _drop(self, worker: WorkerProcess, why: str) -> None:
         worker.kill()
@@ -150,6 +181,9 @@ class GrammarCompiler:
 
     async def close(self) -> None:
         """Stop every worker (and reap it)."""
+        self._closed = True
+        for task in list(self._spares):
+            task.cancel()
         workers, self._all, self._idle = list(self._all), set(), []
         for worker in workers:
             await worker.reap()

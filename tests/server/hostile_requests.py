@@ -8,6 +8,7 @@ Shared by tests/test_server_hostile.py (each once) and scripts/hostile_probe.py 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import socket
 from dataclasses import dataclass, field
@@ -193,8 +194,10 @@ GRAMMAR_CASES = [
     # The probe's findings: 2**15 leaves from a 1.5 KB schema (27 s, 396 -> 1183 MB with three), an 8,000-string
     # enum (63 s: alt() compared each string with every kept one), 1,000 long choices (16.5 s).
     Case("guided_json_ref_chain_15x2", 400, body=_c(guided_json=ref_chain(15)), param="guided_json"),
-    Case("guided_json_ref_chain_deeper_24x2", 400, body=_c(guided_json=ref_chain(24)), param="guided_json"),
+    Case("guided_json_ref_chain_deeper_16x2", 400, body=_c(guided_json=ref_chain(16)), param="guided_json"),
+    Case("guided_json_ref_chain_past_depth_24x2", 400, body=_c(guided_json=ref_chain(24)), param="guided_json"),
     Case("guided_json_ref_chain_wider_8x6", 400, body=_c(guided_json=ref_chain(8, 6)), param="guided_json"),
+    Case("guided_json_ref_lattice_14", 400, body=_c(guided_json=ref_lattice(14)), param="guided_json"),
     Case("guided_json_ref_lattice_24", 400, body=_c(guided_json=ref_lattice(24)), param="guided_json"),
     Case("guided_json_enum_8000", 400, body=_c(guided_json={"enum": [f"v{i:05d}" for i in range(8000)]}),
          param="guided_json"),
@@ -218,6 +221,51 @@ GRAMMAR_CASES = [
          param="structured_outputs"),
 ]
 NORMAL_CHOICE = {"prompt": "ROMEO:", "max_tokens": 2, "temperature": 0, "guided_choice": ["yes", "no"]}
+
+
+def storm_body(i: int) -> dict[str, Any]:
+    """The i-th of a storm of hostile grammars, each distinct (so none is answered from the remembered
+    failures): the three shapes of the probe's findings in turn."""
+    if i % 3 == 0:
+        return _c(guided_json=ref_chain(15 + i % 2, 2 + i // 3 % 3), user="mallory")
+    if i % 3 == 1:
+        return _c(guided_json={"enum": [f"{i}v{j:05d}" for j in range(8000)]}, user="mallory")
+    return _c(guided_choice=["x" * 3000 + f"{i}-{j}" for j in range(1000)], user="mallory")
+
+
+def tree_cpu_seconds(pid: int) -> float:
+    """CPU time (user + system) of a process and every process below it (the server and its workers;
+    workers already reaped count in the parent's cutime). Linux."""
+    total, todo = 0.0, [pid]
+    tick = os.sysconf("SC_CLK_TCK")
+    while todo:
+        current = todo.pop()
+        try:
+            fields = Path(f"/proc/{current}/stat").read_text().rpartition(")")[2].split()
+            total += sum(int(x) for x in fields[11:15]) / tick  # utime stime cutime cstime
+            for task in Path(f"/proc/{current}/task").iterdir():
+                todo += [int(c) for c in (task / "children").read_text().split()]
+        except (OSError, ValueError):
+            continue  # it ended meanwhile
+    return total
+
+
+def tree_rss_mb(pid: int) -> tuple[float, float]:
+    """(the process's RSS, its descendants' RSS) in MiB (Linux)."""
+    own, below, todo = 0.0, 0.0, [pid]
+    while todo:
+        current = todo.pop()
+        try:
+            rss = int(Path(f"/proc/{current}/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+            for task in Path(f"/proc/{current}/task").iterdir():
+                todo += [int(c) for c in (task / "children").read_text().split()]
+        except (OSError, ValueError):
+            continue
+        if current == pid:
+            own = rss
+        else:
+            below += rss
+    return own, below
 
 def send(client: httpx.Client, case: Case, api_key: str) -> httpx.Response:
     headers = {} if case.keyless else {"authorization": f"Bearer {api_key}"}

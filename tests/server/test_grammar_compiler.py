@@ -57,6 +57,22 @@ def test_worker_masks_equal_the_in_process_ones_and_the_engine_finds_them(tokeni
         assert mask.ranges == local.mask(state).ranges
 
 
+def test_a_spare_worker_is_ready_for_a_second_client(tokenizer):
+    async def go():
+        compiler = GrammarCompiler()
+        try:
+            await compiler.compile(StructuredOutputsParams(choice=["spare"]), tokenizer, EOS, "a")
+            deadline = time.monotonic() + 60
+            while len(compiler._idle) < 2:
+                assert time.monotonic() < deadline
+                await asyncio.sleep(0.05)
+            return len(compiler._all)
+        finally:
+            await compiler.close()
+
+    assert run(go()) == 2
+
+
 def test_cached_remembered_and_joined_grammars_cost_no_compile(tokenizer):
     hostile = {"enum": [f"v{i:05d}" for i in range(8000)]}
 
@@ -101,17 +117,17 @@ def test_a_timed_out_compile_is_not_remembered(tokenizer):
 
 def test_a_worker_that_stops_answering_is_killed_and_replaced(tokenizer):
     async def go():
-        compiler = GrammarCompiler(seconds=0.5)
+        compiler = GrammarCompiler(workers=1, seconds=0.5)  # one slot: no spare worker to fall back on
         try:
-            await compiler.compile(StructuredOutputsParams(choice=["a"]), tokenizer, EOS, "a")
+            await compiler.compile(StructuredOutputsParams(choice=["killed-1"]), tokenizer, EOS, "a")
             (worker,) = compiler._idle
             os.kill(worker.process.pid, signal.SIGSTOP)  # alive, silent
             started = time.monotonic()
             with pytest.raises(GrammarTimeoutError):
-                await compiler.compile(StructuredOutputsParams(choice=["b"]), tokenizer, EOS, "a")
+                await compiler.compile(StructuredOutputsParams(choice=["killed-2"]), tokenizer, EOS, "a")
             waited = time.monotonic() - started
             await worker.process.wait()
-            await compiler.compile(StructuredOutputsParams(choice=["c"]), tokenizer, EOS, "a")
+            await compiler.compile(StructuredOutputsParams(choice=["killed-3"]), tokenizer, EOS, "a")
             return dict(compiler.stats), waited, worker.process.returncode
         finally:
             await compiler.close()
