@@ -99,6 +99,9 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="no CUDA graphs for decode steps (they need the triton backend)")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
                    help="weights' dtype (auto: the checkpoint's)")
+    p.add_argument("--tensor-parallel-size", "-tp", type=_positive, default=1, metavar="N",
+                   help="shard the model over N processes on this machine (gloo on the CPU, one rank per NUMA node "
+                        "where there are several; NCCL on CUDA, one GPU per rank); heads are split by KV head")
     p.add_argument("--cache-dir", metavar="DIR", help="model cache (default: $RUVLLM_CACHE_DIR or ~/.cache/ruvllm)")
     add_quantization_options(p)
     add_kv_cache_options(p, paged=True)
@@ -259,7 +262,8 @@ def run_serve(args: argparse.Namespace) -> int:
                        max_loras=args.max_loras + (2 * sona_config.max_sessions + 2 if sona_config else 0),
                        max_lora_rank=max(args.max_lora_rank, sona_config.rank + sona_config.micro_rank
                                          if sona_config else 0), xlora=args.xlora,
-                       kv_cache_dtype=args.kv_cache_dtype, kv_hot_tokens=args.kv_hot_tokens)
+                       kv_cache_dtype=args.kv_cache_dtype, kv_hot_tokens=args.kv_hot_tokens,
+                       tensor_parallel_size=args.tensor_parallel_size)
     async_engine = AsyncEngine(engine)
     ctx = ServerContext.for_engine(async_engine, path, name, _aliases(args.model, path),
                                    allow_client_chat_template=args.allow_client_chat_template,

@@ -29,7 +29,7 @@ from py_engine.guided.tokens.index import TokenGrammar
 from py_engine.guided.tokens.vocab import VocabTrie
 
 WORKER_MEMORY_BYTES = 2 << 30  # address space of a child: the trie of a 150k vocabulary and one grammar fit
-SPEC_FIELDS = ("json", "regex", "choice", "json_object", "whitespace_pattern")
+SPEC_FIELDS = ("json", "regex", "choice", "json_object", "grammar", "whitespace_pattern")
 _trie: VocabTrie | None = None
 
 

@@ -22,7 +22,8 @@ from py_engine.sampling_params import SamplingParams
 def tool_plan(request: Any, chat_config: Any) -> ToolPlan:
     """What the request's tools ask of the output (400 on a bad tool or tool_choice)."""
     try:
-        return plan_tools(request.tools, request.tool_choice, chat_config.templates)
+        return plan_tools(request.tools, request.tool_choice, chat_config.templates,
+                          getattr(request, "parallel_tool_calls", None))
     except GuidedError as exc:
         raise APIError(400, str(exc), exc.param) from None
 
@@ -55,5 +56,5 @@ async def prepare(ctx: Any, params: SamplingParams, client: str) -> None:
     except GrammarQueueFull as exc:
         raise APIError(429, str(exc), code="rate_limited") from None
     except GuidedError as exc:
-        param = exc.param or spec.origin or "structured_outputs"
+        param = spec.origin or exc.param or "structured_outputs"
         raise APIError(400, str(exc), param.split(".")[0]) from None

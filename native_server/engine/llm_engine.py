@@ -88,14 +88,15 @@ class LLMEngine:
                  lora_modules: dict[str, str] | None = None, enable_lora: bool = False,
                  max_loras: int = DEFAULT_MAX_LORAS, max_lora_rank: int = DEFAULT_MAX_LORA_RANK,
                  xlora: str | None = None, kv_cache_dtype: str = "auto",
-                 kv_hot_tokens: int = DEFAULT_HOT_TOKENS) -> None:
+                 kv_hot_tokens: int = DEFAULT_HOT_TOKENS, tensor_parallel_size: int = 1) -> None:
         """lora_modules: adapter name -> peft folder, loaded now; enable_lora: adapters may be loaded later
         (load_lora) even if none is given now. See native_server/engine/lora.py. xlora: a peft X-LoRA folder
         applied to every request (py_engine/adapters/xlora.py); it takes no other adapters.
         kv_cache_dtype "fp16" / "bf16": every block in that dtype (an fp32 model's cache in half the bytes);
         "int8" / "int4": the two-tier KV cache, kv_hot_tokens in the model's dtype
         (py_engine/models/kv_quant.py, attention/cold.py). max_num_batched_tokens: the tokens of one step
-        (None: default_batched_tokens for the device)."""
+        (None: default_batched_tokens for the device). tensor_parallel_size N > 1: the model sharded over this
+        process and N - 1 it starts (engine/parallel.py); close() stops them."""
         if xlora is not None and (lora_modules or enable_lora):
             raise ValueError("--xlora applies its own LoRA experts to every request: it cannot be combined with "
                              "--lora-modules or --enable-runtime-lora")
@@ -109,16 +110,39 @@ class LLMEngine:
         if max_num_batched_tokens is None:
             max_num_batched_tokens = default_batched_tokens(self.device)
         self.max_num_batched_tokens = max_num_batched_tokens
-        # In-situ quantization (none by default) happens here, before the KV cache is sized from what is left.
-        self.model, self.model_config, self.quant_report = load_quantized(path, quantization, dtype=dtype,
-                                                                          device=self.device)
-        if optimize:  # on CPU: fused projections, the native GEMV/GEMM kernels and norms (no-op elsewhere)
-            optimize_for_cpu(self.model)
+        self.parallel = None  # engine/parallel.EngineParallel with tensor_parallel_size > 1
         self.adapters: EngineAdapters | None = None
-        if lora_modules or enable_lora:
-            self.adapters = EngineAdapters(self.model, max_loras, max_lora_rank)
-            for name, lora_path in (lora_modules or {}).items():
-                self.adapters.add(name, lora_path)
+        if tensor_parallel_size != 1:
+            if xlora is not None:
+                raise ValueError("--xlora cannot be combined with --tensor-parallel-size")
+            from native_server.engine.parallel import EngineParallel, ShardOptions
+            from py_engine.parallel.layout import check_world
+            options = ShardOptions(str(path), quantization, dtype, optimize, dict(lora_modules or {}), enable_lora,
+                                   max_loras, max_lora_rank, attention_backend)
+            self.parallel, self.model, self.model_config, self.quant_report, self.adapters = EngineParallel.start(
+                check_world(tensor_parallel_size), self.device, options)
+            cuda_graphs = False  # the all-reduces run outside any captured graph
+        else:  # in-situ quantization (none by default) before the KV cache is sized from what is left
+            self.model, self.model_config, self.quant_report = load_quantized(path, quantization, dtype=dtype,
+                                                                              device=self.device)
+            if optimize:  # on CPU: fused projections, the native GEMV/GEMM kernels and norms (no-op elsewhere)
+                optimize_for_cpu(self.model)
+            if lora_modules or enable_lora:
+                self.adapters = EngineAdapters(self.model, max_loras, max_lora_rank)
+                for name, lora_path in (lora_modules or {}).items():
+                    self.adapters.add(name, lora_path)
+        try:
+            self._finish_init(path, xlora, kv_quant, max_model_len, max_queue, max_num_seqs, max_num_batched_tokens,
+                              attention_backend, block_size, kv_cache_memory, gpu_memory_fraction,
+                              enable_prefix_caching, cuda_graphs)
+        except BaseException:
+            self.close()
+            raise
+
+    def _finish_init(self, path: Path, xlora: str | None, kv_quant: KVQuantConfig, max_model_len: int | None,
+                     max_queue: int, max_num_seqs: int, max_num_batched_tokens: int, attention_backend: str,
+                     block_size: int, kv_cache_memory: int | None, gpu_memory_fraction: float,
+                     enable_prefix_caching: bool, cuda_graphs: bool) -> None:
         if xlora is not None:  # per-token scalings from each row's own hidden state: batches mix freely
             from py_engine.adapters.xlora import load_xlora
             self.model = load_xlora(self.model, xlora)
@@ -136,7 +160,10 @@ class LLMEngine:
         self.block_manager = BlockManager(self.kv.num_blocks, block_size, enable_prefix_caching,
                                           self.kv.num_cold_blocks, kv_quant.hot_tokens if kv_quant.enabled else None)
         self.scheduler = Scheduler(self.block_manager, max_num_seqs, max_num_batched_tokens)
-        self.runner = ModelRunner(self.model, self.kv, self._decode_graphs(cuda_graphs, max_num_seqs), self.adapters)
+        if self.parallel is not None:
+            self.parallel.share_cache(self.kv)
+        self.runner = ModelRunner(self.model, self.kv, self._decode_graphs(cuda_graphs, max_num_seqs), self.adapters,
+                                  broadcast=self.parallel.broadcast_step if self.parallel is not None else None)
         self.mask_tensors = MaskTensors(config.vocab_size, self.device)  # structured outputs' token masks
         self._requests: dict[str, _Request] = {}
         self._seq_ids = itertools.count()
@@ -172,10 +199,16 @@ class LLMEngine:
             return None
         return DecodeGraphs(self.model, self.kv, max_num_seqs, self.max_model_len)
 
+    def close(self) -> None:
+        """Stop the tensor-parallel workers, if any (the engine cannot step after)."""
+        if self.parallel is not None:
+            self.parallel.stop()
+
     def _allocate_kv(self, block_size: int, kv_cache_memory: int | None, gpu_memory_fraction: float,
                      max_num_seqs: int, max_num_batched_tokens: int,
                      backend: PagedAttentionBackend) -> PagedKVCache:
-        config, quant = self.model_config, self.kv_quant
+        sharded = getattr(self.model, "tensor_parallel", None)  # this rank's KV heads
+        config, quant = sharded.local_config if sharded is not None else self.model_config, self.kv_quant
         dtype = quant.storage(next(self.model.parameters()).dtype)  # the (hot) blocks': fp16 / bf16, or the model's
         reserve = activation_reserve(config, max_num_batched_tokens, max_num_seqs)
         budget = memory_budget(self.device, kv_cache_memory, gpu_memory_fraction, reserve)

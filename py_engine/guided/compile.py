@@ -7,9 +7,10 @@ Three caches: the vocabulary trie per tokenizer (kept on the tokenizer), the DFA
 (`params.digest`, a hash of its canonical text, which may be megabytes), and the token grammar
 per (grammar, vocabulary, EOS ids), also kept on the params object itself so that whoever
 compiled it (a server, off its engine thread, maybe in another process: `install_grammar`) hands
-it to the engine with the request. The last two are bounded in entries and in DFA cells. Every compile runs under a `Budget` (tree nodes, states,
-seconds; budget.py), active from the schema's first node to the DFA's last state: a hostile
-schema fails with GrammarTooLargeError early, it does not exhaust the process.
+it to the engine with the request. The last two are bounded in entries and in DFA cells. Every
+compile runs under a `Budget` (tree nodes, states, seconds; budget.py), active from the schema's
+first node to the DFA's last state: a hostile schema fails with GrammarTooLargeError early, it
+does not exhaust the process.
 """
 from __future__ import annotations
 
@@ -76,6 +77,10 @@ def _grammar_node(params: StructuredOutputsParams) -> Node:
         return parse_regex(params.regex)
     if params.choice is not None:
         return alt(*(literal(c) for c in params.choice))
+    if params.grammar is not None:
+        from py_engine.guided.gbnf import gbnf_node
+
+        return gbnf_node(params.grammar)
     options = JsonOptions(ws)
     return any_object(any_value(options.any_depth, ws), ws)
 

@@ -117,6 +117,24 @@ CASES = [
               '{"role": "user", "content": "hi"}]}' % _deep(600)).encode()),
     Case("body_100000_deep", 400, raw=_deep(100_000).encode()),
     Case("prompt_65_deep", 400, raw=('{"prompt": %s}' % _deep(64)).encode()),
+    # GBNF grammars (issue 33): text, rules, nesting, recursion and the automaton, each bounded.
+    Case("grammar_not_a_string", 400, body=_c(grammar={"root": "x"}), param="grammar"),
+    Case("grammar_syntax_error", 400, body=_c(grammar='root ::= "a" | ('), param="grammar"),
+    Case("grammar_undefined_rule", 400, "/v1/chat/completions", _chat(grammar="root ::= nowhere"), param="grammar"),
+    Case("grammar_never_ends", 400, body=_c(grammar='root ::= "(" root ")"'), param="grammar"),
+    Case("grammar_over_100k_chars", 400, body=_c(grammar="root ::= " + '"a" ' * 30_000), param="grammar"),
+    Case("grammar_parens_100_deep", 400, body=_c(grammar="root ::= " + "(" * 100 + '"a"' + ")" * 100),
+         param="grammar"),
+    Case("grammar_repeat_count_huge", 400, body=_c(grammar='root ::= "a"{99999999999}'), param="grammar"),
+    Case("grammar_automaton_too_big", 400, body=_c(grammar='root ::= ("abcdefghijklmnopqrstuvwxyz" [0-9]){2000}'), param="grammar"),
+    Case("grammar_doubling_rules", 400, body=_c(grammar="root ::= r0\n" + "".join(
+        f"r{i} ::= r{i + 1} r{i + 1}\n" for i in range(40)) + 'r40 ::= "ab"'), param="grammar"),
+    Case("grammar_mutual_recursion_fan", 400, body=_c(grammar="root ::= r0\n" + "".join(
+        f"r{i} ::= " + " | ".join(f'"{i}" r{j}' for j in range(30)) + ' | "."\n' for i in range(30))),
+        param="grammar"),
+    Case("grammar_and_guided_both", 400, body=_c(grammar='root ::= "a"', guided_regex="a"), param=ANY),
+    Case("parallel_tool_calls_not_a_bool", 400, "/v1/chat/completions", _chat(parallel_tool_calls="no"),
+         param="parallel_tool_calls"),
     # Chat templates: only the model's own, bounded in time, memory and output.
     Case("client_template_refused", 400, "/v1/chat/completions",
          _chat(chat_template_kwargs={"chat_template": "{% for i in range(99999) %}{% endfor %}"}),
