@@ -83,8 +83,9 @@ def _describe(w: Tensor | QuantizedWeight) -> str:
     return f"{w.bits}-bit block {w.block_size}" if isinstance(w, QuantizedWeight) else "float"
 
 
-def for_matmul_nbits(q: QuantizedWeight, name: str) -> QuantizedWeight:
-    """q on the CPU, with power-of-two blocks; bits MatMulNBits cannot take are refused."""
+def for_matmul_nbits(q: QuantizedWeight, name: str, per_channel_block: int = PER_CHANNEL_BLOCK) -> QuantizedWeight:
+    """q on the CPU, with power-of-two blocks (a per-channel weight re-cut into `per_channel_block`: the web
+    target's 32, the page's kernels' block); bits MatMulNBits cannot take are refused."""
     if q.bits not in MATMUL_NBITS_BITS:
         raise ExportError(unsupported_bits(name, q.bits))
     q = replace(q, codes=q.codes.cpu(), scales=q.scales.cpu().float(), zero_points=q.zero_points.cpu(),
@@ -94,7 +95,7 @@ def for_matmul_nbits(q: QuantizedWeight, name: str) -> QuantizedWeight:
         return q
     if q.blocks != 1:
         raise ExportError(f"{name} has groups of {block}; MatMulNBits blocks are powers of two >= 16")
-    new = PER_CHANNEL_BLOCK if q.in_features >= PER_CHANNEL_BLOCK else max(16, 1 << (q.in_features - 1).bit_length())
+    new = per_channel_block if q.in_features >= per_channel_block else max(16, 1 << (q.in_features - 1).bit_length())
     blocks = -(-q.in_features // new)
     codes = torch.zeros(q.out_features, blocks * new, dtype=torch.uint8)
     codes[:, : q.in_features] = q.codes[:, : q.in_features]
