@@ -139,7 +139,8 @@ def measure(dist: Path, engines: list[str], args) -> list[dict]:
 def native(threads: int, tokens: int) -> dict:
     from smollm2_speed import run_ruvllm
 
-    return run_ruvllm(threads, 32, tokens + 1)
+    row = run_ruvllm(threads, 32, tokens + 1)
+    return row | {"decode_tok_s": row["decode_tps"], "prefill_tok_s": row["prefill_tps"]}
 
 
 def summary(rows: list[dict], native_row: dict | None, gguf_bytes: int) -> dict:
@@ -210,11 +211,14 @@ def main() -> None:
     parser.add_argument("--webgpu", type=int, default=0, metavar="N",
                         help="also run ours on WebGPU (SwiftShader here: correctness, not speed), N tokens")
     parser.add_argument("--no-native", action="store_true", help="skip ruvllm native's decode on the same GGUF")
+    parser.add_argument("--rows", type=Path, help="the JSON lines a run printed: summarize them, measure nothing")
     args = parser.parse_args()
     started, load_before = time.time(), os.getloadavg()
     export, gguf = export_smollm2()
-    dist = build(export, gguf)
-    rows = measure(dist, list(args.only or ENGINES), args)
+    if args.rows:
+        rows = [json.loads(line) for line in args.rows.read_text().splitlines() if line.startswith("{")]
+    else:
+        rows = measure(build(export, gguf), list(args.only or ENGINES), args)
     native_row = None if args.no_native else native(args.threads, args.tokens)
     summ = summary(rows, native_row, gguf.stat().st_size)
     print_table(summ, native_row)

@@ -15,6 +15,7 @@ before a weight is read.
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 import time
 from dataclasses import dataclass
@@ -36,9 +37,11 @@ from .genai_config import write_genai_config
 from .graph import TensorStore
 from .web_engine import engine_entry
 from .options import ExportError, ExportOptions, check_supported
+from .quantized import ggml_notes
 
 COPIED_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
                 "special_tokens_map.json", "chat_template.jinja")
+log = logging.getLogger("ruvllm.export")
 INLINE_LIMIT = 1 << 30  # graphs whose weights exceed 1 GiB keep them in external data files
 WEB_ALIGN = 64  # tensor offsets in a web data file (SIMD loads; no 4 KiB pages, every byte is downloaded)
 
@@ -84,6 +87,14 @@ def export_model(model_dir: str | Path, out_dir: str | Path, options: ExportOpti
     else:
         store = TensorStore(onnx_dir, options.file_name) if external else TensorStore()
     metadata = _metadata(model_dir, config, options)
+    notes = ggml_notes(model)  # a GGUF's block types: exact, or re-quantized with the error stated
+    if notes:
+        metadata["ruvllm.ggml_weights"] = json.dumps(notes)
+        for note in notes:
+            if "max_abs_error" in note:
+                log.warning("%s: %d %s tensors %s: weights within %.3g of the file's (relative RMS %.2g%%)",
+                            path.name, note["tensors"], note["type"], note["form"], note["max_abs_error"],
+                            100 * note["relative_rms_error"])
     records: dict[str, dict] = {}
     try:
         proto = build_decoder(model, config, options, metadata, store, progress, records)

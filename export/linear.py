@@ -69,7 +69,9 @@ class Linear:
             q = for_matmul_nbits(weight, name, ENGINE_BLOCK) if web else for_matmul_nbits(weight, name)
         else:
             q = self.quantize(weight)
-        if web:
+        if web or (q.bits == 8 and q.offsets is not None):
+            # onnxruntime's MatMulNBits takes float zero points at 2 and 4 bits only: 8-bit codes with float
+            # minimums (GGUF Q5_1 / Q5_K, or a fused projection beside a Q4_K) take the web form's minimums term
             return web_initializers(g, web_weight(q), name)
         p = pack_matmul_nbits(q)
         zp = None if p.zero_points is None else g.initializer(

@@ -105,6 +105,11 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--cache-dir", metavar="DIR", help="model cache (default: $RUVLLM_CACHE_DIR or ~/.cache/ruvllm)")
     add_quantization_options(p)
     add_kv_cache_options(p, paged=True)
+    p.add_argument("--speculative-config", metavar="JSON",
+                   help='speculative decoding, which changes no output: vLLM\'s fields, e.g. \'{"method": "ngram", '
+                        '"num_speculative_tokens": 4, "prompt_lookup_max": 4}\' or \'{"model": "DRAFT", '
+                        '"num_speculative_tokens": 4}\'; also disable_by_batch_size and acceptance_floor '
+                        '(py_engine/speculative/config.py); "ngram" alone works too')
     lora = p.add_argument_group("LoRA adapters (native_server/engine/lora.py)")
     lora.add_argument("--lora-modules", nargs="+", action="append", metavar="NAME=PATH",
                       help="peft LoRA adapters to serve; a request's `model` picks one by NAME (repeatable)")
@@ -119,7 +124,24 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
                            "experts); not with the options above")
     lora.add_argument("--lora-dir", type=Path, metavar="DIR",
                       help="with --enable-runtime-lora: the only folder adapters may be loaded from")
+    cluster = p.add_argument_group("replicas on Ray Serve (native_server/cluster; pip install 'ruvllm[cluster]')")
+    cluster.add_argument("--replicas", type=_positive, metavar="N",
+                         help="serve N copies of the engine behind one endpoint with Ray Serve, each request routed "
+                              "to its user's replica, else the one holding its prompt prefix, else the least loaded")
+    cluster.add_argument("--ray-address", metavar="ADDR",
+                         help="join a running Ray cluster (ray start --head ...; 'auto' finds a local one); default: "
+                              "start Ray on this machine, bound to 127.0.0.1")
+    cluster.add_argument("--cpus-per-replica", type=_positive, default=1, metavar="C",
+                         help="CPUs Ray reserves for each replica, and its torch threads (default 1)")
+    cluster.add_argument("--gpus-per-replica", type=float, default=0.0, metavar="G",
+                         help="GPUs Ray reserves for each replica (default 0)")
+    cluster.add_argument("--routing", default="affinity", choices=["affinity", "random", "least-loaded"],
+                         help="affinity: the user's replica, else the one holding the prompt's prefix, else the least "
+                              "loaded (default); random and least-loaded alone are for A/B measurements")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    p.add_argument("--metrics-compat", default="none", choices=["none", "vllm"],
+                   help="vllm: /metrics also carries vLLM's metric names (vllm:num_requests_running, "
+                        "vllm:kv_cache_usage_perc, ...) beside ruvllm_*, for its dashboards and autoscalers")
     p.add_argument("--allowed-hosts", metavar="NAMES",
                    help="comma-separated Host names to answer besides loopback ones, e.g. api.example.com,"
                         "*.internal; '*' for any (default: loopback names and --host)")
@@ -229,12 +251,11 @@ def _start_learning(ctx: Any, args: argparse.Namespace, config: Any, path: Path,
                 f"sona-v{sona.version}" if sona.version else "none yet")
 
 
-def run_serve(args: argparse.Namespace) -> int:
+def build_server(args: argparse.Namespace) -> tuple[Any, Any]:
+    """The app and its ServerContext (engine not started: the app's lifespan starts it), from serve's options;
+    `ruvllm serve` runs it under uvicorn, each Ray Serve replica (native_server/cluster) in its own process."""
     try:  # the server's dependencies are an extra: the rest of the CLI runs without them
-        import uvicorn
-
         from native_server.api.app import create_app
-        from native_server.api.http_server import GracefulServer
     except ImportError as exc:
         raise ImportError(f"`ruvllm serve` needs the server extra: pip install 'ruvllm[server]' ({exc})") from exc
     from native_server.engine.async_engine import AsyncEngine
@@ -244,7 +265,6 @@ def run_serve(args: argparse.Namespace) -> int:
     if args.learning and args.witness_log is None:
         raise ValueError("--learning needs --witness-log DIR (the feedback it learns from and its adapters live "
                          "there)")
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     lora_modules = parse_lora_modules(args.lora_modules)
     if args.enable_runtime_lora and (args.lora_dir is None or not args.lora_dir.is_dir()):
         raise ValueError("--enable-runtime-lora needs --lora-dir DIR, an existing folder adapters are loaded from")
@@ -263,12 +283,13 @@ def run_serve(args: argparse.Namespace) -> int:
                        max_lora_rank=max(args.max_lora_rank, sona_config.rank + sona_config.micro_rank
                                          if sona_config else 0), xlora=args.xlora,
                        kv_cache_dtype=args.kv_cache_dtype, kv_hot_tokens=args.kv_hot_tokens,
-                       tensor_parallel_size=args.tensor_parallel_size)
+                       tensor_parallel_size=args.tensor_parallel_size, speculative_config=args.speculative_config)
     async_engine = AsyncEngine(engine)
     ctx = ServerContext.for_engine(async_engine, path, name, _aliases(args.model, path),
                                    allow_client_chat_template=args.allow_client_chat_template,
                                    template_timeout=args.chat_template_timeout)
     ctx.lora_dir, ctx.max_lora_rank = args.lora_dir, args.max_lora_rank
+    ctx.metrics.compat, ctx.metrics.model_name = args.metrics_compat, name
     if args.witness_log is not None:
         _open_witness_log(ctx, args)
     if args.learning:
@@ -279,11 +300,23 @@ def run_serve(args: argparse.Namespace) -> int:
     app = create_app(ctx, api_key=args.api_key, static_dir=args.web_dir, shutdown_timeout=args.shutdown_timeout,
                      body_timeout=args.request_body_timeout, allowed_hosts=allowed_hosts(args.host, args.allowed_hosts),
                      runtime_lora=args.enable_runtime_lora)
+    return app, ctx
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        import uvicorn
+
+        from native_server.api.http_server import GracefulServer
+    except ImportError as exc:
+        raise ImportError(f"`ruvllm serve` needs the server extra: pip install 'ruvllm[server]' ({exc})") from exc
+    app, ctx = build_server(args)
     # uvicorn's own graceful timeout is the backstop should a connection outlive the engine's drain.
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
                             timeout_graceful_shutdown=int(args.shutdown_timeout) + 5, lifespan="on")
     server = GracefulServer(config, ctx, args.shutdown_timeout)
-    async_engine.on_fatal = server.fail
+    ctx.engine.on_fatal = server.fail
     # The model, tokenizer and app live as long as the server: out of the collector's sight, a full
     # collection (the periodic one, or after a large body: api/request_body.py) scans only what requests
     # made, ~3 ms instead of ~350 ms of a held GIL.
@@ -291,3 +324,10 @@ def run_serve(args: argparse.Namespace) -> int:
     gc.freeze()
     server.run()
     return server.exit_code
+
+
+def parse_serve_args(argv: list[str]) -> argparse.Namespace:
+    """`ruvllm serve ARGV...`'s options, parsed as the command line does (Ray Serve replicas use it)."""
+    parser = argparse.ArgumentParser(prog="ruvllm")
+    add_serve_parser(parser.add_subparsers(dest="command"))
+    return parser.parse_args(["serve", *argv])

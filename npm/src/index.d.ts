@@ -79,8 +79,10 @@ interface SamplingRequest {
   stream_options?: { include_usage?: boolean } | null;
   /** vLLM's extension: the generated token ids in each choice (and stream chunk). */
   return_token_ids?: boolean;
-  /** vLLM's output constraint (exactly one of json / regex / choice / json_object). */
+  /** vLLM's output constraint (exactly one of json / regex / choice / json_object / grammar). */
   structured_outputs?: StructuredOutputs | null;
+  /** A llama.cpp GBNF grammar (`root ::= ...`) the output follows (the same engine as on the server). */
+  grammar?: string | null;
   signal?: AbortSignal;
 }
 
@@ -93,6 +95,8 @@ export interface StructuredOutputs {
   choice?: string[];
   /** Any JSON object. */
   json_object?: boolean;
+  /** A llama.cpp GBNF grammar. */
+  grammar?: string;
   /** The whitespace allowed between JSON tokens (default: one optional space). */
   whitespace_pattern?: string;
 }
@@ -126,6 +130,8 @@ export interface ChatCompletionRequest extends SamplingRequest {
    * parses the template family's tool-call syntax (Hermes/Qwen, Llama 3 JSON, Mistral). */
   tools?: Tool[] | null;
   tool_choice?: ToolChoice | null;
+  /** false: at most one tool call (a forced call's grammar closes after it). */
+  parallel_tool_calls?: boolean | null;
 }
 
 export interface CompletionRequest extends SamplingRequest {

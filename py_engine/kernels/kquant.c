@@ -329,7 +329,69 @@ static void ktiles(const qjob_t *j, const qpart_t *a, int64_t n0, int64_t n1) {
   }
 }
 
+/* Q5_0 / Q5_1: a block is one sub-block, so its scale goes straight into the product's multiplier (d * dx, one
+ * FMA a block) and its zero term (16 d, or -m) into a scalar beside it; no per-block head or group step. */
+static inline __attribute__((always_inline)) void q5_step(const int kind, const uint8_t *blk, __m256i xv, float dx,
+                                                           float xs, __m256 *acc, float *z) {
+  const float d = half(blk);
+  const __m256i p = udot(kq_codes(kind, blk, 0), xv);
+  *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(d * dx), *acc);
+  *z += (kind == KQ_Q5_0 ? 16.f * d : -half(blk + 2)) * xs;
+}
+
+/* Rows n..n + nr - 1 of a Q5_0 / Q5_1 matrix against rows m0..m0 + mt - 1 of x (decode: mt 1, nr KD_R). */
+static inline __attribute__((always_inline)) void q5tile(const qjob_t *j, const qpart_t *a, int64_t m0, const int mt,
+                                                          int64_t n, const int nr, const int kind) {
+  const qmat_t *w = &a->w;
+  const int64_t nb = nb_of(w), rb = row_bytes(w), bbytes = kq_block_bytes(kind), M = j->M;
+  const uint8_t *c = w->codes + n * rb;
+  __m256 acc[KT_X][KD_R];
+  float z[KT_X][KD_R];
+  for (int m = 0; m < mt; ++m)
+    for (int r = 0; r < nr; ++r) acc[m][r] = _mm256_setzero_ps(), z[m][r] = 0.f;
+  for (int64_t s = 0; s < nb; ++s) {
+    if (!(s & 1))
+      for (int r = 0; r < nr; ++r) _mm_prefetch((const char *)c + r * rb + s * bbytes + Q_PREFETCH, Q_HINT);
+    for (int m = 0; m < mt; ++m) {
+      const __m256i xv = _mm256_loadu_si256((const __m256i *)(j->qx + (m0 + m) * nb * 32 + s * 32));
+      const float dx = j->dx[(m0 + m) * nb + s], xs = j->dx[(M + m0 + m) * nb + s];
+      for (int r = 0; r < nr; ++r) q5_step(kind, c + r * rb + s * bbytes, xv, dx, xs, &acc[m][r], &z[m][r]);
+    }
+  }
+  for (int m = 0; m < mt; ++m)
+    for (int r = 0; r < nr; ++r) put_q(j, a, m0 + m, n + r, hsum8(acc[m][r]) - z[m][r]);
+}
+
+static void q5rows(const qjob_t *j, const qpart_t *a, int64_t n0, int64_t n1, const int kind) {
+  if (j->M == 1) {
+    int64_t n = n0;
+    for (; n + KD_R <= n1; n += KD_R) q5tile(j, a, 0, 1, n, KD_R, kind);
+    for (; n < n1; ++n) q5tile(j, a, 0, 1, n, 1, kind);
+    return;
+  }
+  for (int64_t n = n0; n < n1;) { /* KT_R rows of W stay in L1 while every row of x passes */
+    const int nr = n1 - n >= KT_R ? KT_R : 1;
+    for (int64_t m0 = 0; m0 < j->M; m0 += KT_X) {
+      if (j->M - m0 >= KT_X) {
+        if (nr == KT_R) q5tile(j, a, m0, KT_X, n, KT_R, kind);
+        else q5tile(j, a, m0, KT_X, n, 1, kind);
+      } else {
+        for (int64_t m = m0; m < j->M; ++m) {
+          if (nr == KT_R) q5tile(j, a, m, 1, n, KT_R, kind);
+          else q5tile(j, a, m, 1, n, 1, kind);
+        }
+      }
+    }
+    n += nr;
+  }
+}
+
 void kq_rows(const qjob_t *j, const qpart_t *a, int64_t n0, int64_t n1) {
+  if (a->w.kind == KQ_Q5_0 || a->w.kind == KQ_Q5_1) {
+    if (a->w.kind == KQ_Q5_0) q5rows(j, a, n0, n1, KQ_Q5_0);
+    else q5rows(j, a, n0, n1, KQ_Q5_1);
+    return;
+  }
   if (j->M > 1) {
     ktiles(j, a, n0, n1);
     return;
@@ -337,8 +399,6 @@ void kq_rows(const qjob_t *j, const qpart_t *a, int64_t n0, int64_t n1) {
   int64_t n = n0;
   for (; n + KD_R <= n1; n += KD_R) { /* one row of x: rows of W in fours, the unpacking inlined per type */
     switch (a->w.kind) {
-    case KQ_Q5_0: kdecode(j, a, 0, n, KQ_Q5_0); break;
-    case KQ_Q5_1: kdecode(j, a, 0, n, KQ_Q5_1); break;
     case KQ_Q2_K: kdecode(j, a, 0, n, KQ_Q2_K); break;
     case KQ_Q3_K: kdecode(j, a, 0, n, KQ_Q3_K); break;
     case KQ_Q4_K: kdecode(j, a, 0, n, KQ_Q4_K); break;
@@ -347,6 +407,27 @@ void kq_rows(const qjob_t *j, const qpart_t *a, int64_t n0, int64_t n1) {
     }
   }
   for (; n < n1; ++n) ktile(j, a, 0, 1, n, 1);
+}
+
+/* Row n of a ggml-block matrix for qpanel.c's panels: its codes [K] unsigned in value order, and per group (a
+ * sub-block of 32, or of 16 for Q2_K/Q3_K/Q6_K) the scale s_j = D * c_j (exact) and the zero term Z_j, at
+ * scales[j * stride] and zeros[j * stride]. */
+void kq_unpack_row(const qmat_t *w, int64_t n, uint8_t *codes, float *scales, float *zeros, int64_t stride) {
+  const int kind = w->kind, spb = (int)w->spg, p16 = per16(kind);
+  const int64_t bbytes = kq_block_bytes(kind);
+  for (int64_t s = 0; s < w->ng; ++s) {
+    const uint8_t *blk = w->codes + n * row_bytes(w) + s * bbytes;
+    kblock_t k;
+    kq_unpack(kind, blk, &k);
+    for (int b = 0; b < spb; ++b) _mm256_storeu_si256((__m256i *)(codes + (s * spb + b) * 32), k.u[b]);
+    const int groups = p16 ? 16 : spb;
+    for (int g = 0; g < groups; ++g) {
+      const int64_t j = s * groups + g;
+      const int c = kind == KQ_Q5_0 || kind == KQ_Q5_1 ? 1 : p16 ? (int8_t)k.h.c[g] : k.h.c[g];
+      scales[j * stride] = k.h.d * (float)c;
+      zeros[j * stride] = k.h.z[g];
+    }
+  }
 }
 
 /* xs16 [M, nb * 2]: dx_b * Σ q_x over each 16 values (the per-16 zero terms' X_j). */

@@ -1,4 +1,4 @@
-/* What linear.c and blas.c share: one product's description and how results are stored. */
+/* What linear.c, quant.c and step.c share: one product's description and how results are stored. */
 #pragma once
 #include <immintrin.h>
 #include <stdint.h>
@@ -79,10 +79,3 @@ static inline void put(const linear_t *a, int64_t m, int64_t n, float v) {
 static inline void store(const linear_t *a, int64_t m, int64_t n, float v) { /* adds the bias */
   put(a, m, n, a->bias ? v + load1(a->bias, a->bias_bf16, n) : v);
 }
-
-/* Rows n0..n1 of one product with M > 1 by the BLAS sgemm torch ships (MKL), when
- * rk_use_blas was given one: MKL's GEMM is ~1.4x our tiles per core, and here it
- * runs single-threaded inside our pool, so it never waits at an OpenMP barrier.
- * Returns 0 when it did the work. */
-int blas_rows(const linear_t *a, int64_t n0, int64_t n1);
-int blas_available(void);

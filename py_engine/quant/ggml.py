@@ -26,7 +26,7 @@ sub-block b's fifth bit; Q6_K's ql and Q2_K/Q3_K's qs are read in halves of 128 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import Tensor
@@ -133,6 +133,45 @@ class GGMLWeight:
     def dequantize(self) -> Tensor:
         """float32 [N, K]: gguf.quants.dequantize of the same blocks, bit for bit."""
         return self.unpack().dequantize()
+
+    def export_form(self) -> tuple[QuantizedWeight, dict]:
+        """The weight as MatMulNBits takes it (4 or 8 bits, blocks of 32) and a note of how it got there.
+
+        Exact: Q4_K (its own codes, s_j and -m_j as offsets); Q5_0, Q5_1 and Q5_K (the 5-bit codes as 8-bit
+        codes); Q3_K (c = 128 - (sc - 32)(q - 4) over -D, every product of a 6-bit signed scale and a 3-bit
+        signed code being within [-124, 128]). Re-quantized to 8 bits per 32 (RTN), their error against the
+        file's weights stated: Q6_K (its two int8 scales of a block of 32 cannot be one) and Q2_K (its minimums
+        per 16 cannot be one per 32; 4 bits would add ~8% relative error to its weights, 8 bits ~0.4%)."""
+        q = self.unpack()
+        n, k = self.out_features, self.in_features
+        if self.type_name == "Q4_K":
+            return q, {"type": self.type_name, "form": "4-bit, exact"}
+        if self.type_name in ("Q5_0", "Q5_1", "Q5_K"):
+            return replace(q, bits=8), {"type": self.type_name, "form": "8-bit, exact"}
+        if self.type_name == "Q3_K":  # per 16: s_j (q - 4) with s_j = D (sc_j - 32): D over 32 values, c signed
+            b = self.blocks.view(n, -1, self.layout.nbytes)
+            d = _half(b, 108).expand(n, b.shape[1], 8).reshape(n, -1)  # [N, K / 32]
+            sc = torch.round(q.scales / _half(b, 108).expand(n, b.shape[1], 16).reshape(n, -1).where(
+                q.scales != 0, torch.ones(()))).to(torch.int16)  # the integer sc - 32 (0 where D is 0)
+            p = sc.repeat_interleave(16, dim=1) * (q.codes.to(torch.int16) - 4)  # [N, K] in [-124, 128]
+            codes = (128 - p).to(torch.uint8)
+            return (QuantizedWeight(codes, -d, torch.full(d.shape, 128, dtype=torch.uint8), 8, 32, k, True),
+                    {"type": self.type_name, "form": "8-bit, exact"})
+        from .rtn import quantize_rtn  # Q6_K, Q2_K: re-quantized a slab of rows at a time (a 128256-row head)
+
+        bits, symmetric = 8, self.type_name == "Q6_K"
+        parts, worst, err2, ref2 = [], 0.0, 0.0, 0.0
+        for r in range(0, n, 4096):
+            w = GGMLWeight(self.type_name, self.blocks[r:r + 4096], k).dequantize()
+            part = quantize_rtn(w, bits, 32, symmetric)
+            diff = part.dequantize() - w
+            worst, err2, ref2 = max(worst, diff.abs().max().item()), err2 + diff.square().sum().item(), \
+                ref2 + w.square().sum().item()
+            parts.append(part)
+        out = QuantizedWeight(torch.cat([p.codes for p in parts]), torch.cat([p.scales for p in parts]),
+                              torch.cat([p.zero_points for p in parts]), bits, 32, k, symmetric)
+        return out, {"type": self.type_name, "form": f"re-quantized to {bits}-bit blocks of 32 (RTN)",
+                     "max_abs_error": worst, "relative_rms_error": (err2 / ref2) ** 0.5 if ref2 else 0.0}
 
 
 def _half(b: Tensor, at: int) -> Tensor:

@@ -1,6 +1,6 @@
 """GGUF's Q5_0, Q5_1 and K-quants (Q2_K ... Q6_K) kept as the file's blocks (py_engine/quant/ggml.py) and run by
 quant.c's kquant.c: weights against gguf's own dequantization bit for bit, every kernel path (decode, integer
-tiles, sgemm prefill, exact fp32 x, the one-call decode step) against a float matmul of those weights, mixed
+tiles, prefill in integer panels (VNNI builds) or sgemm, exact fp32 x, the one-call decode step) against a float matmul of those weights, mixed
 per-tensor files (a Q4_K_M mix with a Q6_K head and a Q4_K embedding) against transformers' GGUF loader, and
 the load-time checks: a damaged scale, rows that are not whole blocks, the notice for types left to float.
 The K-quant test files are made here (tests/importers/kquants.py, after llama.cpp's reference quantizer)."""
@@ -98,7 +98,7 @@ def test_the_test_quantizer_keeps_k_quant_error(qtype):
 
 @kernels_only
 @pytest.mark.parametrize("qtype", BLOCK_TYPES)
-@pytest.mark.parametrize("rows", [1, 3, 9, 20, 40])  # decode, integer tiles (tails too), sgemm prefill
+@pytest.mark.parametrize("rows", [1, 3, 9, 20, 40, 77])  # decode, tiles (tails too), prefill: panels or sgemm
 def test_cpu_kernels_match_a_float_matmul_of_the_weights(qtype, rows):
     t, ref = tensor(qtype)
     layer = QuantLinear(gguf_blocks(t))
@@ -106,13 +106,16 @@ def test_cpu_kernels_match_a_float_matmul_of_the_weights(qtype, rows):
     with torch.no_grad():
         layer.int8_activations = False  # fp32 x against the exact weights
         assert (layer(x) - x @ ref.T).abs().max().item() < 1e-5 * max(1.0, (x @ ref.T).abs().max().item())
-        layer.int8_activations = True  # x rounded to int8 per 32 values below sgemm's rows
-        int8 = rows < cpu_kernels().int8_rows  # ggml blocks take sgemm from there (no integer panels yet)
+        layer.int8_activations = True  # x rounded to int8 per 32 values (where sgemm does not take the rows)
+        int8 = rows < cpu_kernels().int8_rows_for(4)  # every count on VNNI builds (panels from 32 rows)
         y = layer(x)
         expected = (fake_quantize_blocks(x, t.shape[1]) if int8 else x) @ ref.T
         assert (y - expected).abs().max().item() < 2e-5 * max(1.0, expected.abs().max().item())
-        if int8:  # a row of a batch gets what it gets alone, bit for bit
-            assert torch.equal(torch.cat([layer(x[i:i + 1]) for i in range(rows)]), y)
+        alone = torch.cat([layer(x[i:i + 1]) for i in range(rows)])
+        if rows < cpu_kernels().int8_rows:  # tiles: a row of a batch gets what it gets alone, bit for bit
+            assert torch.equal(alone, y)
+        elif int8:  # panels: the same products, summed in another float order
+            assert (alone - y).abs().max().item() < 1e-5 * max(1.0, expected.abs().max().item())
         xb = x.to(torch.bfloat16)
         assert (layer(xb).float() - layer(xb.float())).abs().max().item() < 0.02 * expected.abs().max().item()
 
@@ -123,12 +126,12 @@ def test_every_kernel_variant(kernels, qtype):  # noqa: F811
     """AVX2 (maddubs, the fifth bits spread with shuffles), AVX-512 (masked moves) and VNNI builds alike."""
     t, ref = tensor(qtype, n=41)
     w, bias = gguf_blocks(t), torch.randn(41)
-    for rows in (1, 7, 40):
+    for rows in (1, 7, 40, 77):
         x = torch.randn(rows, t.shape[1], generator=torch.Generator().manual_seed(rows))
         exact = QuantPlan(kernels, [w], [bias], QuantPlan.EXACT)(x)
         torch.testing.assert_close(exact, torch.nn.functional.linear(x, ref, bias), rtol=1e-5, atol=1e-4)
         got = QuantPlan(kernels, [w], [bias], QuantPlan.INT8_BLOCKS)(x)
-        xr = fake_quantize_blocks(x, t.shape[1]) if rows < kernels.int8_rows else x
+        xr = fake_quantize_blocks(x, t.shape[1]) if rows < kernels.int8_rows_for(4) else x
         torch.testing.assert_close(got, torch.nn.functional.linear(xr, ref, bias), rtol=1e-5, atol=1e-4)
 
 
