@@ -5,10 +5,11 @@
 INIT is the vocabulary (`token_bytes` of the served tokenizer); the child builds its own trie
 from it, the same trie the server builds, so the token masks it computes mean the same positions
 there. Each request compiles one grammar within its Budget (tree nodes, states, seconds; the
-child checks it itself and stops) and precomputes the masks of the states nearest the start.
-Messages are `marshal`ed plain data (dicts, lists, bytes, ints: nothing that runs code when
-read). After a failure the child hands freed memory back to the system, and reports its RSS so
-the server can replace a child that grew.
+child checks it itself and stops) and precomputes the masks of the states nearest the start;
+past the job's CPU seconds the kernel ends the child (workers.limit_cpu: SIGXCPU), should a stage
+not look at the clock or the server not be there to kill it. Messages are `marshal`ed plain data
+(dicts, lists, bytes, ints: nothing that runs code when read). After a failure the child hands
+freed memory back to the system, and reports its RSS so the server can replace a child that grew.
 
 Imports py_engine.guided only (the pure-Python layer): no torch, a start-up of ~0.1 s plus the trie.
 """
@@ -19,7 +20,7 @@ import sys
 import time
 from typing import Any
 
-from native_server.api.workers import limit_memory, release_memory, serve
+from native_server.api.workers import limit_cpu, limit_memory, release_memory, serve
 from py_engine.guided.automaton.dfa import DFA, compile_dfa
 from py_engine.guided.budget import Budget
 from py_engine.guided.compile import grammar_node
@@ -34,10 +35,13 @@ _trie: VocabTrie | None = None
 
 
 # --- the messages (both sides) --------------------------------------------------------------------------
-def job_message(spec: StructuredOutputsParams, eos: tuple[int, ...], budget: Budget, precompute: float) -> bytes:
+def job_message(spec: StructuredOutputsParams, eos: tuple[int, ...], budget: Budget, precompute: float,
+                cpu_seconds: float) -> bytes:
+    """`cpu_seconds`: the child's CPU time for this job, past which the kernel ends it (workers.limit_cpu)."""
     fields = {k: getattr(spec, k) for k in SPEC_FIELDS if getattr(spec, k) is not None}
     return marshal.dumps({"spec": fields, "eos": tuple(eos), "max_states": budget.max_states,
-                          "max_nodes": budget.max_nodes, "seconds": budget.seconds, "precompute": precompute})
+                          "max_nodes": budget.max_nodes, "seconds": budget.seconds, "precompute": precompute,
+                          "cpu_seconds": cpu_seconds})
 
 
 def dfa_of(reply: dict[str, Any]) -> DFA:
@@ -75,6 +79,7 @@ def _handle(message: bytes) -> bytes:
 
 
 def _compile(job: dict[str, Any]) -> dict[str, Any]:
+    limit_cpu(job["cpu_seconds"])
     budget = Budget(max_states=job["max_states"], max_nodes=job["max_nodes"], seconds=job["seconds"])
     spec = StructuredOutputsParams(**job["spec"])
     dfa = compile_dfa(grammar_node(spec, budget), budget)  # no DFA cache here: the server keeps the grammars

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import marshal
+import signal
 from collections import OrderedDict
 from typing import Any, Hashable
 
@@ -48,8 +49,11 @@ class GrammarQueueFull(GuidedError):
 
 class GrammarCompiler:
     def __init__(self, workers: int = WORKERS, seconds: float = COMPILE_SECONDS, max_states: int = COMPILE_STATES,
-                 max_nodes: int = COMPILE_NODES, precompute: float = PRECOMPUTE_SECONDS) -> None:
+                 max_nodes: int = COMPILE_NODES, precompute: float = PRECOMPUTE_SECONDS,
+                 cpu_seconds: float | None = None) -> None:
         self.seconds, self.max_states, self.max_nodes, self.precompute = seconds, max_states, max_nodes, precompute
+        # a worker's CPU time per compile before the kernel ends it: never before the budget's own stop
+        self.cpu_seconds = cpu_seconds if cpu_seconds is not None else seconds + GRACE_SECONDS
         self.slots = FairSlots(workers)
         self._idle: list[WorkerProcess] = []
         self._all: set[WorkerProcess] = set()
@@ -89,7 +93,7 @@ class GrammarCompiler:
                        client: Hashable) -> TokenGrammar:
         trie = vocab_trie(tokenizer)
         budget = Budget(max_states=self.max_states, max_nodes=self.max_nodes, seconds=self.seconds)
-        job = job_message(spec, eos, budget, self.precompute)
+        job = job_message(spec, eos, budget, self.precompute, self.cpu_seconds)
         try:
             async with self.slots.hold(client):
                 reply = await self._call(job, trie)
@@ -114,6 +118,9 @@ class GrammarCompiler:
                                       "schema or regex") from None
         except (OSError, EOFError, asyncio.IncompleteReadError, ValueError) as exc:
             self._drop(worker, "killed")
+            if await _ended_by(worker, signal.SIGXCPU):  # its CPU limit (workers.limit_cpu): a time bound
+                raise GrammarTimeoutError(f"compiling the grammar used more than {self.cpu_seconds:g} s of CPU; "
+                                          "simplify the schema or regex") from None
             raise GrammarTooLargeError(f"the grammar compiler failed ({type(exc).__name__}); simplify the schema "
                                        "or regex") from None
         except BaseException:  # cancelled: its reply would be out of step
@@ -187,6 +194,16 @@ class GrammarCompiler:
         workers, self._all, self._idle = list(self._all), set(), []
         for worker in workers:
             await worker.reap()
+
+
+async def _ended_by(worker: WorkerProcess, sig: int) -> bool:
+    """Whether the worker (dead, or just sent our SIGKILL) was ended by `sig`: a SIGKILL sent to a child
+    that already died (a zombie not yet reaped) leaves its exit status as it was."""
+    try:
+        code = await asyncio.wait_for(worker.process.wait(), 1.0)
+    except asyncio.TimeoutError:
+        return False
+    return code == -sig
 
 
 def _grammar_of(reply: dict[str, Any], trie: Any, eos: tuple[int, ...]) -> TokenGrammar:

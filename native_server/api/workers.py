@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import math
 import os
 import struct
 import sys
@@ -114,6 +115,28 @@ def limit_memory(nbytes: int) -> None:
     try:
         resource.setrlimit(resource.RLIMIT_AS, (nbytes, nbytes))
     except (ValueError, OSError):  # e.g. a lower hard limit already
+        pass
+
+
+def limit_cpu(seconds: float) -> None:
+    """Let this process use at most `seconds` more CPU time from now (POSIX): past it the kernel's
+    SIGXCPU ends it, even when nobody is left to kill it (a parent that died mid-compile) or the work
+    is in a stage that never looks at a clock. Called per call: the limit counts the process's whole
+    life, so each call moves it to what is used so far plus its own share. Core dumps are off (a
+    killed child must leave nothing on disk). The hard limit stays, so the next call can raise it."""
+    try:
+        import resource
+    except ImportError:  # not on POSIX: the parent's deadline still holds
+        return
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    soft = math.ceil(usage.ru_utime + usage.ru_stime + seconds)
+    try:
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        _, hard = resource.getrlimit(resource.RLIMIT_CPU)
+        if hard != resource.RLIM_INFINITY:
+            soft = min(soft, hard)
+        resource.setrlimit(resource.RLIMIT_CPU, (soft, hard))
+    except (ValueError, OSError):
         pass
 
 

@@ -137,6 +137,29 @@ def test_a_worker_that_stops_answering_is_killed_and_replaced(tokenizer):
     assert waited < 10
 
 
+def test_a_worker_past_its_cpu_seconds_is_ended_by_the_kernel_and_replaced(tokenizer):
+    """The budget's clock would allow 100 s; the CPU limit (1 s) ends the child first: what holds
+    when a stage never looks at the clock or the server is gone."""
+    async def go():
+        compiler = GrammarCompiler(workers=1, seconds=100, cpu_seconds=1, max_states=10**7, max_nodes=10**7)
+        try:
+            await compiler.compile(StructuredOutputsParams(choice=["cpu-1"]), tokenizer, EOS, "a")
+            (worker,) = compiler._idle
+            started = time.monotonic()
+            with pytest.raises(GrammarTimeoutError, match="more than 1 s of CPU"):
+                await compiler.compile(StructuredOutputsParams(regex="(a|b|c)*a(a|b|c){16}"), tokenizer, EOS, "a")
+            waited = time.monotonic() - started
+            await compiler.compile(StructuredOutputsParams(choice=["cpu-2"]), tokenizer, EOS, "a")
+            return dict(compiler.stats), waited, worker.process.returncode
+        finally:
+            await compiler.close()
+
+    stats, waited, code = run(go())
+    assert code == -signal.SIGXCPU and stats["killed"] == 1 and stats["compiled"] == 2
+    assert stats["remembered_failures"] == 0
+    assert waited < 30  # ~1-2 s of CPU; the machine may be shared
+
+
 # --- the fair queue -------------------------------------------------------------------------------------
 def test_one_client_never_holds_every_slot():
     async def go():
