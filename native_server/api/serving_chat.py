@@ -43,11 +43,12 @@ class ChatRun:
     model: str
 
 
-async def start_chat(ctx: ServerContext, request: ChatCompletionRequest, endpoint: str = "chat.completions",
-                     id_prefix: str = "chatcmpl-") -> ChatRun:
+async def start_chat(ctx: ServerContext, request: ChatCompletionRequest, raw: Request | None = None,
+                     endpoint: str = "chat.completions", id_prefix: str = "chatcmpl-") -> ChatRun:
     """Render the conversation, check the request and start it on the engine (not yet read).
     /v1/responses and /v1/messages convert their requests to this one, so the same conversation
-    gives the same tokens on every endpoint."""
+    gives the same tokens on every endpoint. `raw` (the HTTP request) names the client whose
+    grammar compiles queue together when the request has no `user`."""
     ctx.check_accepting()
     adapter = ctx.adapter_for(request.model)
     chat_config = ctx.check_chat()
@@ -76,7 +77,7 @@ async def start_chat(ctx: ServerContext, request: ChatCompletionRequest, endpoin
 
 
 async def create_chat_completion(ctx: ServerContext, request: ChatCompletionRequest, raw: Request) -> Response:
-    run = await start_chat(ctx, request)
+    run = await start_chat(ctx, request, raw)
     generation, plan, request_id, params = run.generation, run.plan, run.request_id, run.generation.jobs[0].params
     want_logprobs = params.logprobs is not None
     if request.stream:
