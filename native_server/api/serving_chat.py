@@ -27,7 +27,9 @@ from native_server.api.protocol import (ChatChoice, ChatChunkChoice, ChatComplet
                                     ChatCompletionResponse, ChatDelta, ChatResponseMessage, DeltaToolCall, DeltaToolCallPiece, Usage)
 from native_server.api.serving import event_stream, run_to_end, usage_of
 from native_server.api.streaming import event
-from native_server.learning.witness_record import route, start_trace
+from native_server.api.context import LEARNED_PREFIX
+from native_server.learning.gated import chat_question, gated_route, log_adapter
+from native_server.learning.witness_record import session_of, start_trace
 from py_engine.chat import ChatTemplateError
 from py_engine.generate import start_ids
 from py_engine.guided.tools import ChoiceReader, ToolPlan, split_events
@@ -56,6 +58,12 @@ async def start_chat(ctx: ServerContext, request: ChatCompletionRequest, endpoin
     plan = tool_plan(request, chat_config)
     params = with_tools(params, plan)
     messages, options = chat_render_args(request, chat_config, ctx.allow_client_chat_template)
+    learned, context = (None, []) if adapter else await gated_route(ctx, session_of(request),
+                                                                     chat_question(request.messages))
+    if context:  # the nearest pattern as a previous exchange, before the last user message
+        from py_engine.learning.recall import with_context
+
+        messages = with_context(messages, context)
     try:  # in a worker process, bounded in time and size (templates.py)
         text = await ctx.templates.render(messages, chat_config, **options)
     except ChatTemplateError as exc:
@@ -70,7 +78,8 @@ async def start_chat(ctx: ServerContext, request: ChatCompletionRequest, endpoin
     trace = start_trace(ctx, request_id, endpoint, request, [
         {"messages": [m.model_dump(exclude_none=True) for m in request.messages], "text": text,
          "token_ids": prompt_ids}], params)
-    job = Job(request_id, prompt_ids, params, 0, adapter or route(ctx, request))
+    log_adapter(ctx, trace, learned)
+    job = Job(request_id, prompt_ids, params, 0, adapter or learned)
     generation = Generation(ctx.engine, [job], ctx.metrics, trace=trace)
     return ChatRun(generation, plan, request_id, adapter or ctx.model_name)
 
@@ -99,7 +108,8 @@ async def create_chat_completion(ctx: ServerContext, request: ChatCompletionRequ
 async def _stream(ctx: ServerContext, generation: Generation, raw: Request, request_id: str,
                   want_logprobs: bool, include_usage: bool, plan: ToolPlan) -> Response:
     created = int(time.time())
-    model = generation.jobs[0].lora or ctx.model_name
+    lora = generation.jobs[0].lora
+    model = lora if lora and not lora.startswith(LEARNED_PREFIX) else ctx.model_name  # a learned one is no model
     readers = [ChoiceReader(plan) for _ in range(generation.num_choices)] if plan.active else None
 
     def chunk(choices: list[ChatChunkChoice], usage: Usage | None = None) -> str:

@@ -144,6 +144,7 @@ class LLMEngine:
             self._finish_init(path, xlora, kv_quant, max_model_len, max_queue, max_num_seqs, max_num_batched_tokens,
                               attention_backend, block_size, kv_cache_memory, gpu_memory_fraction,
                               enable_prefix_caching, cuda_graphs)
+            self.spec = None if spec_config is None else self._spec_decoder(spec_config, dtype)
         except BaseException:
             self.close()
             raise
@@ -174,7 +175,6 @@ class LLMEngine:
         self.runner = ModelRunner(self.model, self.kv, self._decode_graphs(cuda_graphs, max_num_seqs), self.adapters,
                                   broadcast=self.parallel.broadcast_step if self.parallel is not None else None)
         self.mask_tensors = MaskTensors(config.vocab_size, self.device)  # structured outputs' token masks
-        self.spec = None if spec_config is None else self._spec_decoder(spec_config, dtype)
         self._requests: dict[str, _Request] = {}
         self._seq_ids = itertools.count()
         self.prompt_tokens = self.generation_tokens = 0

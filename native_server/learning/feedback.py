@@ -90,6 +90,7 @@ class FeedbackDesk:
         self.server_bucket = TokenBucket(self.limits.rate, self.limits.burst)
         self.session_buckets: OrderedDict[str, TokenBucket] = OrderedDict()
         self.rated: OrderedDict[tuple[str, int], None] = OrderedDict()
+        self.accepted: OrderedDict[str, None] = OrderedDict()  # feedback ids taken (for DELETE), newest last
 
     def check_shape(self, body: FeedbackRequest) -> None:
         if not body.id or len(body.id) > MAX_ID_CHARS:
@@ -142,8 +143,22 @@ class FeedbackDesk:
         while len(self.rated) > MAX_TRACKED:
             self.rated.popitem(last=False)
         self.witness.record_feedback(record)
+        self.accepted[record["id"]] = None
+        while len(self.accepted) > MAX_TRACKED:
+            self.accepted.popitem(last=False)
         return FeedbackResponse(id=record["id"], completion_id=body.id, session=session, rating=body.rating,
                                 status=status)
+
+    def forget(self, feedback_id: str, learned: bool) -> None:
+        """DELETE /v1/feedback/{id}: 404 for an id this server never took (nor its learner holds); else a
+        deletion line in the log, so no later replay trains on it."""
+        if not feedback_id or len(feedback_id) > MAX_ID_CHARS:
+            raise APIError(400, f"id: a feedback id of 1 to {MAX_ID_CHARS} characters", "id")
+        if feedback_id not in self.accepted and not learned:
+            raise APIError(404, f"id: no feedback `{feedback_id}` (unknown, or taken before a restart and not "
+                                "learned from)", "id", "not_found")
+        self.accepted.pop(feedback_id, None)
+        self.witness.record_deletion(feedback_id)
 
     @staticmethod
     def _record(body: FeedbackRequest, completion: dict[str, Any], output: dict[str, Any]) -> dict[str, Any]:
