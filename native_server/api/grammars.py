@@ -62,6 +62,7 @@ class GrammarCompiler:
         self._vocab: dict[int, bytes] = {}  # id(trie) -> the INIT message of its workers
         self._starting, self._closed = 0, False
         self._spares: set[asyncio.Task[None]] = set()
+        self._reaping: set[asyncio.Task[None]] = set()  # dropped workers being waited for (their pipes closed)
         self.stats = {"compiled": 0, "cached": 0, "remembered_failures": 0, "joined": 0, "killed": 0, "recycled": 0}
 
     async def compile(self, spec: StructuredOutputsParams, tokenizer: Any, eos: tuple[int, ...],
@@ -180,6 +181,8 @@ class GrammarCompiler:
         worker.kill()
         self._all.discard(worker)
         self.stats[why] += 1
+        self._reaping.add(task := asyncio.ensure_future(worker.reap()))
+        task.add_done_callback(self._reaping.discard)
 
     def _remember(self, key: str, error: GuidedError) -> None:
         self._failures[key] = (type(error), str(error), error.param)
@@ -191,9 +194,11 @@ class GrammarCompiler:
         self._closed = True
         for task in list(self._spares):
             task.cancel()
+        await asyncio.gather(*self._spares, return_exceptions=True)
         workers, self._all, self._idle = list(self._all), set(), []
         for worker in workers:
             await worker.reap()
+        await asyncio.gather(*self._reaping, return_exceptions=True)
 
 
 async def _ended_by(worker: WorkerProcess, sig: int) -> bool:
