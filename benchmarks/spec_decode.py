@@ -355,6 +355,7 @@ def main() -> int:
     p.add_argument("--prefill-tokens", type=int, default=256, help="the invariance part's prompt length")
     p.add_argument("--llama-draft", type=Path, help="a draft GGUF for llama-server --model-draft")
     p.add_argument("--out", type=Path, default=RESULTS)
+    p.add_argument("--note", default="", help="recorded in the JSON (e.g. whether bench.lock was held)")
     args = p.parse_args()
     sys.path.insert(0, str(REPO))
     from benchmarks.decode_speed import machine
@@ -363,7 +364,8 @@ def main() -> int:
     logs.mkdir(parents=True, exist_ok=True)
     parts = args.parts.split(",")
     meta = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "model": args.model, "threads": args.threads,
-            "max_tokens": args.max_tokens, "rounds": args.rounds, "configs": args.configs, **machine()}
+            "max_tokens": args.max_tokens, "rounds": args.rounds, "configs": args.configs, "note": args.note,
+            **machine()}
     result = {"meta": meta}
     for part in parts:
         load = os.getloadavg()
