@@ -117,6 +117,7 @@ def invariance_child(source: str, model: str, quantization: str, threads: int, p
 
     llm = LLM(model, device="cpu", quantization=None if quantization == "none" else quantization)
     text = (REPO / "py_engine" / "data" / "tiny-shakespeare" / "validation.txt").read_text(encoding="utf-8")
+    prompt = min(prompt, llm.max_context - new - 1)  # the built-in model's context is 256
     ids = llm.tokenizer.encode(text[: prompt * 16], add_special_tokens=False)[:prompt]
     backend = llm._new_backend()
     backend.argmax(backend.prefill(ids[:40]))  # warm-up: kernels built, caches allocated (a 32+ row chunk)
@@ -127,7 +128,8 @@ def invariance_child(source: str, model: str, quantization: str, threads: int, p
     while len(tokens) < new:
         tokens.append(backend.argmax(backend.decode(tokens[-1])))
     t2 = time.perf_counter()
-    return {"prefill_tps": len(ids) / (t1 - t0), "decode_tps": (new - 1) / (t2 - t1), "tokens": tokens}
+    return {"prompt_tokens": len(ids), "prefill_tps": len(ids) / (t1 - t0), "decode_tps": (new - 1) / (t2 - t1),
+            "tokens": tokens}
 
 
 INVARIANCE_MODELS = [(NAME, "none"), ("tiny-shakespeare", "none"), ("tiny-shakespeare", "int8")]
@@ -383,6 +385,8 @@ def main() -> int:
         else:
             raise SystemExit(f"unknown part {part!r}")
         result[part]["loadavg"] = {"before": load, "after": os.getloadavg()}
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(result, indent=1) + "\n")  # each part as it ends: a later one may fail
     meta["loadavg_end"] = os.getloadavg()
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1) + "\n")
