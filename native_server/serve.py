@@ -134,9 +134,9 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
                          help="CPUs Ray reserves for each replica, and its torch threads (default 1)")
     cluster.add_argument("--gpus-per-replica", type=float, default=0.0, metavar="G",
                          help="GPUs Ray reserves for each replica (default 0)")
-    cluster.add_argument("--routing", default="affinity", choices=["affinity", "random", "least-loaded"],
+    cluster.add_argument("--routing", default="affinity", choices=["affinity", "random", "round-robin", "least-loaded"],
                          help="affinity: the user's replica, else the one holding the prompt's prefix, else the least "
-                              "loaded (default); random and least-loaded alone are for A/B measurements")
+                              "loaded (default); random, round-robin and least-loaded alone are for A/B measurements")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     p.add_argument("--metrics-compat", default="none", choices=["none", "vllm"],
                    help="vllm: /metrics also carries vLLM's metric names (vllm:num_requests_running, "
