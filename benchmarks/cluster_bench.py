@@ -1,6 +1,7 @@
 """Past one process: replicas on Ray Serve and tensor parallelism, measured on this machine.
 
     python benchmarks/cluster_bench.py [--model tiny-shakespeare] [--rounds 2] [--parts tp,replicas,routing,kill]
+                                      (tp_memory: the memory probes of tp alone)
 
 replicas  output tok/s of streamed completions at 1, 8, 16 and 64 concurrent (--levels): one `ruvllm serve`
           with 2 threads against `ruvllm serve --replicas 1` and `--replicas 2` (1 thread each; a local Ray
@@ -42,7 +43,7 @@ from native_server.bench.loadgen import run_level_sync  # noqa: E402
 from native_server.bench.report import format_table  # noqa: E402
 from native_server.bench.stats import summarize  # noqa: E402
 from native_server.bench.workload import Workload  # noqa: E402
-from cluster_tp import part_tp  # noqa: E402
+from cluster_tp import memory_rows, part_tp  # noqa: E402
 from tests.server.server_harness import http_process  # noqa: E402
 
 RESULTS = REPO / "benchmarks" / "results" / "cluster_bench.json"
@@ -251,6 +252,8 @@ def main() -> None:
     out: dict = {"meta": meta}
     if "tp" in parts:
         out["tp"], out["tp_memory"] = part_tp(args.tp_models.split(","), args.rounds + 1, args.tp_tokens)
+    elif "tp_memory" in parts:
+        out["tp_memory"] = [row for model in args.tp_models.split(",") for row in memory_rows(model)]
     if "replicas" in parts:
         out["replicas"] = part_replicas(args.model, args.rounds, [int(n) for n in args.levels.split(",")])
     if "routing" in parts:

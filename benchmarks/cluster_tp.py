@@ -32,15 +32,27 @@ def _status_mib(pid: int) -> dict[str, float]:
 
 
 def tensor_bytes(model) -> int:
-    """Bytes of the distinct tensor storages a model's modules hold (parameters, buffers, packed weights)."""
+    """Bytes of the distinct tensor storages a model holds: parameters, buffers, and tensors its modules keep
+    in plain attributes and small objects (PackedWeight's codes and scales, a quantized head)."""
     import torch
 
     seen: dict[int, int] = {}
+    visited: set[int] = set()
+
+    def walk(value, depth: int) -> None:
+        if isinstance(value, torch.Tensor):
+            storage = value.untyped_storage()
+            seen[storage.data_ptr()] = storage.nbytes()
+        elif depth and id(value) not in visited and not isinstance(value, (torch.nn.Module, str, bytes, type)):
+            visited.add(id(value))
+            items = value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple)) \
+                else vars(value).values() if hasattr(value, "__dict__") else ()
+            for item in items:
+                walk(item, depth - 1)
+
     for module in model.modules():
-        for value in list(vars(module).values()) + list(module._parameters.values()) + list(module._buffers.values()):
-            if isinstance(value, torch.Tensor):
-                storage = value.untyped_storage()
-                seen[storage.data_ptr()] = storage.nbytes()
+        for value in vars(module).values():
+            walk(value, 3)
     return sum(seen.values())
 
 
