@@ -4,8 +4,8 @@
                                       (tp_memory: the memory probes of tp alone)
 
 replicas  output tok/s of streamed completions at 1, 8, 16 and 64 concurrent (--levels): one `ruvllm serve`
-          with 2 threads against `ruvllm serve --replicas 1` and `--replicas 2` (1 thread each; a local Ray
-          with 2 CPUs). Rounds alternate the order of the three servers.
+          with 2 threads and with 1 against `ruvllm serve --replicas 1` and `--replicas 2` (1 thread each; a
+          local Ray with 2 CPUs). Rounds alternate the order of the four servers.
 routing   the prefix-cache hit rate (prompt tokens found cached / looked up, summed over replicas) of a
           multi-turn chat workload (conversations whose every turn resends the whole history) through 2
           replicas with the affinity router against round-robin and random routing (`--routing ...`).
@@ -93,7 +93,8 @@ def throughput(url: str, concurrency: int, label: str) -> dict:
 
 
 def part_replicas(model: str, rounds: int, levels: list[int]) -> list[dict]:
-    configs = [("1 server, 2 threads", None, 2), ("1 replica, 1 thread", 1, 1), ("2 replicas, 1 thread each", 2, 1)]
+    configs = [("1 server, 2 threads", None, 2), ("1 server, 1 thread", None, 1), ("1 replica, 1 thread", 1, 1),
+               ("2 replicas, 1 thread each", 2, 1)]
     measured: dict[tuple[str, int], list[dict]] = {}
     for r in range(rounds):
         for name, replicas, threads in (configs if r % 2 == 0 else configs[::-1]):

@@ -56,6 +56,7 @@ def nccl_one_rank() -> str:
     import torch
     import torch.distributed as dist
 
+    torch.cuda.set_device(0)
     folder = tempfile.mkdtemp(prefix="ruvllm-nccl-check-")
     store = dist.FileStore(os.path.join(folder, "store"), 1)  # the project's rendezvous (parallel/comm.py)
     group = dist.ProcessGroupNCCL(dist.PrefixStore("compute/", store), 0, 1, dist.ProcessGroupNCCL.Options())
@@ -69,7 +70,8 @@ def nccl_one_rank() -> str:
     finally:
         if hasattr(group, "shutdown"):
             group.shutdown()
-    return f"NCCL {'.'.join(map(str, torch.cuda.nccl.version()))}"
+    version = torch.cuda.nccl.version()
+    return f"NCCL {'.'.join(map(str, version)) if isinstance(version, tuple) else version}"
 
 
 def _logits(llm, ids, tokens):
