@@ -25,6 +25,7 @@ error event), then exits with status 0. A second SIGINT exits at once.
 from __future__ import annotations
 
 import argparse
+import gc
 import logging
 import os
 import re
@@ -316,6 +317,11 @@ def run_serve(args: argparse.Namespace) -> int:
                             timeout_graceful_shutdown=int(args.shutdown_timeout) + 5, lifespan="on")
     server = GracefulServer(config, ctx, args.shutdown_timeout)
     ctx.engine.on_fatal = server.fail
+    # The model, tokenizer and app live as long as the server: out of the collector's sight, a full
+    # collection (the periodic one, or after a large body: api/request_body.py) scans only what requests
+    # made, ~3 ms instead of ~350 ms of a held GIL.
+    gc.collect()
+    gc.freeze()
     server.run()
     return server.exit_code
 
