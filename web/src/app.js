@@ -47,22 +47,33 @@ function progressRow(p) {
   row.querySelector('progress').value = p.total ? p.loaded / p.total : 0;
 }
 
+// The status while loading: files still downloading say so, whatever else has started meanwhile.
+function loadProgress(p, pending) {
+  if (p.stage === 'download') {
+    progressRow(p);
+    if (p.total && p.loaded >= p.total) pending.delete(p.file); else pending.add(p.file);
+  }
+  setStatus(pending.size ? 'downloading' : p.stage === 'boot' ? 'starting Python' : 'loading');
+}
+
 async function loadModel() {
   const url = $('model-url').value.trim() || $('model').value;
   if (!url) return showError(new Error('choose a model or type the URL of an exported model folder'));
   showError(null);
   $('send').disabled = true;
   $('progress').textContent = '';
+  $('loadtime').textContent = '-'; // not the previous model's
   await state.engine?.dispose();
   state.engine = null;
   setStatus('loading');
   const started = performance.now();
+  const pending = new Set(); // files still downloading
   try {
     state.engine = await createEngine({
       model: here(url), worker: true, precision: $('precision').value, modelName: url,
       pyodideURL: here('pyodide/'), wasmPaths: here('ort/'), ortURL: here('ort/ort.wasm.min.mjs'),
       wheelsURL: here('wheels/'), workerURL: here('ruvllm/worker.js'),
-      onProgress: (p) => (p.stage === 'download' ? progressRow(p) : setStatus(p.stage === 'boot' ? 'starting Python' : 'loading')),
+      onProgress: (p) => loadProgress(p, pending),
     });
     state.loads += 1;
     state.loadMs = performance.now() - started;
@@ -200,7 +211,10 @@ try {
   const wanted = new URLSearchParams(location.search);
   if (wanted.has('model')) $('model-url').value = wanted.get('model');
   if (wanted.has('precision')) $('precision').value = wanted.get('precision');
-  if (wanted.get('autoload') !== '0') await loadModel();
+  // A model named in the URL, or the only one built, loads at once; with a menu the user picks first.
+  const only = $('model').options.length === 1 && $('model').value;
+  if (wanted.get('autoload') !== '0' && (wanted.has('model') || only)) await loadModel();
+  else if (state.loads === 0) setStatus('choose a model');
 } catch (error) {
   showError(error);
 }
