@@ -28,7 +28,8 @@ _compiling: asyncio.Semaphore | None = None
 def tool_plan(request: Any, chat_config: Any) -> ToolPlan:
     """What the request's tools ask of the output (400 on a bad tool or tool_choice)."""
     try:
-        return plan_tools(request.tools, request.tool_choice, chat_config.templates)
+        return plan_tools(request.tools, request.tool_choice, chat_config.templates,
+                          getattr(request, "parallel_tool_calls", None))
     except GuidedError as exc:
         raise APIError(400, str(exc), exc.param) from None
 

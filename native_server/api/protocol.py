@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, Strict
+from pydantic import BaseModel, ConfigDict, Field, Strict, model_serializer
 
 Int = Annotated[int, Strict()]
 Float = Annotated[float, Strict()]  # strict floats still take JSON integers (1 -> 1.0)
@@ -97,6 +97,8 @@ class ChatCompletionRequest(SamplingFields):
                           "the chat template; calls in the model's syntax are parsed into tool_calls")
     tool_choice: Any = Field(None, description='"none", "auto" (the default with tools), "required", or '
                                                '{"type": "function", "function": {"name": ...}}')
+    parallel_tool_calls: Bool | None = Field(None, description="false: at most one tool call (a forced call's "
+                                                               "grammar closes after it)")
     add_generation_prompt: Bool = True
     chat_template_kwargs: dict[str, Any] | None = None
 
@@ -128,6 +130,28 @@ class ToolCall(BaseModel):
 
 class DeltaToolCall(ToolCall):
     index: int
+
+
+class _NoNulls(BaseModel):
+    """Fields left out rather than sent as null (OpenAI's stream pieces carry only what they add)."""
+
+    @model_serializer(mode="wrap")
+    def _drop_none(self, handler: Any) -> dict[str, Any]:
+        return {k: v for k, v in handler(self).items() if v is not None}
+
+
+class DeltaFunction(_NoNulls):
+    name: str | None = None
+    arguments: str
+
+
+class DeltaToolCallPiece(_NoNulls):
+    """A streamed piece of a call: the first carries id, type and name, the rest arguments only."""
+
+    index: int
+    id: str | None = None
+    type: Literal["function"] | None = None
+    function: DeltaFunction
 
 
 class ChatResponseMessage(BaseModel):
@@ -166,7 +190,7 @@ class ChatCompletionResponse(BaseModel):
 class ChatDelta(BaseModel):
     role: Literal["assistant"] | None = None
     content: str | None = None
-    tool_calls: list[DeltaToolCall] | None = None
+    tool_calls: list[DeltaToolCall | DeltaToolCallPiece] | None = None
 
 
 class ChatChunkChoice(BaseModel):

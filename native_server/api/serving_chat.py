@@ -23,7 +23,7 @@ from native_server.api.guided import prepare, tool_plan, with_tools
 from native_server.api.logprobs import chat_logprobs
 from native_server.api.prompts import chat_render_args, check_choices, fit_to_context, sampling_params
 from native_server.api.protocol import (ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionRequest,
-                                    ChatCompletionResponse, ChatDelta, ChatResponseMessage, DeltaToolCall, Usage)
+                                    ChatCompletionResponse, ChatDelta, ChatResponseMessage, DeltaToolCall, DeltaToolCallPiece, Usage)
 from native_server.api.serving import event_stream, run_to_end, usage_of
 from native_server.api.streaming import event
 from native_server.learning.witness_record import route, start_trace
@@ -91,12 +91,16 @@ async def _stream(ctx: ServerContext, generation: Generation, raw: Request, requ
             return chunk([ChatChunkChoice(index=delta.choice, delta=ChatDelta(content=delta.text),
                                           logprobs=logprobs, finish_reason=delta.finish_reason)])
         reader = readers[delta.choice]
-        content, calls = split_events(reader.feed(delta.text) + (reader.finish() if delta.finish_reason else []))
-        if not (content or calls or delta.finish_reason or logprobs):
+        events = reader.feed(delta.text) + (reader.finish() if delta.finish_reason else [])
+        content, calls = split_events(events)
+        if reader.streams_arguments:  # forced calls went out piece by piece: not again whole
+            pieces = [DeltaToolCallPiece(**v) for k, v in events if k == "tool_call_delta"]
+        else:
+            pieces = [DeltaToolCall(index=j, **c) for j, c in enumerate(calls)]
+        if not (content or pieces or delta.finish_reason or logprobs):
             return ""  # text held back (it may open a tool call): no event yet
-        calls = [DeltaToolCall(index=j, **c) for j, c in enumerate(calls)]
         return chunk([ChatChunkChoice(index=delta.choice, delta=ChatDelta(content=content or None,
-                                                                          tool_calls=calls or None),
+                                                                          tool_calls=pieces or None),
                                       logprobs=logprobs, finish_reason=reader.finish_reason(delta.finish_reason))])
 
     head = [chunk([ChatChunkChoice(index=i, delta=ChatDelta(role="assistant", content=""))])

@@ -150,7 +150,8 @@ class Runtime:
         request = json.loads(request_json)
         params = from_openai(request)
         try:
-            plan = plan_tools(request.get("tools"), request.get("tool_choice"), self._chat.templates) \
+            plan = plan_tools(request.get("tools"), request.get("tool_choice"), self._chat.templates,
+                              request.get("parallel_tool_calls")) \
                 if chat and self._chat is not None else NO_TOOLS
             params = apply_plan(params, plan)
             guide_for(params, self.tokenizer, self.eos_token_ids)  # compile now: a bad schema fails before the prefill

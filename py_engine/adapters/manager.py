@@ -74,6 +74,9 @@ class LoraManager:
             adapter = load_lora(adapter, self.max_rank)
         elif adapter.max_rank > self.max_rank:
             raise AdapterError(f"{adapter.path}: rank {adapter.max_rank} is above the limit of {self.max_rank}")
+        sharded = getattr(self.model, "tensor_parallel", None)  # py_engine.parallel: this rank's rows/columns
+        if sharded is not None:
+            adapter = sharded.shard_adapter(adapter)
         places = [(self._place(adapter, module_name), m) for module_name, m in adapter.modules.items()]
         self._check_base_weights(adapter)
         slot = min(set(range(len(self.slots) + 1)) - set(self.slots.values()))

@@ -56,8 +56,12 @@ class TorchBackend:
     """One sequence through the torch model, its KV cache grown as the sequence grows."""
 
     def __init__(self, model: CausalLM, config: ModelConfig, max_context: int, lora: str | None = None,
-                 kv_quant: KVQuantConfig | None = None) -> None:
+                 kv_quant: KVQuantConfig | None = None, *, logits: bool = True, mirror: Any = None) -> None:
+        """config: the one the KV cache is sized from (a sharded model's local_config). logits=False runs the
+        layers only (a tensor-parallel worker: rank 0 computes the logits); mirror: rank 0's channel to the
+        workers (py_engine.parallel.backend.SequenceMirror), which replay each prefill and decode."""
         self.model, self.config, self.max_context = model, config, max_context
+        self.logits, self.mirror = logits, mirror
         self.kv_quant = kv_quant
         manager = getattr(model, "lora", None)  # py_engine.adapters.LoraManager, when adapters are loaded
         if lora is not None and manager is None:
@@ -106,21 +110,37 @@ class TorchBackend:
         ids = torch.tensor([list(token_ids)], dtype=torch.long, device=self.device)  # [1, n]
         positions = torch.arange(self.length, self.length + n, device=self.device)[None]  # [1, n]
         with self._step(), self._adapter():
-            logits = self.model(ids, positions, self.kv, last_only=True)  # [1, 1, V]
+            logits = self._run(ids, positions)  # [1, 1, V]
         self.length += n
-        return logits[0, -1]  # [V], float32
+        return None if logits is None else logits[0, -1]  # [V], float32
+
+    def _run(self, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor | None:
+        if not self.logits:  # a tensor-parallel worker: the layers and their all-reduces, no LM head
+            self.model.model(ids, positions, self.kv)
+            return None
+        return self.model(ids, positions, self.kv, last_only=True)
 
     def prefill(self, token_ids: Sequence[int]) -> torch.Tensor:
+        if self.mirror is not None:
+            return self.mirror.run("prefill", list(token_ids), self._prefill)
+        return self._prefill(token_ids)
+
+    def decode(self, token_id: int) -> torch.Tensor:
+        if self.mirror is not None:
+            return self.mirror.run("decode", int(token_id), self._decode)
+        return self._decode(token_id)
+
+    def _prefill(self, token_ids: Sequence[int]) -> torch.Tensor:
         self.length = 0
         if hasattr(self.kv, "settled"):  # a fresh sequence in the same buffers: nothing is cold yet
             self.kv.settled = 0
         self.tokens = list(token_ids)
         return self._forward(token_ids)
 
-    def decode(self, token_id: int) -> torch.Tensor:
+    def _decode(self, token_id: int) -> torch.Tensor:
         self.tokens.append(token_id)
         if self.switch_length is not None and len(self.tokens) == self.switch_length + 1:
-            return self.prefill(self.tokens)
+            return self._prefill(self.tokens)
         return self._forward([token_id])
 
     def mask_logits(self, logits: torch.Tensor, mask: Any) -> torch.Tensor:
@@ -147,13 +167,19 @@ class LLM:
                  optimize: bool = True, quantization: str | QuantConfig | None = None,
                  lora: Mapping[str, str | Path] | None = None, max_lora_rank: int = DEFAULT_MAX_RANK,
                  xlora: str | Path | None = None, xlora_non_granular: int | None = None,
-                 kv_cache_dtype: str = "auto", kv_hot_tokens: int = DEFAULT_HOT_TOKENS) -> None:
+                 kv_cache_dtype: str = "auto", kv_hot_tokens: int = DEFAULT_HOT_TOKENS,
+                 tensor_parallel_size: int = 1) -> None:
         """lora: adapter name -> peft adapter folder, loaded unmerged (pick one per call with lora=NAME).
         xlora: a peft X-LoRA folder, applied to every call (py_engine.adapters.xlora); xlora_non_granular=k
         computes its scalings for the first k forward calls of a generation only.
         kv_cache_dtype "int8" or "int4": the two-tier KV cache (the most recent kv_hot_tokens tokens
-        in the model's dtype, older blocks quantized; py_engine/models/kv_quant.py), as the server's."""
+        in the model's dtype, older blocks quantized; py_engine/models/kv_quant.py), as the server's.
+        tensor_parallel_size N > 1: the model sharded over N processes (this one and N - 1 it spawns, gloo on
+        the CPU, NCCL on CUDA; py_engine/parallel); close() or the end of the program stops them."""
         kv_quant = dense_kv_config(kv_cache_dtype, kv_hot_tokens)  # bad values fail before the model loads
+        self._parallel = None  # py_engine.parallel.backend.ParallelLLM with tensor_parallel_size > 1
+        if tensor_parallel_size != 1 and backend != "torch":
+            raise ValueError("tensor_parallel_size applies to the torch backend")
         if backend == "onnx" and kv_quant.enabled:
             raise ValueError("kv_cache_dtype applies to the torch backend")
         self.path: Path = resolve_model(model, cache_dir)
@@ -174,6 +200,15 @@ class LLM:
             precision = {"float32": "fp32", "float16": "fp16"}.get(dtype, dtype)
             self.model, self.device = OnnxModel(self.path, precision=precision, device=device), "onnx"
             self.config = self.model.config
+        elif backend == "torch" and tensor_parallel_size != 1:
+            if xlora is not None:
+                raise ValueError("X-LoRA cannot be combined with tensor_parallel_size > 1")
+            from py_engine.parallel.backend import ParallelLLM
+            from py_engine.parallel.layout import check_world
+            self.device = pick_device(device)
+            self._parallel, self.model, self.config, self.quant_report = ParallelLLM.start(
+                check_world(tensor_parallel_size), torch.device(self.device), self.path, self.quantization, dtype,
+                optimize, lora and dict(lora), max_lora_rank, max_context, kv_quant, TorchBackend)
         elif backend == "torch":
             self.device = pick_device(device)
             self.model, self.config, self.quant_report = load_quantized(
@@ -238,7 +273,15 @@ class LLM:
             if lora is not None:
                 raise ValueError("LoRA adapters apply to the torch backend")
             return self.model.backend(self.max_context)
+        if self._parallel is not None:  # the cache of this rank's KV heads; each call replayed on the workers
+            return TorchBackend(self.model, self.model.tensor_parallel.local_config, self.max_context, lora,
+                                self.kv_quant, mirror=self._parallel.open(lora))
         return TorchBackend(self.model, self.config, self.max_context, lora, self.kv_quant)
+
+    def close(self) -> None:
+        """Stop the tensor-parallel workers (nothing to do otherwise); the LLM cannot generate after."""
+        if self._parallel is not None:
+            self._parallel.stop()
 
     def chat_prompt(self, messages: Sequence[Mapping[str, Any]], **template_kwargs: Any) -> str:
         """The model's chat template applied to messages, ending with the assistant's turn."""

@@ -136,3 +136,47 @@ def test_forced_calls_follow_the_tools_schemas():
     assert reader.finish_reason("stop") == "tool_calls" and reader.finish_reason("length") == "length"
     assert ChoiceReader(plan_tools(TOOLS, "required", SELF_MADE)).message('[{"name": "get_ti') == (
         '[{"name": "get_ti', None)  # cut short by max_tokens: the text, no calls
+
+
+def test_a_cut_output_keeps_its_complete_calls():
+    """max_tokens ended the output inside a second call: the first, complete, is returned."""
+    text = '[{"name": "get_time", "parameters": {"tz": "UTC"}}, {"name": "get_weather", "parameters": {"ci'
+    reader = ChoiceReader(plan_tools(TOOLS, "required", SELF_MADE))
+    content, calls = reader.message(text)
+    assert content is None and [(c["function"]["name"], c["function"]["arguments"]) for c in calls] == [
+        ("get_time", '{"tz": "UTC"}')]
+    assert reader.finish_reason("length") == "length"
+    named = tool_choice({"type": "function", "function": {"name": "get_weather"}}, check_tools(TOOLS))
+    assert read_forced_calls('{"city": "Ro', named) == []
+
+
+def test_without_parallel_calls_the_grammar_closes_after_one():
+    tools = check_tools(TOOLS)
+    one = dfa_for(forced_calls_grammar(tools, tool_choice("required", tools), parallel=False))
+    assert one.matches(b'[{"name": "get_time", "parameters": {}}]')
+    assert not one.matches(b'[{"name": "get_time", "parameters": {}}, {"name": "get_time", "parameters": {}}]')
+    plan = plan_tools(TOOLS, "required", SELF_MADE, parallel=False)
+    assert not plan.parallel and plan_tools(TOOLS, "required", SELF_MADE).parallel
+    with pytest.raises(GuidedError, match="parallel_tool_calls"):
+        plan_tools(TOOLS, "required", SELF_MADE, parallel="no")
+
+
+@pytest.mark.parametrize("size", [1, 2, 5, 13])
+def test_streamed_arguments_concatenate_to_the_whole_call(size):
+    """Fed in pieces of any size, the deltas open each call once (id, name) and then carry its
+    arguments, which put together are exactly the arguments of the whole calls."""
+    text = ('[{"name": "get_weather", "parameters": {"city": "Ve\\"r}ona", "days": [1, {"a": 2}]}}, '
+            '{"name": "get_time", "parameters": {"tz": "CET"}}]')
+    reader = ChoiceReader(plan_tools(TOOLS, "required", SELF_MADE))
+    events = [e for i in range(0, len(text), size) for e in reader.feed(text[i:i + size])] + reader.finish()
+    built: dict[int, list] = {}
+    for kind, value in events:
+        if kind == "tool_call_delta":
+            if "id" in value:
+                built[value["index"]] = [value["id"], value["function"]["name"], ""]
+            built[value["index"]][2] += value["function"]["arguments"]
+    (_, whole), = [e for e in events if e[0] == "tool_calls"]
+    assert [tuple(built[i]) for i in sorted(built)] == [
+        (c["id"], c["function"]["name"], c["function"]["arguments"]) for c in whole]
+    assert [json.loads(c["function"]["arguments"]) for c in whole] == [
+        {"city": 'Ve"r}ona', "days": [1, {"a": 2}]}, {"tz": "CET"}]

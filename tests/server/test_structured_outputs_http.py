@@ -93,19 +93,48 @@ def test_required_tools_return_calls_whose_arguments_validate(client):
         for call in choice.message.tool_calls:
             assert call.type == "function" and call.id.startswith("call_")
             _validate(call.function.arguments, schemas[call.function.name])
-        streamed = _stream_calls(client, dict(tools=TOOLS, tool_choice="required", max_tokens=150, seed=seed))
+        pieces: list = []
+        streamed = _stream_calls(client, dict(tools=TOOLS, tool_choice="required", max_tokens=150, seed=seed),
+                                 pieces)
+        # argument by argument as generated, and exactly the whole response's arguments when put together
         assert streamed == [(c.function.name, c.function.arguments) for c in choice.message.tool_calls]
+        assert len(pieces) > 2 * len(streamed)
 
 
-def _stream_calls(client, kwargs) -> list[tuple[str, str]]:
-    calls, finish, content = [], None, ""
+def test_one_call_without_parallel_tool_calls(client):
+    """parallel_tool_calls false with tool_choice required: the grammar closes the array after the
+    first call, so every seeded sampled request (T=1, max_tokens 80, as the issue's report) returns
+    exactly one valid call; streamed, the pieces put together are the same call."""
+    schemas = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
+    for seed in range(8):
+        body = dict(tools=TOOLS, tool_choice="required", max_tokens=80, temperature=1.0, seed=seed,
+                    parallel_tool_calls=False)
+        done = client.chat.completions.create(model="tiny", messages=USER, **body)
+        choice = done.choices[0]
+        assert choice.finish_reason == "tool_calls", (seed, choice)
+        (call,) = choice.message.tool_calls
+        _validate(call.function.arguments, schemas[call.function.name])
+        assert _stream_calls(client, body) == [(call.function.name, call.function.arguments)]
+
+
+def _stream_calls(client, kwargs, pieces: list | None = None) -> list[tuple[str, str]]:
+    """The calls of a streamed response, put together as OpenAI's clients do: by index, the name
+    from the piece that opens a call, the arguments concatenated (`pieces` collects them)."""
+    calls: dict[int, list] = {}
+    finish, content = None, ""
     for chunk in client.chat.completions.create(model="tiny", messages=USER, stream=True, **kwargs):
         for choice in chunk.choices:
             content += choice.delta.content or ""
-            calls += [(c.function.name, c.function.arguments) for c in choice.delta.tool_calls or []]
+            for c in choice.delta.tool_calls or []:
+                if c.id is not None:
+                    assert c.index not in calls and c.function.name and c.id.startswith("call_")
+                    calls[c.index] = [c.function.name, ""]
+                calls[c.index][1] += c.function.arguments or ""
+                if pieces is not None:
+                    pieces.append(c.function.arguments)
             finish = choice.finish_reason or finish
     assert finish == ("tool_calls" if calls else "stop"), finish
-    return calls
+    return [tuple(calls[i]) for i in sorted(calls)]
 
 
 def test_named_function_is_called(client):

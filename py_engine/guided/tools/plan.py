@@ -1,9 +1,16 @@
 """A request's tool handling, decided once, and one choice's output read into content and calls.
 
-    plan = plan_tools(body.get("tools"), body.get("tool_choice"), template_text)
+    plan = plan_tools(body.get("tools"), body.get("tool_choice"), template_text,
+                      body.get("parallel_tool_calls"))
     params = apply_plan(params, plan)           # the forced-call grammar, specials kept for parsers
     reader = ChoiceReader(plan)                 # per choice
     content, calls = reader.message(text)       # whole; or reader.feed(delta) ... reader.finish()
+
+A forced call (tool_choice required or named) is read as it is generated (call_scan.py): the
+reader's events then include ("tool_call_delta", {...}) in OpenAI's streamed shape (the call's
+id and name first, then its arguments piece by piece), and the whole calls once the output
+ends. Output cut by max_tokens keeps the calls that were complete. `parallel_tool_calls: false`
+allows one call: the grammar closes the array after it, and a parsed free output keeps its first.
 
 Shared by the server and the JavaScript runtime (npm/src/bridge.py), so both answer the same.
 Raises GuidedError (a 400 / InvalidRequestError) for bad tools. Stdlib only.
@@ -15,12 +22,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from py_engine.guided.errors import GuidedError
+from py_engine.guided.tools.call_scan import ARGS, ARRAY, ArgsPiece, CallScanner
 from py_engine.guided.tools.parsers import Family, family_of
-from py_engine.guided.tools.request import (ToolChoice, check_tools, forced_calls_grammar, read_forced_calls,
-                                            tool_choice)
+from py_engine.guided.tools.request import ToolChoice, check_tools, forced_calls_grammar, new_call_id, tool_choice
 from py_engine.guided.tools.streaming import ToolCallStream
 
-Event = tuple[str, Any]  # ("content", text) or ("tool_calls", [calls])
+Event = tuple[str, Any]  # ("content", text), ("tool_call_delta", {...}) or ("tool_calls", [calls])
 
 
 @dataclass(frozen=True)
@@ -28,6 +35,7 @@ class ToolPlan:
     tools: list[dict[str, Any]]
     choice: ToolChoice
     family: Family | None  # the syntax parsed out of free output (tool_choice auto)
+    parallel: bool = True  # parallel_tool_calls: false allows one call
 
     @property
     def forced(self) -> bool:
@@ -41,20 +49,23 @@ class ToolPlan:
 NO_TOOLS = ToolPlan([], ToolChoice("none"), None)
 
 
-def plan_tools(tools: Any, choice: Any, template: Any) -> ToolPlan:
-    """tools and tool_choice of a request; `template` is the chat template text (or a dict of named ones)."""
+def plan_tools(tools: Any, choice: Any, template: Any, parallel: Any = None) -> ToolPlan:
+    """tools, tool_choice and parallel_tool_calls of a request; `template` is the chat template text
+    (or a dict of named ones)."""
     checked = check_tools(tools)
     mode = tool_choice(choice, checked)
+    if parallel not in (None, True, False):
+        raise GuidedError("parallel_tool_calls must be a boolean", "parallel_tool_calls")
     if isinstance(template, dict):
         template = template.get("tool_use") or template.get("default") or "".join(template.values())
     family = family_of(template) if mode.mode == "auto" and checked else None
-    return ToolPlan(checked, mode, family)
+    return ToolPlan(checked, mode, family, parallel is not False)
 
 
 def apply_plan(params: Any, plan: ToolPlan) -> Any:
     """SamplingParams with the grammar of a forced call, and with special tokens kept in the text
     when the family's markers are special tokens (Mistral's [TOOL_CALLS], Llama's <|python_tag|>)."""
-    forced = forced_calls_grammar(plan.tools, plan.choice)
+    forced = forced_calls_grammar(plan.tools, plan.choice, plan.parallel)
     if forced is not None:
         if params.structured_outputs is not None:
             raise GuidedError("tool_choice required or a named function constrains the output; it cannot be "
@@ -71,38 +82,66 @@ class ChoiceReader:
     def __init__(self, plan: ToolPlan) -> None:
         self.plan = plan
         self.stream = ToolCallStream(plan.family) if plan.family is not None else None
+        self.scan = None
+        if plan.forced:
+            self.scan = (CallScanner(ARRAY, ("parameters",)) if plan.choice.mode == "required"
+                         else CallScanner(ARGS, name=plan.choice.name))
+        self.ids: list[str] = []  # the forced calls' ids, given as each starts
         self.text = ""
         self.called = False
+
+    @property
+    def streams_arguments(self) -> bool:
+        """Calls go out piece by piece (tool_call_delta events); the whole calls repeat them at the end."""
+        return self.scan is not None
 
     def message(self, text: str) -> tuple[str | None, list[dict[str, Any]] | None]:
         """(content, tool_calls) of a whole output."""
         events = self.feed(text) + self.finish()
-        content = "".join(v for k, v in events if k == "content")
-        calls = [c for k, v in events if k == "tool_calls" for c in v]
+        content, calls = split_events(events)
         if not self.plan.active:
             return content, None
         return content or None, calls or None
 
     def feed(self, text: str) -> list[Event]:
         self.text += text
-        if self.plan.forced:
-            return []  # a JSON the grammar forces: read whole when it ends
+        if self.scan is not None:
+            return self._deltas(self.scan.feed(text))
         return self.stream.feed(text) if self.stream is not None else ([("content", text)] if text else [])
 
     def finish(self) -> list[Event]:
-        if self.plan.forced:
-            calls = read_forced_calls(self.text, self.plan.choice)
-            events: list[Event] = [("tool_calls", calls)] if calls else [("content", self.text)] if self.text else []
+        if self.scan is not None:
+            self.scan.finish()
+            calls = [self._call(i, name, args) for i, (name, args) in enumerate(self.scan.calls)]
+            events: list[Event] = ([("tool_calls", calls[:1] if not self.plan.parallel else calls)] if calls
+                                   else [("content", self.text)] if self.text else [])
         else:
             events = self.stream.finish() if self.stream is not None else []
+            if not self.plan.parallel:
+                events = [(k, v[:1]) if k == "tool_calls" else (k, v) for k, v in events]
         self.called = any(k == "tool_calls" for k, _ in events)
         return events
 
     def finish_reason(self, reason: str | None) -> str | None:
         return "tool_calls" if reason == "stop" and self.called else reason
 
+    def _deltas(self, found: list) -> list[Event]:
+        events: list[Event] = []
+        for ev in found:
+            if isinstance(ev, ArgsPiece):
+                events.append(("tool_call_delta", {"index": ev.index, "function": {"arguments": ev.text}}))
+                continue
+            self.ids.append(new_call_id())
+            events.append(("tool_call_delta", {"index": ev.index, "id": self.ids[-1], "type": "function",
+                                               "function": {"name": ev.name, "arguments": ""}}))
+        return events
+
+    def _call(self, index: int, name: str, arguments: str) -> dict[str, Any]:
+        call_id = self.ids[index] if index < len(self.ids) else new_call_id()
+        return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+
 
 def split_events(events: list[Event]) -> tuple[str, list[dict[str, Any]]]:
-    """(content text, calls) of a list of events."""
+    """(content text, whole calls) of a list of events (the streamed pieces of calls are left out)."""
     return ("".join(v for k, v in events if k == "content"),
             [c for k, v in events if k == "tool_calls" for c in v])

@@ -24,6 +24,7 @@ from typing import Any
 
 from py_engine.guided.errors import GuidedError
 from py_engine.guided.params import StructuredOutputsParams
+from py_engine.guided.tools.call_scan import ARGS, ARRAY, CallScanner
 
 MAX_TOOLS = 128
 _NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
@@ -81,8 +82,10 @@ def tool_choice(choice: Any, tools: list[dict[str, Any]]) -> ToolChoice:
     return ToolChoice("named", name)
 
 
-def forced_calls_grammar(tools: list[dict[str, Any]], choice: ToolChoice) -> StructuredOutputsParams | None:
-    """The grammar a required or named tool choice imposes; None for none and auto."""
+def forced_calls_grammar(tools: list[dict[str, Any]], choice: ToolChoice,
+                         parallel: bool = True) -> StructuredOutputsParams | None:
+    """The grammar a required or named tool choice imposes; None for none and auto. Without
+    parallel calls the array holds exactly one: the grammar closes it after the first call."""
     if choice.mode == "named":
         tool = next(t for t in tools if t["name"] == choice.name)
         return StructuredOutputsParams(json=tool["parameters"], origin="tools")
@@ -90,19 +93,19 @@ def forced_calls_grammar(tools: list[dict[str, Any]], choice: ToolChoice) -> Str
         return None
     items = [{"type": "object", "properties": {"name": {"const": t["name"]}, "parameters": t["parameters"]},
               "required": ["name", "parameters"], "additionalProperties": False} for t in tools]
-    return StructuredOutputsParams(json={"type": "array", "minItems": 1,
-                                         "items": items[0] if len(items) == 1 else {"anyOf": items}}, origin="tools")
+    array = {"type": "array", "minItems": 1, "items": items[0] if len(items) == 1 else {"anyOf": items}}
+    if not parallel:
+        array["maxItems"] = 1
+    return StructuredOutputsParams(json=array, origin="tools")
 
 
 def read_forced_calls(text: str, choice: ToolChoice) -> list[dict[str, Any]]:
-    """The tool calls of an output generated under forced_calls_grammar ([] when it was cut short)."""
-    try:
-        value = json.loads(text)
-    except ValueError:
-        return []  # max_tokens ended it mid-JSON: finish_reason "length" says so
-    if choice.mode == "named":
-        return [tool_call(choice.name or "", value)]
-    return [tool_call(item["name"], item["parameters"]) for item in value]
+    """The complete tool calls of an output generated under forced_calls_grammar (those before a
+    max_tokens cut); arguments are the text the model wrote."""
+    scan = CallScanner(ARGS, name=choice.name) if choice.mode == "named" else CallScanner(ARRAY, ("parameters",))
+    scan.feed(text)
+    scan.finish()
+    return [tool_call(name, args) for name, args in scan.calls]
 
 
 def tool_call(name: str, arguments: Any, call_id: str | None = None) -> dict[str, Any]:
