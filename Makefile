@@ -61,8 +61,11 @@ chromium:
 			apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
 		else echo "Chromium is not installed (apt-get install chromium): the page tests will skip"; fi; }
 
+# llama.cpp's GBNF engine is the reference for grammar-constrained outputs (tests/guided/llama_grammar.py):
+# its sources come from the llama-cpp-python sdist, fetched once into .cache/llama.cpp/src.
 test-setup: setup $(JS_STAMP) chromium
 	$(PY) -m web.wheels --out npm/wheels
+	$(PY) -m tests.guided.llama_grammar --fetch
 
 # A short generation from the command line, then the OpenAI-compatible server
 # on the built-in model (Ctrl-C stops it); it prints the URL it listens on.

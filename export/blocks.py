@@ -38,7 +38,9 @@ class BlockEmitter:
         w = norm.weight.detach().float()
         if norm.unit_offset:  # Gemma scales by (1 + w), in float32 like the torch model
             w = 1.0 + w
-        return self.g.initializer(f"{name}.weight", w.numpy().astype(dtype or self.linear.float_dtype))
+        init = self.g.initializer(f"{name}.weight", w.numpy().astype(dtype or self.linear.float_dtype))
+        self.g.records[name] = {"norm": init, "eps": float(norm.eps), "unit_offset": bool(norm.unit_offset)}
+        return init
 
     def rms_norm(self, x: str, norm: RMSNorm, name: str) -> str:
         g = self.g

@@ -1,6 +1,6 @@
 """Short names for the web target's intermediate values: bytes every page load would download.
 
-A web graph carries one DequantizeLinear chain per quantized weight, and each node output is
+A web graph carries a few nodes per quantized weight (scale casts, minimums' terms), and each node output is
 named after its place in the model ("model.layers.11.mlp.gate_up_proj/dq/Reshape_output_0").
 Those names only connect nodes; renaming them to "v0", "v1", ... and dropping node names
 changes no arithmetic. The graph's inputs and outputs (the export contract) and the

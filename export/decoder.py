@@ -30,7 +30,7 @@ from .linear import Linear, PackedInits, rows_len
 from .options import ExportError, ExportOptions
 from .quantized import layer_weight
 from .rope_tables import rope_tables
-from .web_weights import gather_rows
+from .web_weights import WebInits, gather_rows
 from py_engine.models.rope import rotary_dim
 
 DTYPES = {"float32": TensorProto.FLOAT, "float16": TensorProto.FLOAT16, "int64": TensorProto.INT64}
@@ -38,10 +38,14 @@ DTYPES = {"float32": TensorProto.FLOAT, "float16": TensorProto.FLOAT16, "int64":
 
 def build_decoder(model: CausalLM, config: ModelConfig, options: ExportOptions, metadata: dict[str, str],
                   store: TensorStore | None = None,
-                  progress: Callable[[int, int], None] | None = None) -> onnx.ModelProto:
-    """The decoder ModelProto; `progress(done, total)` is called after each layer."""
+                  progress: Callable[[int, int], None] | None = None,
+                  records: dict[str, dict] | None = None) -> onnx.ModelProto:
+    """The decoder ModelProto; `progress(done, total)` is called after each layer; `records` receives which
+    initializers each projection and norm uses (export.web_engine)."""
     float_dtype = np.float16 if options.precision == "fp16" else np.float32
     g = GraphBuilder(store)
+    if records is not None:
+        g.records = records
     emit = BlockEmitter(g, config, options, Linear(g, options, float_dtype))
     io = C.IOContract.for_config(config, "float16" if float_dtype == np.float16 else "float32")
     for name, dtype, shape in io.inputs():
@@ -92,6 +96,7 @@ def attention_inputs(g: GraphBuilder, config: ModelConfig, options: ExportOption
     cos_t, sin_t, switch = rope_tables(config)
     cos = g.initializer("rope.cos_table", cos_t.astype(float_dtype))
     sin = g.initializer("rope.sin_table", sin_t.astype(float_dtype))
+    g.records["rope"] = {"cos": cos, "sin": sin}
     total = g.node("Gather", [g.node("Shape", [C.ATTENTION_MASK], "mask/shape"), g.const(1)], "mask/total")
     rot = 2 * cos_t.shape[1]
     if not options.contrib_ops:
@@ -176,19 +181,23 @@ def embed(emit: BlockEmitter, model: CausalLM) -> tuple[str, PackedInits | None]
     if isinstance(table, QuantizedWeight) or (options.quantized and options.quantize_lm_head
                                                and not options.prequantized):
         packed = emit.linear.packed(table, "model.embed_tokens")
-        if packed.packed.bits not in (4, 8):  # py_engine's quantizers keep the head (and tied table) at 4 or 8 bits
+        bits = packed.weight.bits if isinstance(packed, WebInits) else packed.packed.bits
+        if bits not in (4, 8):  # py_engine's quantizers keep the head (and tied table) at 4 or 8 bits
             raise ExportError(f"the embedding table is {packed.packed.bits}-bit; the graph gathers rows of 4- and "
                               "8-bit tables only")
-        if options.target == "web":  # the same initializers as the LM head's DequantizeLinear
-            x = gather_rows(g, packed.packed, (packed.B, packed.scales, packed.zero_points), C.INPUT_IDS,
-                            "model.embed_tokens")
+        if isinstance(packed, WebInits):  # the same initializers as the LM head's MatMulNBits
+            x = gather_rows(g, packed, C.INPUT_IDS, "model.embed_tokens")
+            width = packed.weight.k_pad
         else:
             x = emit.linear.dequantize_rows(packed.B, packed, "model.embed_tokens", None, index=C.INPUT_IDS)
-        if rows_len(packed.packed) != config.hidden_size:
+            width = rows_len(packed.packed)
+        g.records["model.embed_tokens"] = {"weight": packed}
+        if width != config.hidden_size:
             x = g.node("Slice", [x, g.const([0]), g.const([config.hidden_size]), g.const([-1])], "embed/trim")
     else:
         w = g.initializer("model.embed_tokens.weight", table.detach().float().numpy().astype(emit.linear.float_dtype))
         x = g.node("Gather", [w, C.INPUT_IDS], "model.embed_tokens/Gather", axis=0)
+        g.records["model.embed_tokens"] = {"float": w}
         packed = w
     if config.embedding_multiplier != 1.0:  # Gemma: sqrt(hidden), rounded to the activation dtype
         x = g.node("Mul", [x, g.const(config.embedding_multiplier, emit.linear.float_dtype)], "embed/scale")
@@ -196,14 +205,18 @@ def embed(emit: BlockEmitter, model: CausalLM) -> tuple[str, PackedInits | None]
     # (py_engine.adapters.merge), has a head of its own.
     tied = (config.tie_word_embeddings and isinstance(model.lm_head, torch.nn.Linear)
             and model.lm_head.weight is model.model.embed_tokens.weight)
+    # a quantized table read through the head's own module (a GGUF's tied token_embd: QuantEmbedding(tied=True))
+    tied = tied or (getattr(model.model.embed_tokens, "tied", False)
+                    and getattr(model.model.embed_tokens, "rows", None) is model.lm_head)
     return x, packed if tied else None
 
 
 def head(emit: BlockEmitter, model: CausalLM, hidden: str, tied) -> str:
     """Logits [B, T, V] float32, softcapped for Gemma 2."""
     g, config = emit.g, emit.config
-    if isinstance(tied, PackedInits):
+    if isinstance(tied, (PackedInits, WebInits)):
         logits = emit.linear.nbits(hidden, tied, "lm_head")
+        g.records["lm_head"] = {"tied": "model.embed_tokens"}
     elif isinstance(tied, str):  # float table [V, h]: Gemm with transB reads it in place
         flat = g.node("Reshape", [hidden, g.const([-1, config.hidden_size])], "lm_head/flat")
         logits = g.node("Gemm", [flat, tied], "lm_head/Gemm", transB=1)
@@ -211,6 +224,7 @@ def head(emit: BlockEmitter, model: CausalLM, hidden: str, tied) -> str:
                                                    g.const([2])], "lm_head/lead"), g.const([config.vocab_size])],
                        "lm_head/out_shape", axis=0)
         logits = g.node("Reshape", [logits, shape], "lm_head/unflat")
+        g.records["lm_head"] = {"tied": "model.embed_tokens"}
     else:
         logits = emit.linear(hidden, layer_weight(model.lm_head), None, "lm_head",
                              quantize=emit.options.quantize_lm_head)

@@ -15,6 +15,7 @@ before a weight is read.
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 import time
 from dataclasses import dataclass
@@ -34,11 +35,15 @@ from .compact import compact_names
 from .decoder import build_decoder
 from .genai_config import write_genai_config
 from .graph import TensorStore
+from .web_engine import engine_entry
 from .options import ExportError, ExportOptions, check_supported
+from .quantized import ggml_notes
 
 COPIED_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
                 "special_tokens_map.json", "chat_template.jinja")
+log = logging.getLogger("ruvllm.export")
 INLINE_LIMIT = 1 << 30  # graphs whose weights exceed 1 GiB keep them in external data files
+WEB_ALIGN = 64  # tensor offsets in a web data file (SIMD loads; no 4 KiB pages, every byte is downloaded)
 
 
 @dataclass(frozen=True)
@@ -74,19 +79,33 @@ def export_model(model_dir: str | Path, out_dir: str | Path, options: ExportOpti
                           "model has no quantized layers")
     path = onnx_dir / options.file_name
     bytes_per_weight = {"fp32": 4, "fp16": 2, "int8": 1.1, "int4": 0.6, "int2": 0.35}[options.precision]
-    external = config.num_parameters() * bytes_per_weight > INLINE_LIMIT
+    web = options.target == "web" and options.quantized
+    external = web or config.num_parameters() * bytes_per_weight > INLINE_LIMIT
     _remove_stale(onnx_dir, options.file_name)
-    store = TensorStore(onnx_dir, options.file_name) if external else TensorStore()
+    if web:  # every weight in the data file, which the page's kernels read too (export.web_engine)
+        store = TensorStore(onnx_dir, options.file_name, inline_bytes=0, align=WEB_ALIGN)
+    else:
+        store = TensorStore(onnx_dir, options.file_name) if external else TensorStore()
     metadata = _metadata(model_dir, config, options)
+    notes = ggml_notes(model)  # a GGUF's block types: exact, or re-quantized with the error stated
+    if notes:
+        metadata["ruvllm.ggml_weights"] = json.dumps(notes)
+        for note in notes:
+            if "max_abs_error" in note:
+                log.warning("%s: %d %s tensors %s: weights within %.3g of the file's (relative RMS %.2g%%)",
+                            path.name, note["tensors"], note["type"], note["form"], note["max_abs_error"],
+                            100 * note["relative_rms_error"])
+    records: dict[str, dict] = {}
     try:
-        proto = build_decoder(model, config, options, metadata, store, progress)
+        proto = build_decoder(model, config, options, metadata, store, progress, records)
     finally:
         store.close()
+    engine = engine_entry(proto.graph, records, config) if web else None
     if options.target == "web":  # what a page downloads: short intermediate names (export/compact.py)
         compact_names(proto.graph)
     onnx.save_model(proto, path)
     files = (path,) + tuple(onnx_dir / f for f in store.files)
-    _copy_shared_files(model_dir, out_dir, config, options, sum(f.stat().st_size for f in files))
+    _copy_shared_files(model_dir, out_dir, config, options, sum(f.stat().st_size for f in files), engine)
     return ExportResult(path, files, time.perf_counter() - start)
 
 
@@ -110,13 +129,15 @@ def _remove_stale(onnx_dir: Path, file_name: str) -> None:
 
 
 def _copy_shared_files(model_dir: Path, out_dir: Path, config: ModelConfig, options: ExportOptions,
-                       size: int) -> None:
+                       size: int, engine: dict | None = None) -> None:
     for name in COPIED_FILES:
         if (model_dir / name).exists():
             shutil.copyfile(model_dir / name, out_dir / name)
     kv_dtype = "float16" if options.precision == "fp16" else "float32"
     sha = C.config_hash((model_dir / "config.json").read_bytes())
     entry = manifest.file_entry(options, config, kv_dtype, sha, size)
+    if engine is not None:
+        entry["engine"] = engine
     files = manifest.merged_files(out_dir, {f"onnx/{options.file_name}": entry})
     runtimes = manifest.runtime_files(files)
     # The top-level inputs/outputs describe float32 caches whenever such a graph is here; an fp16

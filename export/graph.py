@@ -28,8 +28,11 @@ INLINE_BYTES = 1024  # tensors this small stay in the graph even with external d
 class TensorStore:
     """Turns arrays into TensorProtos, inline or in external data files next to the model."""
 
-    def __init__(self, folder: Path | None = None, stem: str = "model.onnx") -> None:
+    def __init__(self, folder: Path | None = None, stem: str = "model.onnx", inline_bytes: int = INLINE_BYTES,
+                 align: int = ALIGN) -> None:
         self.folder, self.stem = folder, stem
+        self.inline_bytes = inline_bytes  # the web target keeps every weight external (export.web_engine reads them)
+        self.align = align  # the web target: 64 (nothing maps its file; every padding byte is downloaded)
         self.files: list[str] = []
         self._handle = None
         self._offset = 0
@@ -39,11 +42,11 @@ class TensorStore:
     def external(self) -> bool:
         return self.folder is not None
 
-    def tensor(self, name: str, array: np.ndarray) -> TensorProto:
+    def tensor(self, name: str, array: np.ndarray, inline: bool = False) -> TensorProto:
         array = np.asarray(array)
         if not array.flags.c_contiguous:  # (np.ascontiguousarray would turn a scalar into [1])
             array = array.copy()
-        if not self.external or array.nbytes <= INLINE_BYTES:
+        if inline or not self.external or array.nbytes <= self.inline_bytes:
             return numpy_helper.from_array(array, name)
         proto = numpy_helper.from_array(np.zeros((0,), array.dtype), name)
         proto.ClearField("dims")
@@ -54,7 +57,7 @@ class TensorStore:
     def raw_tensor(self, name: str, data_type: int, dims: Sequence[int], data: bytes) -> TensorProto:
         """A tensor from its stored bytes, for types numpy lacks (4-bit: two values a byte, low first)."""
         proto = TensorProto(name=name, data_type=data_type, dims=list(dims))
-        if not self.external or len(data) <= INLINE_BYTES:
+        if not self.external or len(data) <= self.inline_bytes:
             proto.raw_data = data
             return proto
         return self._external(proto, data)
@@ -69,7 +72,7 @@ class TensorStore:
     def _write(self, data: bytes) -> tuple[str, int]:
         if self._handle is None or self._offset + len(data) > MAX_DATA_FILE and self._offset > 0:
             self._open_next()
-        pad = -self._offset % ALIGN
+        pad = -self._offset % self.align
         self._handle.write(b"\0" * pad)
         offset = self._offset + pad
         self._handle.write(data)
@@ -104,6 +107,7 @@ class GraphBuilder:
         self._counter = itertools.count()
         self.uses_ms_domain = False
         self.opset = OPSET  # raised to OPSET_2BIT by a 2-bit tensor, so other graphs keep their bytes
+        self.records: dict[str, dict] = {}  # projection / norm name -> its initializers (export.web_engine)
 
     def unique(self, base: str) -> str:
         name = base
@@ -122,9 +126,9 @@ class GraphBuilder:
         self.nodes.append(helper.make_node(op, list(inputs), outs, name=name, domain=domain or "", **attrs))
         return outs[0] if outputs == 1 else outs
 
-    def initializer(self, name: str, array: np.ndarray) -> str:
+    def initializer(self, name: str, array: np.ndarray, inline: bool = False) -> str:
         name = self.unique(name)
-        self.initializers.append(self.store.tensor(name, array))
+        self.initializers.append(self.store.tensor(name, array, inline))
         return name
 
     def raw_initializer(self, name: str, data_type: int, dims: Sequence[int], data: np.ndarray) -> str:
@@ -139,7 +143,7 @@ class GraphBuilder:
         key = (array.dtype.str, array.shape, array.tobytes())
         if key not in self._consts:
             self._consts[key] = self.initializer(f"const/{array.dtype}/{'_'.join(map(str, array.ravel()[:4]))}",
-                                                 array)
+                                                 array, inline=array.nbytes <= INLINE_BYTES)
         return self._consts[key]
 
     def add_input(self, name: str, elem_type: int, shape: Sequence[int | str]) -> str:

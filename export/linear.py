@@ -4,13 +4,11 @@
 
 - fp32 / fp16: W^T as a [K, N] initializer and MatMul.
 - int8 / int4, native: MatMulNBits over the packed codes (export.packing).
-- int8 / int4, web: the same codes as 4/8-bit ONNX tensors, one
-  DequantizeLinear each that onnxruntime folds into a float weight at session
-  start, then a float Gemm (the fast kernel in onnxruntime-web); see
-  export.web_weights for why a single op and the session option it needs.
-A quantized tied embedding reads the LM head's stored rows (native: Gather
-and bit ops below; web: GatherBlockQuantized) and dequantizes only the rows it
-needs, so the table is stored once.
+- int8 / int4, web: MatMulNBits over the same codes with float16 scales where
+  they are exact and a minimums term for asymmetric blocks (export.web_weights),
+  every weight in one external file the page's wasm kernels read too.
+A quantized tied embedding reads the LM head's stored rows (Gather and bit ops)
+and dequantizes only the rows it needs, so the table is stored once.
 A weight that arrives as a `QuantizedWeight` (a QuantLinear of an AWQ / GPTQ /
 RTN model, see export.quantized) is packed as it is, whatever the options' precision;
 an act-order one (`PermutedWeight`) reads x[..., perm] through a Gather first.
@@ -28,7 +26,7 @@ from .graph import MS_DOMAIN, GraphBuilder
 from .options import ExportOptions
 from .packing import PackedNBits, pack_matmul_nbits
 from .quantized import PermutedWeight, Weight, for_matmul_nbits
-from .web_weights import dequantized, gemm, web_initializers
+from .web_weights import ENGINE_BLOCK, WebInits, matmul, web_initializers, web_weight
 
 
 @dataclass
@@ -44,40 +42,47 @@ class Linear:
             perm = self.g.initializer(f"{name}.perm", weight.perm.numpy().astype(np.int64))
             x = self.g.node("Gather", [x, perm], f"{name}/ActOrderGather", axis=-1)  # [..., K]
             weight = weight.weight
+        record = {}
         if isinstance(weight, QuantizedWeight) or (self.options.quantized and quantize
                                                    and not self.options.prequantized):
             packed = self.packed(weight, name)
             y = self.nbits(x, packed, name)
+            record = {"weight": packed}
         else:
             w = self.g.initializer(f"{name}.weight", weight.detach().float().T.numpy().astype(self.float_dtype))
             y = self.g.node("MatMul", [x, w], f"{name}/MatMul")
+            record = {"float": w}
         if bias is not None:
             b = self.g.initializer(f"{name}.bias", bias.detach().float().numpy().astype(self.float_dtype))
             y = self.g.node("Add", [y, b], f"{name}/Add")
+            record["bias"] = b
+        self.g.records[name] = record  # export.web_engine: where the page's kernels find this projection
         return y
 
     def quantize(self, weight: Tensor) -> QuantizedWeight:
         o = self.options
         return quantize_rtn(weight, o.bits, o.block_size, o.symmetric)
 
-    def packed(self, weight: Tensor | QuantizedWeight, name: str) -> "PackedInits":
-        if isinstance(weight, QuantizedWeight):  # already quantized by the model's own method
-            p = pack_matmul_nbits(for_matmul_nbits(weight, name))
+    def packed(self, weight: Tensor | QuantizedWeight, name: str) -> "PackedInits | WebInits":
+        g, web = self.g, self.options.target == "web"
+        if isinstance(weight, QuantizedWeight):
+            q = for_matmul_nbits(weight, name, ENGINE_BLOCK) if web else for_matmul_nbits(weight, name)
         else:
-            p = pack_matmul_nbits(self.quantize(weight))
-        g = self.g
-        if self.options.target == "web":
-            return PackedInits(p, *web_initializers(g, p, name, self.float_dtype))
+            q = self.quantize(weight)
+        if web or (q.bits == 8 and q.offsets is not None):
+            # onnxruntime's MatMulNBits takes float zero points at 2 and 4 bits only: 8-bit codes with float
+            # minimums (GGUF Q5_1 / Q5_K, or a fused projection beside a Q4_K) take the web form's minimums term
+            return web_initializers(g, web_weight(q), name)
+        p = pack_matmul_nbits(q)
         zp = None if p.zero_points is None else g.initializer(
             f"{name}.weight_zp", p.zero_points.astype(self.float_dtype) if p.offsets is not None else p.zero_points)
         return PackedInits(p, g.initializer(f"{name}.weight_q{p.bits}", p.B),
                            g.initializer(f"{name}.weight_scales", p.scales.astype(self.float_dtype)), zp)
 
-    def nbits(self, x: str, w: "PackedInits", name: str) -> str:
+    def nbits(self, x: str, w: "PackedInits | WebInits", name: str) -> str:
+        if isinstance(w, WebInits):
+            return matmul(self.g, x, w, name, self.options.accuracy_level)
         p = w.packed
-        if self.options.target == "web":
-            weight = dequantized(self.g, p, (w.B, w.scales, w.zero_points), name)  # [N, K], folded
-            return gemm(self.g, x, weight, None, p.N, p.K, name)
         inputs = [x, w.B, w.scales] + ([w.zero_points] if w.zero_points else [])
         return self.g.node("MatMulNBits", inputs, f"{name}/MatMulNBits", domain=MS_DOMAIN, K=p.K, N=p.N,
                            bits=p.bits, block_size=p.block_size, accuracy_level=self.options.accuracy_level)

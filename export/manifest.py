@@ -1,37 +1,30 @@
 """Which graph file each runtime should load, written into `ruvllm_contract.json`.
 
 An export folder can hold one graph per (precision, target): `ruvllm export`
-writes the int4/int8 weights twice by default, as MatMulNBits kernels
-(`onnx/model_q4.onnx`, the transformers.js name) and as packed bytes that
-onnxruntime dequantizes once at session creation (`onnx/model_q4_web.onnx`),
-because the fastest choice depends on the runtime (benchmarks/onnx_runtimes.py,
-results in benchmarks/results/onnx_runtimes*.json; decode tok/s, 1 thread):
-
-- onnxruntime-web (wasm): its MatMulNBits kernel is far slower than its float
-  MatMul, so the web graph wins: 4x on tiny-shakespeare (41 vs 10.5), 7x on a
-  123M-parameter model (4.9 vs 0.7), 6.5x on Qwen2.5-0.5B's shape (1.3 vs
-  0.2), at the memory of float weights (paid once, at session start).
-- onnxruntime (CPython), onnxruntime-node, onnxruntime-genai: MatMulNBits is
-  fast and keeps the weights packed, so native wins (node, 123M: 65 vs 12;
-  0.5B: 12.9 vs 3.5).
+writes the int4/int8 weights twice by default, as MatMulNBits kernels over
+inline float32 scales (`onnx/model_q4.onnx`, the transformers.js name) and as
+the web form (`onnx/model_q4_web.onnx` + `_data`: the same MatMulNBits over
+codes, float16 scales where exact, every weight in one data file that the
+page's own wasm kernels read too; export.web_weights, export.web_engine).
+Measured (benchmarks/web_matmul_options.py): onnxruntime-web's wasm
+MatMulNBits is ~5x slower than its float MatMul, and the page's kernels ~3x
+faster than that float MatMul, so the browser runs the web file with its own
+kernels where the `engine` entry allows, and in onnxruntime-web (WebGPU, or
+wasm) otherwise; onnxruntime in CPython and Node takes either file.
 
 The contract file gains two keys (the rest of it is export.contract's):
 
     "files":    {"onnx/model_q4_web.onnx": {"precision": "int4", "target": "web",
-                  "kv_dtype": "float32", "session_options": {"session.disable_quant_qdq": "1"},
-                  "bytes": ..., ...}, ...}
+                  "kv_dtype": "float32", "session_options": {}, "bytes": ..., "engine": {...}}, ...}
     "runtimes": {"onnxruntime-web": {"default": "onnx/model_q4_web.onnx",
                   "int4": "onnx/model_q4_web.onnx", "fp32": "onnx/model.onnx"}, ...}
 
 `files` lists every graph in the folder (merged across exports of the same
-checkpoint) with the session config entries it needs (onnxruntime-web:
-`sessionOptions.extra = {session: {disable_quant_qdq: "1"}}`; CPython:
-`SessionOptions.add_session_config_entry`); `runtimes` maps each runtime and
-precision to the file it should load, and `default` to the precision it
-should pick when not told (the smallest download that runs fastest there).
-Consumers read `runtimes`; the preference tables below are the measured
-decision, kept as data. "onnxruntime-web" means its wasm backend: WebGPU,
-whose fast 4-bit path is MatMulNBits, was not measured (no GPU here).
+checkpoint) with the session config entries it needs and its size (graph and
+data files); `runtimes` maps each runtime and precision to the file it should
+load, and `default` to the precision it should pick when not told (the
+smallest download that runs fastest there). Consumers read `runtimes`; the
+preference tables below are the measured decision, kept as data.
 """
 from __future__ import annotations
 
@@ -50,11 +43,9 @@ TARGET_PREFERENCE: dict[str, tuple[str, ...]] = {
     "onnxruntime": ("native", "web", "plain"),
     "onnxruntime-genai": ("native", "web", "plain"),
 }
-# Largest folded float weights (bytes) a web graph may have for the runtime to be pointed at it:
-# onnxruntime-web's wasm heap is at most 4 GiB and folding peaks near twice the folded size (the
-# folded tensor and its copy into the session) plus the graph's bytes. Measured in Node: Qwen2.5-0.5B's
-# shape (1.98 GB folded) loads at 4.4 GB peak RSS, at the ceiling; larger models get native instead.
-FOLDED_LIMIT: dict[str, int] = {"onnxruntime-web": 2 << 30}
+# Largest weights (bytes) a graph may have for the runtime to be pointed at it: wasm's heap is 4 GiB,
+# and the page holds the codes once (plus float32 copies of the scales and the KV cache).
+FOLDED_LIMIT: dict[str, int] = {"onnxruntime-web": 3 << 30}
 # Precisions in order of preference when the caller does not name one. int2 comes last: only a model quantized
 # to 2 bits exports it, and 2 bits cost far more than 4 (GPTQ: +3.2% perplexity on the built-in model, +1013% on
 # stories260K; README's Quantization), so a folder that also holds another precision does not hand it out unasked.
@@ -66,24 +57,16 @@ PRECISION_PREFERENCE: dict[str, tuple[str, ...]] = {
 }
 
 
-# Session config entries a file needs to run as measured (export.web_weights: without it onnxruntime
-# keeps the web graph's DequantizeLinear nodes and dequantizes every weight on every call).
-WEB_SESSION_OPTIONS = {"session.disable_quant_qdq": "1"}
-
-
 def session_options(options: ExportOptions) -> dict[str, str]:
-    return dict(WEB_SESSION_OPTIONS) if options.quantized and options.target == "web" else {}
+    """Session config entries a file needs (none today; kept so a file can ask for some)."""
+    return {}
 
 
-def folded_bytes(config: ModelConfig, options: ExportOptions) -> int | None:
-    """Float32 bytes a web graph's weights take once onnxruntime has folded them (None: not a web graph).
-
-    Every quantized weight becomes float32; the embedding table stays packed (GatherBlockQuantized).
-    """
+def folded_bytes(config: ModelConfig, options: ExportOptions, size: int | None = None) -> int | None:
+    """Bytes of weights a web graph's runtime holds: its files' size (the codes stay codes); None otherwise."""
     if not (options.quantized and options.target == "web"):
         return None
-    embed = 0 if config.tie_word_embeddings else config.vocab_size * config.hidden_size
-    return 4 * (config.num_parameters() - embed)
+    return size
 
 
 def file_entry(options: ExportOptions, config: ModelConfig, kv_dtype: str, config_sha256: str,
@@ -91,7 +74,7 @@ def file_entry(options: ExportOptions, config: ModelConfig, kv_dtype: str, confi
     return {"precision": options.precision, "target": options.target, "kv_dtype": kv_dtype,
             "block_size": options.block_size if options.quantized else None,
             "symmetric": options.symmetric if options.quantized else None,
-            "session_options": session_options(options), "folded_bytes": folded_bytes(config, options),
+            "session_options": session_options(options), "folded_bytes": folded_bytes(config, options, size),
             "config_sha256": config_sha256, "bytes": size}
 
 

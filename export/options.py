@@ -8,10 +8,9 @@ quantization  none: int8/int4 weights are RTN-quantized here from the float mode
             awq, gptq, or the layout of a pre-quantized checkpoint): the model's own QuantLinear codes,
             scales and zero points are packed as they are, layers it left float stay float
 target      native: onnxruntime contrib ops, quantized weights run by MatMulNBits;
-            web: the same fused ops, but quantized weights are stored packed and
-                 dequantized by one DequantizeLinear each that onnxruntime constant-folds
-                 when the session starts (export.web_weights), because onnxruntime-web's
-                 wasm MatMulNBits is ~10x slower than its float MatMul;
+            web: the same fused ops, every weight in one data file beside the graph, quantized
+                 ones as MatMulNBits codes with float16 scales where exact (export.web_weights),
+                 which the page's own wasm kernels read too (export.web_engine);
             plain: standard ONNX operators only, for runtimes without contrib ops.
 """
 from __future__ import annotations

@@ -36,7 +36,7 @@ from py_engine.hub import BUILTIN_MODEL, load_aliases, resolve_model
 logger = logging.getLogger("ruvllm.server")
 
 WEB_DIST = Path(__file__).resolve().parent.parent / "web" / "dist"
-__all__ = ["add_serve_parser", "allowed_hosts", "parse_size", "run_serve"]
+__all__ = ["add_serve_parser", "allowed_hosts", "build_server", "parse_serve_args", "parse_size", "run_serve"]
 
 
 def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -59,6 +59,20 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
                       help="POST /v1/load_lora_adapter and /v1/unload_lora_adapter (needs --lora-dir)")
     lora.add_argument("--lora-dir", type=Path, metavar="DIR",
                       help="with --enable-runtime-lora: the only folder adapters may be loaded from")
+    cluster = p.add_argument_group("replicas on Ray Serve (native_server/cluster; pip install 'ruvllm[cluster]')")
+    cluster.add_argument("--replicas", type=positive, metavar="N",
+                         help="serve N copies of the engine behind one endpoint with Ray Serve, each request routed "
+                              "to its user's replica, else the one holding its prompt prefix, else the least loaded")
+    cluster.add_argument("--ray-address", metavar="ADDR",
+                         help="join a running Ray cluster (ray start --head ...; 'auto' finds a local one); default: "
+                              "start Ray on this machine, bound to 127.0.0.1")
+    cluster.add_argument("--cpus-per-replica", type=positive, default=1, metavar="C",
+                         help="CPUs Ray reserves for each replica, and its torch threads (default 1)")
+    cluster.add_argument("--gpus-per-replica", type=float, default=0.0, metavar="G",
+                         help="GPUs Ray reserves for each replica (default 0)")
+    cluster.add_argument("--routing", default="affinity", choices=["affinity", "random", "least-loaded"],
+                         help="affinity: the user's replica, else the one holding the prompt's prefix, else the least "
+                              "loaded (default); random and least-loaded alone are for A/B measurements")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     p.add_argument("--allowed-hosts", metavar="NAMES",
                    help="comma-separated Host names to answer besides loopback ones, e.g. api.example.com,"
@@ -89,6 +103,16 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="the demo page served at / (default: web/dist, built by `ruvllm web build`)")
     p.set_defaults(func=run_serve)
     return p
+
+
+def served_name(model: str, path: Path) -> str:
+    """The name clients send and see for MODEL when --served-model-name is not given: MODEL itself (an alias, a
+    repo id), or for a path on disk its last part without a .gguf suffix (`smol-q4km.gguf` -> `smol-q4km`), never
+    the folder it resolved to (a GGUF's is named with a hash) nor where it lies."""
+    local = Path(model).expanduser()
+    if not local.exists():
+        return model
+    return local.stem if local.is_file() and local.suffix.lower() == ".gguf" else local.resolve().name or path.name
 
 
 def _aliases(model: str, path: Path) -> tuple[str, ...]:
@@ -169,12 +193,11 @@ def _start_learning(ctx: Any, args: argparse.Namespace, config: Any, path: Path,
                 f"sona-v{sona.version}" if sona.version else "none yet")
 
 
-def run_serve(args: argparse.Namespace) -> int:
+def build_server(args: argparse.Namespace) -> tuple[Any, Any]:
+    """The app and its ServerContext (engine not started: the app's lifespan starts it), from serve's options;
+    `ruvllm serve` runs it under uvicorn, each Ray Serve replica (native_server/cluster) in its own process."""
     try:  # the server's dependencies are an extra: the rest of the CLI runs without them
-        import uvicorn
-
         from native_server.api.app import create_app
-        from native_server.api.http_server import GracefulServer
     except ImportError as exc:
         raise ImportError(f"`ruvllm serve` needs the server extra: pip install 'ruvllm[server]' ({exc})") from exc
     from native_server.engine.async_engine import AsyncEngine
@@ -184,13 +207,12 @@ def run_serve(args: argparse.Namespace) -> int:
     if args.learning and args.witness_log is None:
         raise ValueError("--learning needs --witness-log DIR (the feedback it learns from and its adapters live "
                          "there)")
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.enable_runtime_lora and (args.lora_dir is None or not args.lora_dir.is_dir()):
         raise ValueError("--enable-runtime-lora needs --lora-dir DIR, an existing folder adapters are loaded from")
     sona_config = _learning_config(args) if args.learning else None
     path = resolve_model(args.model, args.cache_dir)
-    # A folder given by path is served under its name: a path on disk is nothing for clients to see.
-    name = args.served_model_name or (path.name if Path(args.model).expanduser().exists() else args.model)
+    # A path on disk is nothing for clients to see: a folder or file is served under its own name.
+    name = args.served_model_name or served_name(args.model, path)
     config = EngineConfig.from_cli_args(args, model=str(path), served_model_name=name,
                                         enable_lora=args.enable_runtime_lora or args.learning)
     if sona_config is not None:  # room for every session's MicroLoRA and the consolidated versions
@@ -212,10 +234,29 @@ def run_serve(args: argparse.Namespace) -> int:
     app = create_app(ctx, api_key=args.api_key, static_dir=args.web_dir, shutdown_timeout=args.shutdown_timeout,
                      body_timeout=args.request_body_timeout, allowed_hosts=allowed_hosts(args.host, args.allowed_hosts),
                      runtime_lora=args.enable_runtime_lora)
+    return app, ctx
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        import uvicorn
+
+        from native_server.api.http_server import GracefulServer
+    except ImportError as exc:
+        raise ImportError(f"`ruvllm serve` needs the server extra: pip install 'ruvllm[server]' ({exc})") from exc
+    app, ctx = build_server(args)
     # uvicorn's own graceful timeout is the backstop should a connection outlive the engine's drain.
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
                             timeout_graceful_shutdown=int(args.shutdown_timeout) + 5, lifespan="on")
     server = GracefulServer(config, ctx, args.shutdown_timeout)
-    async_engine.on_fatal = server.fail
+    ctx.engine.on_fatal = server.fail
     server.run()
     return server.exit_code
+
+
+def parse_serve_args(argv: list[str]) -> argparse.Namespace:
+    """`ruvllm serve ARGV...`'s options, parsed as the command line does (Ray Serve replicas use it)."""
+    parser = argparse.ArgumentParser(prog="ruvllm")
+    add_serve_parser(parser.add_subparsers(dest="command"))
+    return parser.parse_args(["serve", *argv])

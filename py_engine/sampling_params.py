@@ -280,8 +280,9 @@ _GUIDED_FIELDS = {"guided_json": "json", "guided_regex": "regex", "guided_choice
 
 def structured_outputs_from_openai(request: Mapping[str, Any]) -> StructuredOutputsParams | None:
     """The output constraint of a request: `response_format` (OpenAI: json_object, or json_schema
-    with its `schema`), vLLM's `structured_outputs` {json, regex, choice, ...}, or its older
-    `guided_json` / `guided_regex` / `guided_choice`. At most one of them may constrain."""
+    with its `schema`), vLLM's `structured_outputs` {json, regex, choice, grammar, ...}, its older
+    `guided_json` / `guided_regex` / `guided_choice` / `guided_grammar`, or llama.cpp's `grammar`
+    (GBNF). At most one of them may constrain."""
     found: list[tuple[str, StructuredOutputsParams]] = []
     fmt = request.get("response_format")
     if fmt is not None:
@@ -289,18 +290,30 @@ def structured_outputs_from_openai(request: Mapping[str, Any]) -> StructuredOutp
         if spec is not None:
             found.append(("response_format", spec))
     if request.get("structured_outputs") is not None:
-        found.append(("structured_outputs", StructuredOutputsParams.from_dict(request["structured_outputs"])))
+        found.append(("structured_outputs", _named(lambda: StructuredOutputsParams.from_dict(
+            request["structured_outputs"]), "structured_outputs")))
     guided = {new: request[old] for old, new in _GUIDED_FIELDS.items() if request.get(old) is not None}
     if guided and set(guided) != {"whitespace_pattern"}:
-        found.append(("guided_*", StructuredOutputsParams.from_dict(guided, "guided_json")))
+        sent = next(old for old, new in _GUIDED_FIELDS.items() if new in guided and new != "whitespace_pattern")
+        found.append((sent, _named(lambda: StructuredOutputsParams.from_dict(guided, sent), sent)))
+    if request.get("grammar") is not None:
+        found.append(("grammar", _named(lambda: StructuredOutputsParams(grammar=request["grammar"]), "grammar")))
     if len(found) > 1:
         raise GuidedError(f"{' and '.join(name for name, _ in found)} both constrain the output; give one",
                           found[1][0])
     if not found:
         return None
     origin, spec = found[0]
-    object.__setattr__(spec, "origin", "guided_json" if origin == "guided_*" else origin)  # for error messages
+    object.__setattr__(spec, "origin", origin)  # the field sent, for error messages
     return spec
+
+
+def _named(build: Any, sent: str) -> StructuredOutputsParams:
+    """build(), its GuidedError naming the field the client sent (a GBNF error says "grammar")."""
+    try:
+        return build()
+    except GuidedError as exc:
+        raise GuidedError(str(exc), sent) from None
 
 
 def _response_format(fmt: Any) -> StructuredOutputsParams | None:

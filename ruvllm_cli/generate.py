@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from typing import Any
@@ -59,6 +60,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
               xlora=xlora, xlora_non_granular=non_granular, kv_cache_dtype=args.kv_cache_dtype,
               kv_hot_tokens=args.kv_hot_tokens)
     params = sampling_params(args, llm.generation_config)
+    if args.grammar_file is not None:
+        params = dataclasses.replace(params, structured_outputs=grammar_from_file(args.grammar_file))
     if args.json:
         if llm.xlora is not None:  # log the scalings behind each token
             llm.xlora.scalings_log = []
@@ -76,12 +79,24 @@ def cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def grammar_from_file(path: str) -> Any:
+    """A GBNF grammar file (llama.cpp's --grammar-file) as the output's constraint."""
+    from py_engine.guided import StructuredOutputsParams
+    from py_engine.guided.gbnf import MAX_GRAMMAR_CHARS
+
+    with open(path, encoding="utf-8") as f:
+        text = f.read(MAX_GRAMMAR_CHARS + 1)
+    return StructuredOutputsParams(grammar=text)
+
+
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("generate", help="generate text from a prompt, streamed to the terminal")
     p.add_argument("prompt", nargs="?", default="", metavar="PROMPT", help="the prompt (empty: start from BOS)")
     p.add_argument("--model", "-m", default=BUILTIN, help=f"local dir, alias, cached repo id (default {BUILTIN})")
     sampling_options(p, max_tokens=128)
     model_options(p)
+    p.add_argument("--grammar-file", metavar="FILE",
+                   help="a llama.cpp GBNF grammar (root ::= ...) the output follows (docs/structured-outputs.md)")
     p.add_argument("--json", action="store_true",
                    help='print one object {"text", "prompt_token_ids", "token_ids", "finish_reason"}; with '
                         '--xlora also "adapter_weights": per generated token, each expert\'s weight')

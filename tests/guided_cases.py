@@ -5,6 +5,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from tests.gbnf_cases import LIST
+from tests.gbnf_cases import MAX_TOKENS as GBNF_MAX_TOKENS
+from tests.gbnf_cases import PROMPT as GBNF_PROMPT
+
 PROMPT = "To be, or not"
 PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 10},
                                            "age": {"type": "integer", "minimum": 0, "maximum": 120}},
@@ -23,6 +27,9 @@ GUIDED = {
                                           "tool_choice": "required"}},
     "tools_streamed": {"kind": "chat", "request": {"messages": USER, "max_tokens": 60, "seed": 2, "tools": TOOLS,
                                                    "tool_choice": "required", "stream": True}},
+    # llama.cpp's list grammar (GBNF, tests/gbnf_cases.py): the same tokens as CPython's LLM.generate
+    "gbnf": {"kind": "text", "request": {"prompt": GBNF_PROMPT, "max_tokens": GBNF_MAX_TOKENS, "temperature": 1.0,
+                                         "seed": 1, "grammar": LIST}},
     "bad_schema": {"kind": "chat", "request": {"messages": USER, "response_format": {
         "type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "string", "contentSchema": {}}}}}},
 }
@@ -55,9 +62,13 @@ def check_guided_run(got: dict, export: Path, strict: bool) -> None:
     from py_engine import LLM
 
     llm = LLM(str(export), backend="onnx", dtype="fp32")
-    for request in ("schema", "regex", "tools"):
+    for request in ("schema", "regex", "tools", "gbnf"):
         ids, _ = guided_reference(llm, export, request)
         assert got[request]["ids"] == ids, request
+    from tests.guided.llama_grammar import llama_grammar_checker
+
+    verdict = llama_grammar_checker()(LIST, [got["gbnf"]["content"]])
+    assert verdict == ["complete" if got["gbnf"]["finish"] == "stop" else "prefix"], (got["gbnf"], verdict)
     if got["schema"]["finish"] == "stop":
         jsonschema.validate(json.loads(got["schema"]["content"]), PERSON)
     calls = got["tools"]["calls"]

@@ -11,10 +11,11 @@ function rates(started, stamps) {
     decodeTokPerS: stamps.length > 1 ? (stamps.length - 1) / ((last - first) / 1000) : 0 };
 }
 
-export async function ours({ model, precision = 'auto', file = null, threads = 2, prompt, tokens }) {
+export async function ours({ model, precision = 'auto', file = null, threads = 2, prompt, tokens, device = 'wasm' }) {
   const t0 = performance.now();
-  const engine = await createEngine({ model: here(`models/${model}/`), precision, file, threads, worker: true,
+  const engine = await createEngine({ model: here(`models/${model}/`), precision, file, threads, worker: true, device,
     pyodideURL: here('pyodide/'), wasmPaths: here('ort/'), ortURL: here('ort/ort.wasm.min.mjs'),
+    ortWebgpuURL: here('ort/ort.webgpu.min.mjs'),
     wheelsURL: here('wheels/'), workerURL: here('ruvllm/worker.js') });
   const loadMs = performance.now() - t0;
   const stamps = [];
@@ -52,4 +53,30 @@ export async function transformersjs({ model, dtype, threads = 2, prompt, tokens
     ...rates(started, stamps), promptTokens: inputs.input_ids.dims[1] };
   await lm.dispose();
   return out;
+}
+
+/** wllama (llama.cpp compiled to wasm, from npm) on a GGUF file, timed the same way. cold: its cache emptied. */
+export async function wllama({ gguf, threads = 2, prompt, tokens, cold = true }) {
+  const t0 = performance.now();
+  const { Wllama } = await import('./wllama/esm/index.js');
+  const w = new Wllama({ default: here('wllama/esm/wasm/wllama.wasm') }, { suppressNativeLog: true });
+  if (cold) await w.cacheManager.clear();
+  const bootMs = performance.now() - t0;
+  await w.loadModelFromUrl(here(gguf), { n_threads: threads, n_ctx: 512, n_gpu_layers: 0 });
+  const loadMs = performance.now() - t0;
+  const stamps = [];
+  const started = performance.now();
+  const stream = await w.createCompletion({ prompt, max_tokens: tokens, temperature: 0, ignore_eos: true,
+    stream: true });
+  for await (const chunk of stream) if (chunk.choices?.[0]?.text !== undefined) stamps.push(performance.now());
+  const out = { engine: 'wllama 3.8.1', loadMs, pythonBootMs: bootMs, modelLoadMs: loadMs - bootMs,
+    threads: w.getNumThreads?.() ?? threads, ...rates(started, stamps), runtime: 'wllama (llama.cpp wasm)' };
+  await w.exit();
+  return out;
+}
+
+/** Chromium's own count of this page's memory (JS heaps and wasm memories of the page and its workers). */
+export async function memory() {
+  if (!performance.measureUserAgentSpecificMemory) return null;
+  return (await performance.measureUserAgentSpecificMemory()).bytes;
 }

@@ -49,6 +49,10 @@ from native_server.api.request_body import DEFAULT_BODY_TIMEOUT, DEFAULT_MAX_BOD
 from native_server.api.protocol import (ChatCompletionRequest, ChatCompletionResponse, CompletionRequest,
                                     CompletionResponse, ErrorResponse, Int, LoadLoraAdapterRequest, ModelCard,
                                     ModelList, UnloadLoraAdapterRequest)
+from native_server.api.messages_protocol import CountTokensRequest, MessagesRequest
+from native_server.api.responses_protocol import ResponsesRequest
+from native_server.api.serving_messages import count_tokens, create_message
+from native_server.api.serving_responses import create_response, delete_response, get_response
 from native_server.api.serving_chat import create_chat_completion
 from native_server.api.serving_completions import create_completion
 from native_server.api.streaming import ClientDisconnected
@@ -194,6 +198,26 @@ def _add_routes(app: FastAPI, ctx: ServerContext) -> None:
               responses={**_ERRORS, 200: _STREAM}, tags=["openai"])
     async def completions(body: CompletionRequest, request: Request) -> Response:
         return await create_completion(ctx, body, request)
+
+    @app.post("/v1/responses", responses={**_ERRORS, 200: _STREAM}, tags=["openai"])
+    async def responses(body: ResponsesRequest, request: Request) -> Response:
+        return await create_response(ctx, body, request)
+
+    @app.get("/v1/responses/{response_id}", responses=_ERRORS, tags=["openai"])
+    async def response_get(response_id: str) -> Response:
+        return get_response(ctx, response_id)
+
+    @app.delete("/v1/responses/{response_id}", responses=_ERRORS, tags=["openai"])
+    async def response_delete(response_id: str) -> Response:
+        return delete_response(ctx, response_id)
+
+    @app.post("/v1/messages", responses={**_ERRORS, 200: _STREAM}, tags=["anthropic"])
+    async def messages(body: MessagesRequest, request: Request) -> Response:
+        return await create_message(ctx, body, request)
+
+    @app.post("/v1/messages/count_tokens", responses=_ERRORS, tags=["anthropic"])
+    async def messages_count_tokens(body: CountTokensRequest) -> Response:
+        return await count_tokens(ctx, body)
 
     @app.post("/v1/feedback", response_model=FeedbackResponse, responses=_FEEDBACK_ERRORS, tags=["learning"])
     async def feedback(body: FeedbackRequest) -> FeedbackResponse:

@@ -43,6 +43,7 @@ class ServerContext:
     slots: Any = None  # native_server.learning.learner.EngineSlots: which adapter a session's requests run with
     lora_dir: Path | None = None  # with --enable-runtime-lora: the only folder adapters may be loaded from
     max_lora_rank: int = 64
+    responses: Any = None  # native_server.api.responses_store.ResponseStore, made on the first /v1/responses
 
     def __post_init__(self) -> None:
         self.texts = TokenTexts(self.engine.tokenizer)

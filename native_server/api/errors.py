@@ -1,4 +1,5 @@
-"""Errors in OpenAI's shape: `{"error": {"message", "type", "param", "code"}}` with the right status.
+"""Errors in OpenAI's shape: `{"error": {"message", "type", "param", "code"}}` with the right status
+(Anthropic's `{"type": "error", "error": {"type", "message"}}` on /v1/messages).
 
 Every failure a client can cause maps to a 4xx here, in one table, so no
 handler invents its own status:
@@ -36,15 +37,32 @@ class APIError(Exception):
         self.status, self.message, self.param, self.code = status, message, param, code
 
 
-def error_body(status: int, message: str, param: str | None = None, code: Any = None) -> dict[str, Any]:
-    """The JSON body of an error response (also sent as an SSE event when a stream fails)."""
+# Anthropic's error types (its Messages API answers in its own shape: {"type": "error", "error": {...}}).
+_ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+                    404: "not_found_error", 405: "invalid_request_error", 413: "request_too_large",
+                    422: "invalid_request_error", 429: "rate_limit_error", 500: "api_error", 503: "overloaded_error"}
+
+
+def anthropic_path(path: str | None) -> bool:
+    """The paths of Anthropic's Messages API, whose errors take Anthropic's shape."""
+    return path is not None and (path == "/v1/messages" or path.startswith("/v1/messages/"))
+
+
+def error_body(status: int, message: str, param: str | None = None, code: Any = None,
+               path: str | None = None) -> dict[str, Any]:
+    """The JSON body of an error response (also sent as an SSE event when a stream fails), in
+    OpenAI's shape, or Anthropic's for its paths (the field, when known, is named in the message)."""
+    if anthropic_path(path):
+        kind = _ANTHROPIC_TYPES.get(status, "invalid_request_error" if status < 500 else "api_error")
+        named = f"{param}: " if param and not message.startswith(param) else ""
+        return {"type": "error", "error": {"type": kind, "message": named + message}}
     kind = _TYPES.get(status, "invalid_request_error" if status < 500 else "internal_server_error")
     return {"error": {"message": message, "type": kind, "param": param, "code": code if code is not None else status}}
 
 
 def error_response(status: int, message: str, param: str | None = None, code: Any = None,
-                   headers: dict[str, str] | None = None) -> JSONResponse:
-    return JSONResponse(error_body(status, message, param, code), status_code=status, headers=headers)
+                   headers: dict[str, str] | None = None, path: str | None = None) -> JSONResponse:
+    return JSONResponse(error_body(status, message, param, code, path), status_code=status, headers=headers)
 
 
 def _field_path(errors: list[dict[str, Any]]) -> tuple[Any, ...]:
@@ -81,23 +99,24 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
 async def _on_validation_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
     message, param = _validation_message(exc)
-    return error_response(400, message, param)
+    return error_response(400, message, param, path=request.url.path)
 
 
 async def _on_api_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, APIError)
-    return error_response(exc.status, exc.message, exc.param, exc.code)
+    return error_response(exc.status, exc.message, exc.param, exc.code, path=request.url.path)
 
 
 async def _on_http_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, StarletteHTTPException)
     message = exc.detail if isinstance(exc.detail, str) else json.dumps(exc.detail)
-    return error_response(exc.status_code, message, headers=getattr(exc, "headers", None))
+    return error_response(exc.status_code, message, headers=getattr(exc, "headers", None), path=request.url.path)
 
 
 async def _on_unexpected(request: Request, exc: Exception) -> JSONResponse:
     logger.exception("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
-    return error_response(500, f"internal server error ({type(exc).__name__}); see the server log")
+    return error_response(500, f"internal server error ({type(exc).__name__}); see the server log",
+                          path=request.url.path)
 
 
 def install_error_handlers(app: FastAPI) -> None:

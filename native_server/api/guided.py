@@ -52,7 +52,7 @@ async def prepare(params: SamplingParams, tokenizer: Any, eos_token_ids: Any) ->
         try:
             await asyncio.to_thread(_compile, params, tokenizer, tuple(eos_token_ids))
         except GuidedError as exc:
-            param = exc.param or params.structured_outputs.origin or "structured_outputs"
+            param = params.structured_outputs.origin or exc.param or "structured_outputs"
             raise APIError(400, str(exc), param.split(".")[0]) from None
 
 

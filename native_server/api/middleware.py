@@ -29,9 +29,10 @@ ISOLATION_HEADERS = [(b"cross-origin-opener-policy", b"same-origin"),
                      (b"cross-origin-embedder-policy", b"require-corp")]
 
 
-async def send_error(send: Send, status: int, message: str, headers: list[tuple[bytes, bytes]] = ()) -> None:
-    """Answer with an OpenAI-shaped JSON error without going through the app."""
-    body = json.dumps(error_body(status, message)).encode()
+async def send_error(send: Send, status: int, message: str, headers: list[tuple[bytes, bytes]] = (),
+                     path: str | None = None) -> None:
+    """Answer with a JSON error (OpenAI's shape, Anthropic's on its paths) without going through the app."""
+    body = json.dumps(error_body(status, message, path=path)).encode()
     await send({"type": "http.response.start", "status": status,
                 "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
                             *headers]})
@@ -57,8 +58,8 @@ class IsolationHeaders:
 
 
 class APIKey:
-    """Require `Authorization: Bearer <key>` on /v1/* and the schema (/docs, /openapi.json);
-    /health, /metrics and static files stay open."""
+    """Require `Authorization: Bearer <key>` (or Anthropic's `x-api-key: <key>`) on /v1/* and the
+    schema (/docs, /openapi.json); /health, /metrics and static files stay open."""
 
     def __init__(self, app: ASGIApp, api_key: str | None) -> None:
         self.app, self.key = app, api_key.encode() if api_key else None
@@ -66,12 +67,14 @@ class APIKey:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if self.key is None or scope["type"] != "http" or not scope["path"].startswith(KEYED_PREFIXES):
             return await self.app(scope, receive, send)
-        given = dict(scope["headers"]).get(b"authorization", b"")
-        scheme, _, token = given.partition(b" ")
+        headers = dict(scope["headers"])
+        scheme, _, token = headers.get(b"authorization", b"").partition(b" ")
         # compare_digest: the time taken must not tell an attacker how much of the key matched.
-        if scheme.lower() != b"bearer" or not hmac.compare_digest(token.strip(), self.key):
-            return await send_error(send, 401, "missing or invalid API key: send 'Authorization: Bearer <key>'",
-                                    [(b"www-authenticate", b"Bearer")])
+        bearer = scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), self.key)
+        keyed = b"x-api-key" in headers and hmac.compare_digest(headers[b"x-api-key"].strip(), self.key)
+        if not (bearer or keyed):
+            return await send_error(send, 401, "missing or invalid API key: send 'Authorization: Bearer <key>' "
+                                    "(or 'x-api-key: <key>')", [(b"www-authenticate", b"Bearer")], scope["path"])
         await self.app(scope, receive, send)
 
 
@@ -105,5 +108,5 @@ class AllowedHosts:
             if host is not None and not self.allows(host.decode("latin-1")):
                 return await send_error(send, 400, "invalid Host header: this server answers only to "
                                         f"{', '.join(sorted(self.names)) or 'no name'}; start it with "
-                                        "--allowed-hosts to add names")
+                                        "--allowed-hosts to add names", path=scope["path"])
         await self.app(scope, receive, send)

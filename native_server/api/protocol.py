@@ -63,7 +63,8 @@ class SamplingFields(_Request):
     guided_json: dict[str, Any] | Str | None = None  # vLLM's older names for the same
     guided_regex: Str | None = None
     guided_choice: list[Str] | None = None
-    guided_grammar: Str | None = None  # refused with a 400: EBNF grammars are not supported
+    guided_grammar: Str | None = None  # llama.cpp's GBNF, as `grammar`
+    grammar: Str | None = Field(None, description="a llama.cpp GBNF grammar (root ::= ...) the output follows")
     guided_whitespace_pattern: Str | None = None
 
 

@@ -134,7 +134,7 @@ class RequestBody:
                 else:
                     check_json_shape(body, self.max_depth)
         except BodyError as exc:
-            return await send_error(send, exc.status, exc.message, [(b"connection", b"close")])
+            return await send_error(send, exc.status, exc.message, [(b"connection", b"close")], scope.get("path"))
         replayed = False
 
         async def replay() -> Message:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from dataclasses import dataclass
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -32,7 +33,21 @@ from py_engine.generate import start_ids
 from py_engine.guided.tools import ChoiceReader, ToolPlan, split_events
 
 
-async def create_chat_completion(ctx: ServerContext, request: ChatCompletionRequest, raw: Request) -> Response:
+@dataclass
+class ChatRun:
+    """A chat request rendered, validated and started: what each API shape writes its answer from."""
+
+    generation: Generation
+    plan: ToolPlan
+    request_id: str
+    model: str
+
+
+async def start_chat(ctx: ServerContext, request: ChatCompletionRequest, endpoint: str = "chat.completions",
+                     id_prefix: str = "chatcmpl-") -> ChatRun:
+    """Render the conversation, check the request and start it on the engine (not yet read).
+    /v1/responses and /v1/messages convert their requests to this one, so the same conversation
+    gives the same tokens on every endpoint."""
     ctx.check_accepting()
     adapter = ctx.adapter_for(request.model)
     chat_config = ctx.check_chat()
@@ -51,12 +66,18 @@ async def create_chat_completion(ctx: ServerContext, request: ChatCompletionRequ
     explicit = request.max_tokens is not None or request.max_completion_tokens is not None
     params = fit_to_context(params, len(prompt_ids), ctx.max_model_len, explicit_max_tokens=explicit,
                             prompt_param="messages")
-    request_id = f"chatcmpl-{uuid.uuid4().hex}"
-    trace = start_trace(ctx, request_id, "chat.completions", request, [
+    request_id = f"{id_prefix}{uuid.uuid4().hex}"
+    trace = start_trace(ctx, request_id, endpoint, request, [
         {"messages": [m.model_dump(exclude_none=True) for m in request.messages], "text": text,
          "token_ids": prompt_ids}], params)
     job = Job(request_id, prompt_ids, params, 0, adapter or route(ctx, request))
     generation = Generation(ctx.engine, [job], ctx.metrics, trace=trace)
+    return ChatRun(generation, plan, request_id, adapter or ctx.model_name)
+
+
+async def create_chat_completion(ctx: ServerContext, request: ChatCompletionRequest, raw: Request) -> Response:
+    run = await start_chat(ctx, request)
+    generation, plan, request_id, params = run.generation, run.plan, run.request_id, run.generation.jobs[0].params
     want_logprobs = params.logprobs is not None
     if request.stream:
         include_usage = bool(request.stream_options and request.stream_options.include_usage)
@@ -69,7 +90,7 @@ async def create_chat_completion(ctx: ServerContext, request: ChatCompletionRequ
         choices.append(ChatChoice(index=i, message=ChatResponseMessage(content=content, tool_calls=calls),
                                   finish_reason=reader.finish_reason(r.finish_reason),
                                   logprobs=chat_logprobs(r.logprobs, ctx.texts) if want_logprobs else None))
-    body = ChatCompletionResponse(id=request_id, created=int(time.time()), model=adapter or ctx.model_name,
+    body = ChatCompletionResponse(id=request_id, created=int(time.time()), model=run.model,
                                   choices=choices,
                                   usage=usage_of(generation))
     return JSONResponse(body.model_dump(mode="json"))

@@ -191,6 +191,8 @@ class AsyncEngine:
             self._post(self._fail, None, EngineDeadError(f"the engine stopped after an error: {error!r}"))
             if self.on_fatal is not None:
                 self._post(self.on_fatal, error)
+        finally:
+            self.engine.close()  # its tensor-parallel workers, if any
 
     def _drain_inbox(self) -> None:
         outputs = []

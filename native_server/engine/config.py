@@ -74,10 +74,12 @@ class EngineConfig:
     xlora: str | None = None  # a peft X-LoRA folder applied to every request
     kv_cache_dtype: str = "auto"  # auto, fp16, bf16, or int8 / int4 (the two-tier cache)
     kv_hot_tokens: int = DEFAULT_HOT_TOKENS  # with int8 / int4: the recent tokens kept in the model's dtype
+    tensor_parallel_size: int = 1  # processes the model is sharded over (engine/parallel.py), by KV head
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "lora_modules", dict(self.lora_modules or {}))
-        for name in ("block_size", "max_num_seqs", "max_queue", "max_loras", "max_lora_rank", "kv_hot_tokens"):
+        for name in ("block_size", "max_num_seqs", "max_queue", "max_loras", "max_lora_rank", "kv_hot_tokens",
+                     "tensor_parallel_size"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {getattr(self, name)!r}")
         for name in ("kv_cache_memory", "max_num_batched_tokens", "max_model_len"):
@@ -96,6 +98,8 @@ class EngineConfig:
         if self.xlora is not None and (self.lora_modules or self.enable_lora):
             raise ValueError("--xlora applies its own LoRA experts to every request: it cannot be combined with "
                              "--lora-modules or --enable-runtime-lora")
+        if self.xlora is not None and self.tensor_parallel_size != 1:
+            raise ValueError("--xlora cannot be combined with --tensor-parallel-size")
         if self.xlora is not None and self.kv_cache_dtype in ("int8", "int4"):
             raise ValueError("--kv-cache-dtype int8/int4 cannot be combined with --xlora (its scaling pass keeps "
                              "a second cache)")
@@ -141,6 +145,9 @@ class EngineConfig:
                             "the kernels load, else torch; default)")
         g.add_argument("--enforce-eager", action="store_true",
                        help="no CUDA graphs for decode steps (they need the triton backend)")
+        g.add_argument("--tensor-parallel-size", "-tp", type=positive, default=1, metavar="N",
+                       help="shard the model over N processes on this machine (gloo on the CPU, one rank per NUMA "
+                            "node where there are several; NCCL on CUDA, one GPU per rank); heads are split by KV head")
         add_quantization_options(g)
         add_kv_cache_options(g, paged=True)
         if not lora:
@@ -170,7 +177,8 @@ class EngineConfig:
                       max_queue=args.max_queue, enable_prefix_caching=not args.no_prefix_caching,
                       quantization=quant_config_from_args(args), attention_backend=args.attention_backend,
                       cuda_graphs=not args.enforce_eager, kv_cache_dtype=args.kv_cache_dtype,
-                      kv_hot_tokens=args.kv_hot_tokens, max_lora_rank=args.max_lora_rank)
+                      kv_hot_tokens=args.kv_hot_tokens, max_lora_rank=args.max_lora_rank,
+                      tensor_parallel_size=args.tensor_parallel_size)
         if hasattr(args, "lora_modules"):
             values.update(lora_modules=parse_lora_modules(args.lora_modules), max_loras=args.max_loras,
                           xlora=args.xlora)

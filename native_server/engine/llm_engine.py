@@ -97,7 +97,9 @@ class LLMEngine:
     def __init__(self, config: EngineConfig | str, **options: Any) -> None:
         """config: an EngineConfig, or a model name with EngineConfig's fields as keywords
         (`LLMEngine("tiny-shakespeare", device="cpu", max_num_seqs=8)`). Everything it derives (the device,
-        the context limit, the KV cache's size) is computed here, never written back into the config."""
+        the context limit, the KV cache's size) is computed here, never written back into the config.
+        tensor_parallel_size N > 1: the model sharded over this process and N - 1 it starts
+        (engine/parallel.py); close() stops them."""
         if not isinstance(config, EngineConfig):
             config = EngineConfig(model=config, **options)
         elif options:
@@ -108,17 +110,36 @@ class LLMEngine:
         self.model_name = config.name
         self.device = torch.device(pick_device(config.device))
         self.max_num_batched_tokens = config.max_num_batched_tokens or default_batched_tokens(self.device)
-        # In-situ quantization (none by default) happens here, before the KV cache is sized from what is left.
-        self.model, self.model_config, self.quant_report = load_quantized(path, config.quantization,
-                                                                          dtype=config.dtype, device=self.device)
-        self.quantization = _quantization(config, path)
-        if config.optimize:  # on CPU: fused projections, the native GEMV/GEMM kernels and norms (no-op elsewhere)
-            optimize_for_cpu(self.model)
+        self.parallel = None  # engine/parallel.EngineParallel with tensor_parallel_size > 1
         self.adapters: EngineAdapters | None = None
-        if config.lora_modules or config.enable_lora:
-            self.adapters = EngineAdapters(self.model, config.max_loras, config.max_lora_rank)
-            for name, lora_path in config.lora_modules.items():
-                self.adapters.add(name, lora_path)
+        cuda_graphs = config.cuda_graphs
+        if config.tensor_parallel_size != 1:
+            from native_server.engine.parallel import EngineParallel, ShardOptions
+            from py_engine.parallel.layout import check_world
+            shard = ShardOptions(str(path), config.quantization, config.dtype, config.optimize,
+                                 dict(config.lora_modules), config.enable_lora, config.max_loras, config.max_lora_rank,
+                                 config.attention_backend)
+            self.parallel, self.model, self.model_config, self.quant_report, self.adapters = EngineParallel.start(
+                check_world(config.tensor_parallel_size), self.device, shard)
+            cuda_graphs = False  # the all-reduces run outside any captured graph
+        else:  # in-situ quantization (none by default) before the KV cache is sized from what is left
+            self.model, self.model_config, self.quant_report = load_quantized(path, config.quantization,
+                                                                              dtype=config.dtype, device=self.device)
+            if config.optimize:  # on CPU: fused projections, the native GEMV/GEMM kernels and norms (no-op elsewhere)
+                optimize_for_cpu(self.model)
+            if config.lora_modules or config.enable_lora:
+                self.adapters = EngineAdapters(self.model, config.max_loras, config.max_lora_rank)
+                for name, lora_path in config.lora_modules.items():
+                    self.adapters.add(name, lora_path)
+        self.quantization = _quantization(config, path)
+        try:
+            self._finish_init(path, kv_quant, cuda_graphs)
+        except BaseException:
+            self.close()
+            raise
+
+    def _finish_init(self, path: Path, kv_quant: KVQuantConfig, cuda_graphs: bool) -> None:
+        config = self.config
         if config.xlora is not None:  # per-token scalings from each row's own hidden state: batches mix freely
             from py_engine.adapters.xlora import load_xlora
             self.model = load_xlora(self.model, config.xlora)
@@ -131,13 +152,18 @@ class LLMEngine:
         self.kv_quant = kv_quant.check(self.max_model_len)
         self.max_queue, self.max_num_seqs = config.max_queue, config.max_num_seqs
         backend = backend_for(self.device, config.attention_backend)  # before the memory is sized: it may refuse
-        self.kv = allocate_kv_cache(config, model_config, self.model, self.device, self.max_model_len,
-                                    self.max_num_batched_tokens, backend, self.kv_quant, self.kv_layers)
+        sharded = getattr(self.model, "tensor_parallel", None)  # this rank's KV heads
+        self.kv = allocate_kv_cache(config, sharded.local_config if sharded is not None else model_config, self.model,
+                                    self.device, self.max_model_len, self.max_num_batched_tokens, backend,
+                                    self.kv_quant, self.kv_layers)
         self.block_manager = BlockManager(self.kv.num_blocks, config.block_size, config.enable_prefix_caching,
                                           self.kv.num_cold_blocks, kv_quant.hot_tokens if kv_quant.enabled else None)
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, self.max_num_batched_tokens)
-        self.runner = ModelRunner(self.model, self.kv, self._decode_graphs(config.cuda_graphs, config.max_num_seqs),
-                                  self.adapters)
+        if self.parallel is not None:
+            self.parallel.share_cache(self.kv)
+        self.runner = ModelRunner(self.model, self.kv, self._decode_graphs(cuda_graphs, config.max_num_seqs),
+                                  self.adapters,
+                                  broadcast=self.parallel.broadcast_step if self.parallel is not None else None)
         self.mask_tensors = MaskTensors(model_config.vocab_size, self.device)  # structured outputs' token masks
         self._requests: dict[str, _Request] = {}
         self._seq_ids = itertools.count()
@@ -173,6 +199,11 @@ class LLMEngine:
             logger.info("CUDA graphs off: %s", problem)
             return None
         return DecodeGraphs(self.model, self.kv, max_num_seqs, self.max_model_len)
+
+    def close(self) -> None:
+        """Stop the tensor-parallel workers, if any (the engine cannot step after)."""
+        if self.parallel is not None:
+            self.parallel.stop()
 
     # --- requests ---------------------------------------------------------------------------------
     def check_request(self, prompt_token_ids: list[int], params: SamplingParams, lora: str | None = None) -> None:

@@ -54,6 +54,7 @@ class EngineAdapters:
         self.by_name: dict[str, LoadedAdapter] = {}
         self.retiring: dict[str, LoadedAdapter] = {}  # key -> adapter unloaded while sequences still use it
         self._ids = itertools.count(1)
+        self.on_change: Any = None  # called as on_change(command, key, ...) when the model's adapters change
 
     def add(self, name: str, adapter: "LoraAdapter | str | Path") -> LoadedAdapter:
         if name in self.by_name:
@@ -64,6 +65,8 @@ class EngineAdapters:
             raise AdapterError(f"{len(self.manager.slots)} adapters are loaded (some may be finishing their "
                                f"requests), the limit (--max-loras) is {self.max_loras}")
         self.manager.add(key, adapter)
+        if self.on_change is not None:  # tensor parallelism: the workers load it too, cut to their ranks
+            self.on_change("adapter_add", key, adapter)
         rank = self.manager.adapters[key].max_rank
         loaded = self.by_name[name] = LoadedAdapter(name, key, load_id, rank)
         logger.info("LoRA adapter %s loaded (rank %d)", name, rank)
@@ -84,6 +87,8 @@ class EngineAdapters:
         used = set(in_use)
         for key in [k for k in self.retiring if k not in used]:
             self.manager.remove(key)
+            if self.on_change is not None:
+                self.on_change("adapter_remove", key)
             logger.info("LoRA adapter %s unloaded", self.retiring.pop(key).name)
 
     def get(self, name: str) -> LoadedAdapter:

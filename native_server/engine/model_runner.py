@@ -9,9 +9,9 @@ sample a token this step; a prompt chunk in the middle does not).
 from __future__ import annotations
 
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import accumulate
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 from torch import Tensor
@@ -21,6 +21,43 @@ from native_server.engine.attention import PagedMetadata, decode_kv_positions
 from native_server.engine.scheduler import SchedulerOutput
 from py_engine.models import CausalLM
 from py_engine.cpu.transforms import kernel_step, model_kernels
+
+
+@dataclass(frozen=True)
+class PlannedSeq:
+    """What the forward needs of one sequence (a Sequence's numbers, picklable: tensor-parallel ranks get it)."""
+
+    num_computed_tokens: int
+    num_tokens: int
+    new_ids: tuple[int, ...]  # the tokens this step computes, from num_computed_tokens on
+    lora: str | None
+
+    def token_ids(self, start: int, end: int) -> list[int]:
+        if start != self.num_computed_tokens or end - start > len(self.new_ids):
+            raise ValueError(f"a planned step holds tokens [{self.num_computed_tokens}, "
+                             f"{self.num_computed_tokens + len(self.new_ids)}), not [{start}, {end})")
+        return list(self.new_ids[:end - start])
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """One step as plain ints and lists: what rank 0 broadcasts to tensor-parallel workers (engine/parallel.py),
+    and what prepare_inputs reads (it has `seqs` and `num_new_tokens`, as a SchedulerOutput)."""
+
+    seqs: list[PlannedSeq]
+    num_new_tokens: list[int]
+    block_tables: list[list[int]]
+    cold_blocks: list[int] | None
+    block_copies: list[tuple[int, int]]
+    demotions: list[tuple[int, int]]
+
+    @classmethod
+    def of(cls, out: SchedulerOutput, block_tables: list[list[int]], cold_blocks: list[int] | None) -> "StepPlan":
+        seqs = [PlannedSeq(s.num_computed_tokens, s.num_tokens,
+                           tuple(s.token_ids(s.num_computed_tokens, s.num_computed_tokens + n)), s.lora)
+                for s, n in zip(out.seqs, out.num_new_tokens)]
+        return cls(seqs, list(out.num_new_tokens), block_tables, cold_blocks, list(out.block_copies),
+                   list(out.demotions))
 
 
 @dataclass
@@ -65,11 +102,17 @@ def prepare_inputs(out: SchedulerOutput, block_tables: list[list[int]], block_si
 
 
 class ModelRunner:
-    """The model and its paged KV cache; `graphs` (cuda_graphs.DecodeGraphs) replays decode steps."""
+    """The model and its paged KV cache; `graphs` (cuda_graphs.DecodeGraphs) replays decode steps.
 
-    def __init__(self, model: CausalLM, kv: PagedKVCache, graphs: Any = None, adapters: Any = None) -> None:
+    With tensor parallelism (engine/parallel.py) each rank has one over its shard and its share of
+    the cache: rank 0's `broadcast` sends each step's plan to the workers before it runs it, and the
+    workers' runners (logits=False) run the layers only."""
+
+    def __init__(self, model: CausalLM, kv: PagedKVCache, graphs: Any = None, adapters: Any = None, *,
+                 logits: bool = True, broadcast: Callable[[StepPlan], None] | None = None) -> None:
         """adapters: native_server.engine.lora.EngineAdapters when LoRA is on: each token gets its sequence's adapter."""
         self.model, self.kv, self.graphs, self.adapters = model, kv, graphs, adapters
+        self.logits, self.broadcast = logits, broadcast
         self.device = kv.keys[0].device
         self.kernels = model_kernels(model)  # set when optimize_for_cpu put the CPU kernels under the model
         self._threaded = False  # inside threads()
@@ -95,22 +138,35 @@ class ModelRunner:
                 cold_blocks: list[int] | None = None) -> tuple[Tensor, list[int]]:
         """Logits [R, V] (float32) for the R sequences that sample, and their indices in out.seqs;
         cold_blocks: how many leading ids of each table are in the cold pool (int8/int4 KV)."""
-        if out.demotions:  # first: the hot blocks they free may be written or copied into below
-            self.kv.demote(out.demotions)
-        self.kv.copy_blocks(out.block_copies)
+        plan = StepPlan.of(out, block_tables, cold_blocks)
         adapted = self.adapters is not None and any(s.lora is not None for s in out.seqs)
         if self.graphs is not None and not adapted and all(n == 1 and s.num_computed_tokens + 1 == s.num_tokens
-                                           for s, n in zip(out.seqs, out.num_new_tokens)):
+                                                           for s, n in zip(out.seqs, out.num_new_tokens)):
+            self._move_blocks(plan)  # before the replay, outside the graph
+            plan = replace(plan, block_copies=[], demotions=[])
             positions = [s.num_computed_tokens for s in out.seqs]  # every sequence decodes its last token
             ids = [s.token_ids(p, p + 1)[0] for s, p in zip(out.seqs, positions)]
             logits = self.graphs.run(ids, positions, block_tables, cold_blocks)
             if logits is not None:
                 return logits, list(range(len(out.seqs)))
+        if self.broadcast is not None:
+            self.broadcast(plan)
+        return self.run(plan)
+
+    def _move_blocks(self, plan: StepPlan) -> None:
+        if plan.demotions:  # first: the hot blocks they free may be written or copied into below
+            self.kv.demote(plan.demotions)
+        self.kv.copy_blocks(plan.block_copies)
+
+    @torch.inference_mode()
+    def run(self, plan: StepPlan) -> tuple[Tensor, list[int]]:
+        """One step of a plan (execute's, or rank 0's on a tensor-parallel worker)."""
+        self._move_blocks(plan)
         with self.threads():
-            inputs = prepare_inputs(out, block_tables, self.kv.block_size, self.device, cold_blocks)
+            inputs = prepare_inputs(plan, plan.block_tables, self.kv.block_size, self.device, plan.cold_blocks)
             if self.adapters is not None:
-                self.adapters.set_mix([s.lora for s in out.seqs], out.num_new_tokens, inputs.sampling)
-            if not inputs.sampling:  # only middle-of-prompt chunks: run for the KV, skip the LM head
+                self.adapters.set_mix([s.lora for s in plan.seqs], plan.num_new_tokens, inputs.sampling)
+            if not inputs.sampling or not self.logits:  # prompt chunks only, or a worker: the KV, no LM head
                 self.model.model(inputs.input_ids, inputs.positions, self.kv.step(inputs.meta))
                 return torch.empty(0, self.model.config.vocab_size), []
             logits = self.model(inputs.input_ids, inputs.positions, self.kv.step(inputs.meta),

@@ -11,8 +11,9 @@ export class OnnxBackend {
    * @param {any} session an onnxruntime InferenceSession
    * @param {{num_layers: number, kv_heads: number, head_dim: number, vocab_size: number, kv_dtype: string}} contract
    */
-  constructor(runtime, session, contract) {
+  constructor(runtime, session, contract, { device = 'cpu' } = {}) {
     this.runtime = runtime;
+    this.device = device; // 'webgpu': present.* come back as GPU tensors and go in again as past
     this.session = session;
     this.contract = contract;
     this.inputNames = new Set(session.inputNames);

@@ -1,13 +1,13 @@
 // The in-thread engine: Pyodide (py_engine's shared layer) and onnxruntime in the caller's thread.
 // WorkerEngine (worker_engine.js) has the same interface and runs this one inside a Web Worker.
 
-import { argmax, OnnxBackend } from './backend.js';
+import { argmax } from './backend.js';
+import { openBackend } from './device.js';
 import { asRuvllmError, EngineDisposedError } from './errors.js';
-import { loadOrt } from './ort.js';
 import { sampleToken } from './sampling.js';
-import { bootPython } from './python.js';
+import { bootRuntime } from './python.js';
 import { modelBase } from './files.js';
-import { loadGraph, MODEL_DIR, pickGraph, readContract, writeSharedFiles } from './model.js';
+import { MODEL_DIR, readContract, writeSharedFiles } from './model.js';
 import * as openai from './openai.js';
 
 export class InThreadEngine {
@@ -30,7 +30,8 @@ export class InThreadEngine {
   /** @param {import('./index.js').EngineOptions} options */
   static async create(options) {
     const progress = options.onProgress ?? (() => {});
-    const stats = { pythonBootMs: 0, modelLoadMs: 0, runtime: '', precision: '', downloadedBytes: 0, cachedBytes: 0 };
+    const stats = { pythonBootMs: 0, modelLoadMs: 0, runtime: '', device: '', precision: '', downloadedBytes: 0,
+      cachedBytes: 0 };
     const seen = new Map();
     const onFile = (p) => {
       progress({ stage: 'download', ...p });
@@ -45,26 +46,25 @@ export class InThreadEngine {
       // session). Overlapping them hides most of Pyodide's boot behind the download, or the
       // session creation on a cached reload.
       const python = (async () => {
-        const pyodide = await bootPython({ indexURL: options.pyodideURL, wheelsURL: options.wheelsURL });
+        const { pyodide, runtime, restored } = await bootRuntime({ indexURL: options.pyodideURL,
+          wheelsURL: options.wheelsURL, snapshot: options.pythonSnapshot, maxContext: options.maxContext, modelDir: MODEL_DIR,
+          writeModel: (p) => writeSharedFiles(p, base, onFile) });
         stats.pythonBootMs = performance.now() - t0;
-        await writeSharedFiles(pyodide, base, onFile);
-        const py = pyodide.pyimport('ruvllm_bridge').Runtime(MODEL_DIR, options.maxContext ?? null);
-        py.warm();
-        return { pyodide, py };
+        stats.pythonRestored = restored;
+        return { pyodide, py: runtime };
       })();
-      const onnx = (async () => {
-        const runtime = await loadOrt({ runtime: options.runtime, wasmPaths: options.wasmPaths, ortURL: options.ortURL,
-          threads: options.threads });
-        const graph = await pickGraph(base, contract, runtime.name, options.precision, options.file);
-        const session = await loadGraph(runtime, base, graph, { onProgress: onFile, threads: options.threads });
-        const backend = new OnnxBackend(runtime, session, { ...contract, kv_dtype: graph.kvDtype });
-        await backend.warm();
+      const forward = (async () => {
+        const opened = await openBackend(base, contract, options, onFile);
+        progress({ stage: 'device', device: opened.device, runtime: opened.runtime });
+        await opened.backend.warm();
         stats.modelLoadMs = performance.now() - t0;
-        return { runtime, graph, backend };
+        return opened;
       })();
-      const [{ pyodide, py }, { runtime, graph, backend }] = await Promise.all([python, onnx]);
-      stats.runtime = runtime.name;
-      stats.precision = graph.precision;
+      const [{ pyodide, py }, opened] = await Promise.all([python, forward]);
+      const { backend } = opened;
+      stats.runtime = opened.runtime;
+      stats.device = opened.device;
+      stats.precision = opened.precision;
       for (const p of seen.values()) stats[p.cached ? 'cachedBytes' : 'downloadedBytes'] += p.total;
       progress({ stage: 'ready' });
       const info = JSON.parse(py.info());
@@ -163,6 +163,7 @@ export class InThreadEngine {
     await this._queue;
     this.backend?.dispose();
     await this.backend?.session?.release?.();
+    this.backend?.release?.();
     this.runtime?.destroy?.();
   }
 }

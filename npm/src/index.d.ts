@@ -30,9 +30,19 @@ export interface EngineOptions {
   file?: string;
   /** Browsers: run the engine in a Web Worker (same interface). */
   worker?: boolean;
-  /** 'auto': onnxruntime-node in Node when installed, else onnxruntime-web (wasm). */
+  /** 'auto': onnxruntime-node in Node when installed, else the browser runtimes below. */
   runtime?: 'auto' | 'node' | 'web';
+  /**
+   * Where the forward pass runs outside onnxruntime-node: 'webgpu' (onnxruntime-web's WebGPU execution
+   * provider, the KV cache on the GPU), 'wasm' (the package's own wasm kernels on the web export's codes, or
+   * onnxruntime-web's wasm for graphs they do not take), 'auto' (default: WebGPU when navigator.gpu gives an
+   * adapter, else wasm). `stats.device` and `stats.runtime` say which ran.
+   */
+  device?: 'auto' | 'webgpu' | 'wasm';
+  /** Threads of the wasm kernels (and onnxruntime-web): default min(4, cores); needs cross-origin isolation. */
   threads?: number;
+  /** false: never the package's own kernels (onnxruntime-web's wasm instead). */
+  kernels?: boolean;
   maxContext?: number;
   /** The `model` field of responses (default: the model URL or path). */
   modelName?: string;
@@ -41,6 +51,10 @@ export interface EngineOptions {
   wasmPaths?: string;
   /** Browsers without an import map for 'onnxruntime-web/wasm' (workers): the URL of ort.wasm.min.mjs. */
   ortURL?: string;
+  /** The same for 'onnxruntime-web/webgpu': the URL of ort.webgpu.min.mjs. */
+  ortWebgpuURL?: string;
+  /** A folder serving rkw.wasm / rkw-relaxed.wasm (default: the package's src/kernels/). */
+  kernelsURL?: string;
   wheelsURL?: string;
   workerURL?: string | URL;
 }
@@ -65,8 +79,10 @@ interface SamplingRequest {
   stream_options?: { include_usage?: boolean } | null;
   /** vLLM's extension: the generated token ids in each choice (and stream chunk). */
   return_token_ids?: boolean;
-  /** vLLM's output constraint (exactly one of json / regex / choice / json_object). */
+  /** vLLM's output constraint (exactly one of json / regex / choice / json_object / grammar). */
   structured_outputs?: StructuredOutputs | null;
+  /** A llama.cpp GBNF grammar (`root ::= ...`) the output follows (the same engine as on the server). */
+  grammar?: string | null;
   signal?: AbortSignal;
 }
 
@@ -79,6 +95,8 @@ export interface StructuredOutputs {
   choice?: string[];
   /** Any JSON object. */
   json_object?: boolean;
+  /** A llama.cpp GBNF grammar. */
+  grammar?: string;
   /** The whitespace allowed between JSON tokens (default: one optional space). */
   whitespace_pattern?: string;
 }
@@ -112,6 +130,8 @@ export interface ChatCompletionRequest extends SamplingRequest {
    * parses the template family's tool-call syntax (Hermes/Qwen, Llama 3 JSON, Mistral). */
   tools?: Tool[] | null;
   tool_choice?: ToolChoice | null;
+  /** false: at most one tool call (a forced call's grammar closes after it). */
+  parallel_tool_calls?: boolean | null;
 }
 
 export interface CompletionRequest extends SamplingRequest {
@@ -175,7 +195,9 @@ export interface LoadStats {
   pythonBootMs: number;
   /** The graph downloaded (or read from cache), its session created and warmed (ms from the start; overlaps the boot). */
   modelLoadMs: number;
+  /** e.g. 'ruvllm-wasm (relaxed SIMD, 2 threads)', 'onnxruntime-web (WebGPU)', 'onnxruntime-node'. */
   runtime: string;
+  device: 'wasm' | 'webgpu' | 'cpu';
   precision: string;
   downloadedBytes: number;
   cachedBytes: number;

@@ -41,7 +41,7 @@ export async function pickGraph(base, contract, runtimeName, precision = 'auto',
   if (file) { // a file named outright (benchmarks: the same graph transformers.js loads)
     const entry = contract.files?.[file] ?? {};
     return { precision: entry.precision ?? precision, file, kvDtype: entry.kv_dtype ?? contract.kv_dtype,
-      configEntries: entry.session_options ?? {} };
+      configEntries: entry.session_options ?? {}, engine: entry.engine ?? null };
   }
   if (precision !== 'auto' && !GRAPH_FILES[precision]) {
     throw new InvalidRequestError(`unknown precision ${precision}; use auto, ${Object.keys(GRAPH_FILES).join(', ')}`,
@@ -56,7 +56,7 @@ export async function pickGraph(base, contract, runtimeName, precision = 'auto',
     }
     const entry = contract.files?.[file] ?? {};
     return { precision: entry.precision ?? precision, file, kvDtype: entry.kv_dtype ?? contract.kv_dtype,
-      configEntries: entry.session_options ?? {} };
+      configEntries: entry.session_options ?? {}, engine: entry.engine ?? null };
   }
   const kvDtype = (p) => (p === 'fp16' ? 'float16' : 'float32');
   if (precision !== 'auto') return { precision, file: `onnx/${GRAPH_FILES[precision]}`, kvDtype: kvDtype(precision) };
@@ -79,9 +79,9 @@ export async function writeSharedFiles(pyodide, base, progress) {
 }
 
 /** The graph's bytes (with progress, from the browser cache when there) and its session. */
-export async function loadGraph(runtime, base, graph, { onProgress, threads } = {}) {
+export async function loadGraph(runtime, base, graph, { onProgress, threads, device = 'wasm' } = {}) {
   const url = new URL(graph.file, base);
-  const options = { threads, configEntries: graph.configEntries };
+  const options = { threads, configEntries: graph.configEntries, device };
   if (url.protocol === 'file:' && runtime.name === 'onnxruntime-node') {
     const { fileURLToPath } = await import('node:url');
     const path = fileURLToPath(url);
@@ -90,6 +90,7 @@ export async function loadGraph(runtime, base, graph, { onProgress, threads } = 
   }
   const { bytes } = await fetchFile(url, { onProgress, cache: true, label: graph.file });
   options.externalData = await externalData(url, graph.file, onProgress);
+  options.outputNames = graph.outputNames;
   return createSession(runtime, bytes, options);
 }
 

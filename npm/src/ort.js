@@ -7,7 +7,8 @@ export const IS_NODE = typeof process !== 'undefined' && !!process.versions?.nod
   && typeof importScripts === 'undefined';
 
 /**
- * @param {{runtime?: 'auto'|'node'|'web', wasmPaths?: string, ortURL?: string, threads?: number}} [options]
+ * @param {{runtime?: 'auto'|'node'|'web', wasmPaths?: string, ortURL?: string, threads?: number,
+ *   webgpu?: boolean}} [options] webgpu: onnxruntime-web's WebGPU build (browsers)
  * @returns {Promise<{ort: any, name: 'onnxruntime-node'|'onnxruntime-web'}>}
  */
 export async function loadOrt(options = {}) {
@@ -26,11 +27,11 @@ export async function loadOrt(options = {}) {
   if (typeof WebAssembly !== 'object') {
     throw new UnsupportedRuntimeError('this browser has no WebAssembly; ruvllm needs a browser from 2021 or later');
   }
-  // Node resolves 'onnxruntime-web' to its Node build; browsers take the wasm-only build.
+  // Node resolves 'onnxruntime-web' to its Node build; browsers take the wasm-only build, or the WebGPU one.
   // A worker has no import map: the page passes the module's URL (ortURL) instead.
   const mod = IS_NODE ? await import('onnxruntime-web')
     : options.ortURL ? await import(/* @vite-ignore */ new URL(options.ortURL, globalThis.location?.href).href)
-      : await import('onnxruntime-web/wasm');
+      : options.webgpu ? await import('onnxruntime-web/webgpu') : await import('onnxruntime-web/wasm');
   const ort = mod.default ?? mod;
   if (options.wasmPaths) ort.env.wasm.wasmPaths = new URL(options.wasmPaths, globalThis.location?.href).href;
   // Threads need SharedArrayBuffer: cross-origin isolated pages, and Node.
@@ -50,8 +51,12 @@ export async function loadOrt(options = {}) {
  *   `session_options`, e.g. {"session.disable_quant_qdq": "1"} so web weights are dequantized once).
  */
 export async function createSession(runtime, model, options = {}) {
-  const opts = { executionProviders: [runtime.name === 'onnxruntime-node' ? 'cpu' : 'wasm'],
-    graphOptimizationLevel: 'all' };
+  const ep = runtime.name === 'onnxruntime-node' ? 'cpu' : options.device === 'webgpu' ? 'webgpu' : 'wasm';
+  const opts = { executionProviders: [ep], graphOptimizationLevel: 'all' };
+  if (ep === 'webgpu') { // the KV cache stays on the GPU between steps; only the logits come back
+    opts.preferredOutputLocation = Object.fromEntries((options.outputNames ?? []).map(
+      (n) => [n, n.startsWith('present.') ? 'gpu-buffer' : 'cpu']));
+  }
   if (options.threads && runtime.name === 'onnxruntime-node') opts.intraOpNumThreads = options.threads;
   if (options.externalData?.length) opts.externalData = options.externalData;
   const extra = {};

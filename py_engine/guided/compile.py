@@ -39,6 +39,10 @@ def grammar_node(params: StructuredOutputsParams) -> Node:
         return parse_regex(params.regex)
     if params.choice is not None:
         return alt(*(literal(c) for c in params.choice))
+    if params.grammar is not None:
+        from py_engine.guided.gbnf import gbnf_node
+
+        return gbnf_node(params.grammar)
     options = JsonOptions(ws)
     return any_object(any_value(options.any_depth, ws), ws)
 

@@ -4,11 +4,13 @@
     StructuredOutputsParams(regex=r"\\d{3}-\\d{4}")
     StructuredOutputsParams(choice=["yes", "no"])
     StructuredOutputsParams(json_object=True)            # any JSON object
+    StructuredOutputsParams(grammar='root ::= "yes" | "no"')   # llama.cpp's GBNF
 
-Exactly one of json / regex / choice / json_object. `whitespace_pattern` (a regex) is the
-whitespace a JSON output may hold between its tokens; by default one optional space (after
+Exactly one of json / regex / choice / json_object / grammar. `whitespace_pattern` (a regex) is
+the whitespace a JSON output may hold between its tokens; by default one optional space (after
 `{ [ , :` and before `} ]`), which keeps outputs finite and matches json.dumps' spacing.
-`grammar` (EBNF) is vLLM's too but not supported here: it is refused, never ignored. Frozen and
+`grammar` is llama.cpp's GBNF (vLLM's field name; see py_engine/guided/gbnf): parsed here, so a
+syntax error is a GuidedError at once, and compiled with the others. Frozen and
 validated once, like SamplingParams; the compiled automaton is kept beside the params (see
 `compiled`), so a server can compile off its engine thread and the engine reuse it. Stdlib only.
 """
@@ -32,7 +34,7 @@ class StructuredOutputsParams:
     regex: str | None = None
     choice: list[str] | tuple[str, ...] | None = None
     json_object: bool | None = None
-    grammar: str | None = None  # refused: EBNF grammars are not supported
+    grammar: str | None = None  # llama.cpp's GBNF
     whitespace_pattern: str | None = None
     # Compiled forms, filled by py_engine.guided.compile (never compared, hashed or shown).
     compiled: dict = field(default_factory=dict, compare=False, hash=False, repr=False)
@@ -42,11 +44,12 @@ class StructuredOutputsParams:
         given = [k for k in ("json", "regex", "choice", "json_object", "grammar")
                  if getattr(self, k) is not None and not (k == "json_object" and self.json_object is False)]
         if len(given) != 1:
-            raise GuidedError(f"structured outputs need exactly one of json, regex, choice, json_object; got "
+            raise GuidedError(f"structured outputs need exactly one of json, regex, choice, json_object, grammar; got "
                               f"{', '.join(given) or 'none'}", "structured_outputs")
         if self.grammar is not None:
-            raise GuidedError("EBNF grammars (structured_outputs.grammar) are not supported; use json, regex or "
-                              "choice", "structured_outputs.grammar")
+            from py_engine.guided.gbnf.parser import parse_gbnf  # the compiler's package, loaded when used
+
+            parse_gbnf(self.grammar)
         if self.json is not None:
             object.__setattr__(self, "json", _schema(self.json))
         if self.regex is not None and not isinstance(self.regex, str):
@@ -68,6 +71,8 @@ class StructuredOutputsParams:
             return "regex:" + self.regex
         if self.choice is not None:
             return "choice:" + json.dumps(list(self.choice), ensure_ascii=False)
+        if self.grammar is not None:
+            return "gbnf:" + self.grammar
         return "json_object:" + ws
 
     @classmethod

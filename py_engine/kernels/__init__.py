@@ -45,7 +45,7 @@ from torch import Tensor
 from ..hub.resolve import cache_root
 
 HERE = Path(__file__).parent
-SOURCES = [HERE / "linear.c", HERE / "blas.c", HERE / "decode.c", HERE / "pool.c", HERE / "quant.c", HERE / "qtile.c", HERE / "qpanel.c", HERE / "step.c",
+SOURCES = [HERE / "linear.c", HERE / "blas.c", HERE / "decode.c", HERE / "pool.c", HERE / "quant.c", HERE / "qtile.c", HERE / "qpanel.c", HERE / "kquant.c", HERE / "step.c",
            HERE / "paged.c"]
 HEADERS = [HERE / "attend.h", HERE / "linear.h", HERE / "paged.h", HERE / "pool.h", HERE / "quant.h",
            HERE / "vmath.h"]

@@ -36,6 +36,7 @@ typedef struct { /* one chunk of W rows in panel order, in the calling thread's 
   const float *scales;  /* [panels][ng][16] */
   const float *mins;    /* [panels][ng][16] what comes off per group times X_g: mins, + 128 s for 8-bit; or NULL */
   int64_t panels, nb, ng, spg;
+  int halves; /* groups of 16 values (ggml's Q2_K/Q3_K/Q6_K): two a sub-block, columns 0-15 then 16-31 */
 } packed_t;
 
 static void *p_scratch(int64_t bytes) {
@@ -86,7 +87,37 @@ static int pack(const qmat_t *w, int64_t n0, int64_t n1, packed_t *p) {
         if (mn) mn[(q * ng + g) * P_LANES + l] = l < live ? (w->mins ? w->mins[i] : w->zp * w->scales[i]) + (w->bits4 ? 0.f : 128.f * w->scales[i]) : 0.f;
       }
   }
-  *p = (packed_t){buf, sc, mn, panels, nb, ng, w->spg};
+  *p = (packed_t){buf, sc, mn, panels, nb, ng, w->spg, 0};
+  return 0;
+}
+
+/* ggml blocks (kquant.c): rows n0..n1 unpacked a row at a time (codes unsigned in value order, s_j = D c_j and
+ * the zero term Z_j per group of 32 or 16 values), then laid out as the 8-bit codes are (4 consecutive columns
+ * a lane), so the kernel is the same but for the groups of 16 (halves). X_g: quant.c's xs, or xs16. */
+static int pack_blocks(const qmat_t *w, int64_t n0, int64_t n1, packed_t *p) {
+  const int64_t nb = nb_of(w), panels = (n1 - n0 + P_LANES - 1) / P_LANES, halves = kq_per16(w->kind);
+  const int64_t ng = halves ? 2 * nb : nb, words = nb * 8; /* int32 words of codes a row */
+  const int64_t code_bytes = panels * words * 64, float_bytes = panels * ng * P_LANES * 4;
+  uint8_t *buf = p_scratch(code_bytes + 2 * float_bytes + P_LANES * words * 4);
+  if (!buf) return -1;
+  float *sc = (float *)(buf + code_bytes), *mn = sc + panels * ng * P_LANES;
+  uint32_t *rows = (uint32_t *)(mn + panels * ng * P_LANES); /* [16][words] one panel's rows, unpacked */
+  for (int64_t q = 0; q < panels; ++q) {
+    for (int64_t l = 0; l < P_LANES; ++l) {
+      const int64_t n = n0 + q * P_LANES + l;
+      float *sl = sc + q * ng * P_LANES + l, *ml = mn + q * ng * P_LANES + l;
+      if (n < n1) {
+        kq_unpack_row(w, n, (uint8_t *)(rows + l * words), sl, ml, P_LANES);
+      } else { /* past the chunk: zero codes and scales (the outputs are not stored) */
+        memset(rows + l * words, 0, (size_t)words * 4);
+        for (int64_t g = 0; g < ng; ++g) sl[g * P_LANES] = ml[g * P_LANES] = 0.f;
+      }
+    }
+    uint32_t *o = (uint32_t *)(buf + q * words * 64);
+    for (int64_t e = 0; e < words; ++e) /* [16][words] -> [words][16]: word e of every row in one vector */
+      for (int64_t l = 0; l < P_LANES; ++l) o[e * P_LANES + l] = rows[l * words + e];
+  }
+  *p = (packed_t){buf, sc, mn, panels, nb, ng, 1, (int)halves};
   return 0;
 }
 
@@ -96,7 +127,8 @@ static int pack(const qmat_t *w, int64_t n0, int64_t n1, packed_t *p) {
  * differ only in where x is read (xs: columns per step, xh: the second dword's offset). */
 static inline __attribute__((always_inline)) void kernel(const qjob_t *j, const qpart_t *a, const packed_t *p, int64_t q,
                                                           const int np, const int8_t *qx, const float *dx, const float *xg,
-                                                          int64_t m0, int mt, int64_t n, int64_t n_live, const int bits4) {
+                                                          int64_t m0, int mt, int64_t n, int64_t n_live, const int bits4,
+                                                          const int halves) {
   const int64_t nb = p->nb, xrow = nb * 32, xs = bits4 ? 4 : 8, xh = bits4 ? 16 : 4;
   const uint8_t *wc = p->codes + q * nb * 8 * 64;
   __m512 acc[P_MT][P_NP];
@@ -120,6 +152,18 @@ static inline __attribute__((always_inline)) void kernel(const qjob_t *j, const 
         memcpy(&x4[1], xm + xh, 4);
         const __m512i xl = _mm512_set1_epi32(x4[0]), xr = _mm512_set1_epi32(x4[1]);
         for (int r = 0; r < np; ++r) ia[m][r] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(ia[m][r], lo[r], xl), hi[r], xr);
+      }
+      if (halves && t == 1) { /* columns 0-15 are a group of their own: close it, as the group step below */
+        const float *sg = p->scales + (q * p->ng + g) * P_LANES, *mg = p->mins + (q * p->ng + g) * P_LANES;
+        for (int m = 0; m < P_MT; ++m) {
+          const __m512 d = _mm512_set1_ps(dx[m * nb + b]), xm = _mm512_set1_ps(xg[m * p->ng + g]);
+          for (int r = 0; r < np; ++r) {
+            acc[m][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ia[m][r]), _mm512_mul_ps(d, _mm512_load_ps(sg + r * p->ng * P_LANES)), acc[m][r]);
+            acc[m][r] = _mm512_fnmadd_ps(_mm512_load_ps(mg + r * p->ng * P_LANES), xm, acc[m][r]);
+            ia[m][r] = _mm512_setzero_si512();
+          }
+        }
+        ++g;
       }
     }
     const float *sg = p->scales + (q * p->ng + g) * P_LANES;
@@ -157,18 +201,20 @@ static void panels_of(const qjob_t *j, const qpart_t *a, const packed_t *p, int6
                       const float *dx, const float *xg, int64_t m0, int mt) {
   int64_t q = 0;
   for (; q + P_NP <= p->panels; q += P_NP) {
-    if (a->w.bits4) kernel(j, a, p, q, P_NP, qx, dx, xg, m0, mt, n0 + q * P_LANES, n1 - n0 - q * P_LANES, 1);
-    else kernel(j, a, p, q, P_NP, qx, dx, xg, m0, mt, n0 + q * P_LANES, n1 - n0 - q * P_LANES, 0);
+    if (a->w.bits4) kernel(j, a, p, q, P_NP, qx, dx, xg, m0, mt, n0 + q * P_LANES, n1 - n0 - q * P_LANES, 1, 0);
+    else if (p->halves) kernel(j, a, p, q, P_NP, qx, dx, xg, m0, mt, n0 + q * P_LANES, n1 - n0 - q * P_LANES, 0, 1);
+    else kernel(j, a, p, q, P_NP, qx, dx, xg, m0, mt, n0 + q * P_LANES, n1 - n0 - q * P_LANES, 0, 0);
   }
   for (; q < p->panels; ++q) {
-    if (a->w.bits4) kernel(j, a, p, q, 1, qx, dx, xg, m0, mt, n0 + q * P_LANES, n1 - n0 - q * P_LANES, 1);
-    else kernel(j, a, p, q, 1, qx, dx, xg, m0, mt, n0 + q * P_LANES, n1 - n0 - q * P_LANES, 0);
+    if (a->w.bits4) kernel(j, a, p, q, 1, qx, dx, xg, m0, mt, n0 + q * P_LANES, n1 - n0 - q * P_LANES, 1, 0);
+    else if (p->halves) kernel(j, a, p, q, 1, qx, dx, xg, m0, mt, n0 + q * P_LANES, n1 - n0 - q * P_LANES, 0, 1);
+    else kernel(j, a, p, q, 1, qx, dx, xg, m0, mt, n0 + q * P_LANES, n1 - n0 - q * P_LANES, 0, 0);
   }
 }
 
 int q_panels(const qjob_t *j, const qpart_t *a, int64_t n0, int64_t n1) {
   packed_t p;
-  if (pack(&a->w, n0, n1, &p)) return -1;
+  if (a->w.kind ? pack_blocks(&a->w, n0, n1, &p) : pack(&a->w, n0, n1, &p)) return -1;
   const int64_t nb = p.nb, ng = p.ng, whole = j->M / P_MT * P_MT;
   static float zeros[1]; /* xg for parts with no mins term (never read: p.mins is NULL) */
   const float *xg = a->xg ? a->xg : zeros;

@@ -175,6 +175,10 @@ static inline __attribute__((always_inline)) void rows2f(const qjob_t *j, const 
  * with a float offset per group (zeros NULL and mins: llama.cpp's Q4_1) exactly s * c - mins, i.e. d * q + m.
  * AVX-512 builds: 16 values a step, stored in place (the same operations per value). */
 static void dequantize_rows(const qmat_t *w, int64_t r0, int64_t r1, int64_t K, float *out) {
+  if (w->kind) { /* ggml blocks: kquant.c */
+    kq_dequantize_rows(w, r0, r1, K, out);
+    return;
+  }
   const int64_t rb = row_bytes(w);
   const float offset = w->bits4 ? 0.f : 128.f;
 #ifdef __AVX512F__
@@ -249,13 +253,36 @@ static float *q_scratch(int64_t n) {
   return buffer;
 }
 
+/* Row n of a ggml-block matrix against every row of the fp32 x (xp, zero-padded), a block of weights at a time,
+ * dequantized exactly: the exact path (mode 2) for fewer rows than sgemm takes. */
+static void exact_row(const qjob_t *j, const qpart_t *a, int64_t n) {
+  const int64_t nb = nb_of(&a->w), values = a->w.spg * 32, bbytes = kq_block_bytes(a->w.kind);
+  const uint8_t *c = a->w.codes + n * row_bytes(&a->w);
+  __m256 acc[Q_TILE_ROWS];
+  for (int64_t m0 = 0; m0 < j->M; m0 += Q_TILE_ROWS) {
+    const int64_t mt = j->M - m0 < Q_TILE_ROWS ? j->M - m0 : Q_TILE_ROWS;
+    for (int64_t m = 0; m < mt; ++m) acc[m] = _mm256_setzero_ps();
+    for (int64_t s = 0; s < a->w.ng; ++s) {
+      float wb[256];
+      kq_dequantize_block(a->w.kind, c + s * bbytes, wb);
+      for (int64_t m = 0; m < mt; ++m) {
+        const float *x = j->xp + (m0 + m) * nb * 32 + s * values;
+        for (int64_t k = 0; k < values; k += 8)
+          acc[m] = _mm256_fmadd_ps(_mm256_loadu_ps(wb + k), _mm256_loadu_ps(x + k), acc[m]);
+      }
+    }
+    for (int64_t m = 0; m < mt; ++m) put_q(j, a, m0 + m, n, hsum8(acc[m]));
+  }
+}
+
 static void run_qpart_chunk(const qjob_t *j, const qpart_t *a, int64_t c) {
   int64_t n0 = c * a->rows_per_chunk, n1 = n0 + a->rows_per_chunk;
   if (n1 > a->w.N) n1 = a->w.N;
 #if Q_PANELS_BUILT
   if (j->panel_parts >> (a - j->part) & 1) {
     if (q_panels(j, a, n0, n1) == 0) return;
-    q_tiles(j, a, n0, n1); /* no buffer for the panels: the same products in tiles */
+    if (a->w.kind) kq_rows(j, a, n0, n1); /* no buffer for the panels: the same products in tiles */
+    else q_tiles(j, a, n0, n1);
     return;
   }
 #endif
@@ -268,6 +295,14 @@ static void run_qpart_chunk(const qjob_t *j, const qpart_t *a, int64_t c) {
                     (char *)a->y + n0 * ybytes, 0, 0, a->w.bias_bf16, j->y_bf16, j->M, n1 - n0, j->K, j->ldy, 0, NULL};
       if (blas_rows(&l, 0, n1 - n0) == 0) return;
     }
+  }
+  if (a->w.kind) { /* ggml blocks: int8 x in kquant.c's tiles, or fp32 x against the exact weights */
+    if (!j->exact) {
+      kq_rows(j, a, n0, n1);
+      return;
+    }
+    for (int64_t n = n0; n < n1; ++n) exact_row(j, a, n);
+    return;
   }
   if ((j->M > 1 || ztile_fits(&a->w)) && !j->exact) { /* a batch, a prefill chunk: integer tiles (qtile.c) */
     q_tiles(j, a, n0, n1);
@@ -506,7 +541,7 @@ int rk_gate(const void *y, void *gated, int bf16, int64_t M, int64_t N) {
 static qmat_t rows_of(const qmat_t *w, int64_t n0, int64_t n1) {
   qmat_t r = *w;
   r.codes += n0 * row_bytes(w);
-  r.scales += n0 * w->ng;
+  if (r.scales) r.scales += n0 * w->ng;
   if (r.mins) r.mins += n0 * w->ng;
   if (r.zeros) r.zeros += n0 * w->ng;
   if (r.bias) r.bias = (const char *)r.bias + n0 * (w->bias_bf16 ? 2 : 4);
@@ -535,7 +570,9 @@ static void run_parts(qjob_t *job, int n_parts, const qmat_t *parts, void *y, fl
   for (int p = 0; p < n_parts; ++p) {
     const qmat_t *w = &parts[p];
     float *part_xg = NULL;
-    if (has_mins(w) || (job->panel_parts >> p & 1 && !w->bits4)) { /* X_g per row of x for this part's grouping */
+    if (w->kind) { /* ggml blocks: in panels, X per group of 32 (quant.c's xs) or 16 (xs16); tiles read both */
+      if (job->panel_parts >> p & 1) part_xg = kq_per16(w->kind) ? (float *)job->xs16 : (float *)xs;
+    } else if (has_mins(w) || (job->panel_parts >> p & 1 && !w->bits4)) { /* X_g per row of x for this part's grouping */
       part_xg = xg + group * M;
       for (int64_t m = 0; m < M; ++m)
         for (int64_t g = 0; g < w->ng; ++g) {
@@ -598,8 +635,8 @@ int rk_qlinear_parts(const void *x, int x_bf16, int n_parts, const qmat_t *parts
   if (nb * 32 < K) return -1;
   for (int p = 0; p < n_parts; ++p)
     if (nb_of(&parts[p]) != nb || parts[p].N < 1) return -1;
-  static __thread void *buffers[8];
-  static __thread int64_t sizes[8];
+  static __thread void *buffers[9];
+  static __thread int64_t sizes[9];
   const int exact = mode == 2;
   int panel_parts = 0, rest = 0; /* parts in panels (qpanel.c), parts not */
   for (int p = 0; p < n_parts; ++p) {
@@ -626,6 +663,14 @@ int rk_qlinear_parts(const void *x, int x_bf16, int n_parts, const qmat_t *parts
   }
   qjob_t job = {.qx = qx, .dx = dx, .xf = xf, .xp = xp, .y_bf16 = y_bf16, .blas = blas, .n_parts = n_parts,
                 .exact = exact, .panel_parts = panel_parts, .M = M, .K = K};
+  int blocks16 = 0; /* ggml parts with per-16 scales (Q2_K, Q3_K, Q6_K): their zero terms take xs16 */
+  for (int p = 0; p < n_parts; ++p) blocks16 |= parts[p].kind == 10 || parts[p].kind == 11 || parts[p].kind == 14;
+  if (blocks16 && !exact) {
+    float *xs16 = grow(&buffers[8], &sizes[8], M * nb * 2 * 4);
+    if (!xs16) return -2;
+    kq_sums16(qx, dx, M, nb, xs16);
+    job.xs16 = xs16;
+  }
   int pairs = 0;
   for (int p = 0; p < n_parts; ++p) pairs |= parts[p].bits4 && !(parts[p].spg & 1);
   for (int p = 0; p < n_parts; ++p) pairs |= parts[p].bits4 && ztile_fits(&parts[p]); /* qtile.c's 512-bit tiles */

@@ -63,6 +63,8 @@ typedef struct { /* one quantized matrix, as kernels.py's QMat structure */
   float zp; /* with zeros NULL, every group's z' (z, or z - 128 for 8 bits): a per-tensor zero point, as
              * GGUF's Q4_0 (8) and Q8_0 (0) and symmetric RTN have, needs neither zeros nor mins; 0 with
              * a float offset (Q4_1: mins holds it) */
+  int32_t kind; /* 0: the layout above; else a ggml block type (kquant.c: Q5_0, Q5_1, Q2_K-Q6_K): codes are
+                 * the file's blocks, ng blocks a row of spg sub-blocks each, no scales/mins/zeros */
 } qmat_t;
 
 typedef struct {
@@ -77,6 +79,7 @@ typedef struct { /* what the parts share */
   const float *dx;  /* [M, nb] sub-block scales of x */
   const int8_t *qxp; /* [M, nb * 32] qx in pair order for 4-bit codes (see pair_x), or NULL */
   const float *dxp;  /* [M, nb / 2, 8] d of each pair's two sub-blocks, four times each */
+  const float *xs16; /* [M, nb * 2] dx * Σ q_x per 16 values, for ggml blocks with per-16 scales, or NULL */
   const float *xf;  /* [M, K] fp32 x for the sgemm path */
   const float *xp;  /* [M, nb * 32] fp32 x zero-padded, for the float path */
   int y_bf16, blas, n_parts, exact;
@@ -89,15 +92,32 @@ _Static_assert(sizeof(qjob_t) <= POOL_MAX_CONTEXT, "the pool copies at most POOL
 
 static inline int64_t nb_of(const qmat_t *w) { return w->ng * w->spg; }
 
-/* Whether y takes a zero-point term Σ_g s_g z'_g X_g off: per-group mins, or one z' for every group. */
-static inline int has_mins(const qmat_t *w) { return w->mins || w->zp != 0.f; }
+/* Bytes of one block of a ggml type (ggml-common.h), 0 for the layout of quant.c. */
+static inline int64_t kq_block_bytes(int kind) {
+  switch (kind) {
+  case 6: return 22;   /* Q5_0 */
+  case 7: return 24;   /* Q5_1 */
+  case 10: return 84;  /* Q2_K */
+  case 11: return 110; /* Q3_K */
+  case 12: return 144; /* Q4_K */
+  case 13: return 176; /* Q5_K */
+  case 14: return 210; /* Q6_K */
+  default: return 0;
+  }
+}
+
+/* Whether y takes a zero-point term Σ_g s_g z'_g X_g off: per-group mins, or one z' for every group
+ * (ggml blocks take theirs in kquant.c). */
+static inline int has_mins(const qmat_t *w) { return !w->kind && (w->mins || w->zp != 0.f); }
 /* The term's factors for row n: s z' of group g is f * m[g] (mins: f = 1; else the scales, f = zp): zp * s is
  * the same one rounding of s * z' a mins tensor held, so both layouts give the same floats. */
 static inline const float *mins_row(const qmat_t *w, int64_t n, float *f) {
   *f = w->mins ? 1.f : w->zp;
   return (w->mins ? w->mins : w->scales) + n * w->ng;
 }
-static inline int64_t row_bytes(const qmat_t *w) { return nb_of(w) * (w->bits4 ? 16 : 32); }
+static inline int64_t row_bytes(const qmat_t *w) {
+  return w->kind ? w->ng * kq_block_bytes(w->kind) : nb_of(w) * (w->bits4 ? 16 : 32);
+}
 
 /* Sum of 4 adjacent u8 x s8 products per int32 lane, added to acc: vpdpbusd where the build has
  * AVX-512 VNNI, else maddubs (pair sums in int16) and madd. The callers' operands never reach
@@ -142,7 +162,7 @@ static inline void put_q(const qjob_t *j, const qpart_t *a, int64_t m, int64_t n
  * (benchmarks/qtile_bench.py). */
 static inline int ztile_fits(const qmat_t *w) {
 #ifdef __AVX512BW__
-  return (w->spg == 1 || (w->bits4 && !(w->spg & 1))) && !(nb_of(w) & 1);
+  return !w->kind && (w->spg == 1 || (w->bits4 && !(w->spg & 1))) && !(nb_of(w) & 1);
 #else
   (void)w;
   return 0;
@@ -151,10 +171,23 @@ static inline int ztile_fits(const qmat_t *w) {
 
 /* Whether the panels (qpanel.c) take this matrix for M rows of x in this mode. */
 static inline int q_panels_fit(const qmat_t *w, int64_t M, int mode) {
-  (void)w; /* every layout: 8-bit and 4-bit (and 2/3-bit) codes, any group */
+  (void)w; /* every layout: 8-bit and 4-bit (and 2/3-bit) codes, any group, and ggml's blocks */
   return Q_PANELS_BUILT && mode == 0 && M >= Q_PANEL_ROWS;
 }
 /* Rows n0..n1 of part a against every row of x in panels (qpanel.c); -1 when its buffer cannot be had. */
 int q_panels(const qjob_t *j, const qpart_t *a, int64_t n0, int64_t n1);
 /* Rows n0..n1 of part a against rows of x in tiles, for several rows of x (qtile.c). */
 void q_tiles(const qjob_t *j, const qpart_t *a, int64_t n0, int64_t n1);
+
+/* ggml blocks (kquant.c): rows n0..n1 of part a against every row of the int8 x, in tiles (decode and batches) */
+void kq_rows(const qjob_t *j, const qpart_t *a, int64_t n0, int64_t n1);
+/* rows r0..r1 of a ggml-block matrix as fp32 [rows, K], exactly gguf.quants.dequantize */
+void kq_dequantize_rows(const qmat_t *w, int64_t r0, int64_t r1, int64_t K, float *out);
+/* one block of a ggml type (32 or 256 values) as fp32, exactly gguf.quants.dequantize */
+void kq_dequantize_block(int kind, const uint8_t *blk, float *out);
+/* row n of a ggml-block matrix unpacked for the panels: codes [K], per group (32 values, or 16) s_j and Z_j */
+void kq_unpack_row(const qmat_t *w, int64_t n, uint8_t *codes, float *scales, float *zeros, int64_t stride);
+/* whether a ggml type's scales are per 16 values (Q2_K, Q3_K, Q6_K) */
+static inline int kq_per16(int kind) { return kind == 10 || kind == 11 || kind == 14; }
+/* xs16 [M, nb * 2] from the int8 x: dx * Σ q_x per 16 values */
+void kq_sums16(const int8_t *qx, const float *dx, int64_t M, int64_t nb, float *xs16);

@@ -92,9 +92,14 @@ def apply_cpus(cpus: tuple[int, ...] | None, threads: int) -> None:
     torch.set_num_threads(threads)
 
 
+ONE_DEVICE = "RUVLLM_TP_ONE_DEVICE"  # "1": every rank on the device given (a one-GPU check, with gloo)
+BACKEND = "RUVLLM_TP_BACKEND"  # gloo or nccl instead of the device's default
+
+
 def device_of(device: torch.device, rank: int) -> torch.device:
-    """Rank r's device: cuda:r when each rank has a GPU of its own; the CPU stays the CPU."""
-    if device.type != "cuda":
+    """Rank r's device: cuda:r when each rank has a GPU of its own (unless $RUVLLM_TP_ONE_DEVICE=1); the CPU
+    stays the CPU."""
+    if device.type != "cuda" or os.environ.get(ONE_DEVICE) == "1":
         return device
     return torch.device("cuda", (device.index or 0) + rank)
 
@@ -134,9 +139,10 @@ class Workers:
 def start_workers(world: int, target: str, kwargs: dict, device: torch.device,
                   backend: str | None = None) -> tuple[TensorParallelGroup, Workers]:
     """Spawn ranks 1..world-1 and join the group as rank 0 (this process's threads set to its share)."""
-    backend = backend or default_backend(device)
+    backend = backend or os.environ.get(BACKEND) or default_backend(device)
     plan = cpu_plan(world)
-    if device.type == "cuda" and backend == "nccl" and (device.index or 0) + world > torch.cuda.device_count():
+    if (device.type == "cuda" and backend == "nccl" and os.environ.get(ONE_DEVICE) != "1"
+            and (device.index or 0) + world > torch.cuda.device_count()):
         raise TensorParallelError(f"tensor_parallel_size {world} needs {world} CUDA devices from {device}, this "
                                   f"machine has {torch.cuda.device_count()} (NCCL takes one GPU per rank)")
     store, store_path = TensorParallelGroup.open_store(world) if world > 1 else (None, None)

@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .ggml import GGMLWeight
 from .kernels import PackedWeight, broadcast_zero
 from .linear import QuantLinear, dequantize_packed
 from .rtn import QuantizedWeight
@@ -57,7 +58,7 @@ class QuantEmbedding(nn.Module):
             return F.embedding(input_ids, table.weight).to(self.dtype)
         ids = input_ids.reshape(-1)  # an id out of range fails in index_select, as in nn.Embedding
         p = table.packed
-        if p.bits == 8 and p.scales.shape[1] == 1 and p.mins is None and p.offsets is None:
+        if isinstance(p, PackedWeight) and p.bits == 8 and p.scales.shape[1] == 1 and p.mins is None and p.offsets is None:
             # int8 per channel, symmetric (the default head): w = c * s, c the stored int8 (code - 128);
             # dequantize_packed's (c + 128 - 128) * s in 4 ops instead of ~15 (a decode step gathers one row)
             codes = p.codes.index_select(0, ids.to(p.codes.device))[:, :p.in_features]
@@ -77,8 +78,10 @@ class QuantEmbedding(nn.Module):
         return f"{self.num_embeddings}, {self.embedding_dim}, {'tied to the LM head' if self.tied else 'own table'}"
 
 
-def gather_rows(p: PackedWeight, ids: Tensor) -> PackedWeight:
+def gather_rows(p: PackedWeight | GGMLWeight, ids: Tensor) -> PackedWeight | GGMLWeight:
     """The rows `ids` of a packed weight, as a packed weight of len(ids) rows."""
+    if isinstance(p, GGMLWeight):
+        return p.rows(ids)
     ids = ids.to(p.codes.device)
     take = lambda t: None if t is None else t.index_select(0, ids)  # noqa: E731
     zeros = take(p.zero_points) if p.zero is None else broadcast_zero(p.zero, (len(ids), p.zero_points.shape[1]),

@@ -45,6 +45,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..kernels import CpuKernels, cpu_kernels
+from .ggml import GGMLWeight
 from .rtn import QuantizedWeight, block_layout
 
 SUB = 32  # columns per sub-block: one int8 dot product (quant.c)
@@ -183,7 +184,7 @@ class QMat(ctypes.Structure):
     _fields_ = [("codes", ctypes.c_void_p), ("scales", ctypes.c_void_p), ("mins", ctypes.c_void_p),
                 ("zeros", ctypes.c_void_p), ("bias", ctypes.c_void_p), ("N", ctypes.c_int64),
                 ("ng", ctypes.c_int64), ("spg", ctypes.c_int64), ("bits4", ctypes.c_int32),
-                ("bias_bf16", ctypes.c_int32), ("zp", ctypes.c_float)]
+                ("bias_bf16", ctypes.c_int32), ("zp", ctypes.c_float), ("kind", ctypes.c_int32)]
 
 
 class QuantPlan:
@@ -220,17 +221,22 @@ class QuantPlan:
         return y
 
 
-def qmat(w: PackedWeight, b: Tensor | None) -> QMat:
+def qmat(w: "PackedWeight | GGMLWeight", b: Tensor | None) -> QMat:
     """quant.c's view of one packed weight: zeros NULL for one zero point (then zp is its z') or a float
-    offset (dequantized as s * c - mins, zp 0)."""
+    offset (dequantized as s * c - mins, zp 0). A GGMLWeight is its blocks (codes), `kind` its ggml type
+    (kquant.c), ng its blocks a row and spg their sub-blocks of 32."""
+    bias, bias_bf16 = 0 if b is None else b.data_ptr(), int(b is not None and b.dtype == torch.bfloat16)
+    if isinstance(w, GGMLWeight):
+        t = w.layout
+        return QMat(w.blocks.data_ptr(), 0, 0, 0, bias, w.out_features, w.in_features // t.values, t.values // SUB,
+                    0, bias_bf16, 0.0, t.kind)
     zero = None if w.offsets is not None or w.mins is not None else w.zero  # with mins: z' per group
     if w.offsets is None and w.mins is not None and w.zero_points.numel() > 1 and w.zero is not None:
         raise ValueError("a packed weight with one zero point holds no mins (PackedWeight.from_parts)")
     zp = 0.0 if zero is None else float(zero - (128 if w.bits == 8 else 0))
     zeros = 0 if zero is not None or w.offsets is not None else w.zero_points.data_ptr()
     return QMat(w.codes.data_ptr(), w.scales.data_ptr(), 0 if w.mins is None else w.mins.data_ptr(), zeros,
-                0 if b is None else b.data_ptr(), w.out_features, w.scales.shape[1], w.spg, int(w.bits <= 4),
-                int(b is not None and b.dtype == torch.bfloat16), zp)
+                bias, w.out_features, w.scales.shape[1], w.spg, int(w.bits <= 4), bias_bf16, zp, 0)
 
 
 def cpu_plan_fits(weights: Sequence[PackedWeight], biases: Sequence[Tensor | None]) -> bool:

@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .ggml import GGMLWeight
 from .kernels import PackedWeight, QuantPlan, cpu_kernels_for, cpu_plan_fits, fake_quantize_rows
 from .rtn import QuantizedWeight, quantize_rtn
 
@@ -36,17 +37,18 @@ class QuantLinear(nn.Module):
     kernels = None  # set by use_cpu_kernels: TorchBackend then runs steps in kernel_step (its forward needs none)
     _int8_activations = True
 
-    def __init__(self, qweight: QuantizedWeight | PackedWeight, bias: Tensor | None = None,
+    def __init__(self, qweight: QuantizedWeight | PackedWeight | GGMLWeight, bias: Tensor | None = None,
                  perm: Tensor | None = None, *, consume: bool = False) -> None:
         """consume: qweight is not used after this (its 8-bit codes are packed in place). A PackedWeight is
-        taken as it is (a GGUF file's Q4_0/Q4_1/Q8_0 blocks are that layout already: importers/gguf)."""
+        taken as it is (a GGUF file's Q4_0/Q4_1/Q8_0 blocks are that layout already: importers/gguf), and so is
+        a GGMLWeight (a GGUF's Q5_0/Q5_1/K-quant blocks as the file holds them: quant/ggml.py)."""
         super().__init__()
         self.in_features, self.out_features = qweight.in_features, qweight.out_features
         if perm is not None and tuple(perm.shape) != (qweight.in_features,):
             raise ValueError(f"perm has shape {list(perm.shape)}, expected [{qweight.in_features}]")
         # act-order: the codes' column j is W's column perm[j] (not saved in state_dict: the codes are not either)
         self.register_buffer("perm", None if perm is None else perm.to(torch.int64), persistent=False)
-        if isinstance(qweight, PackedWeight):
+        if isinstance(qweight, (PackedWeight, GGMLWeight)):
             self.packed = qweight
         else:
             self.packed = PackedWeight.pack(qweight, consume) if PackedWeight.packable(qweight) else None
@@ -139,6 +141,9 @@ class QuantLinear(nn.Module):
 
     def extra_repr(self) -> str:
         q = self.packed or self._raw
+        if isinstance(q, GGMLWeight):
+            return (f"in_features={self.in_features}, out_features={self.out_features}, ggml={q.type_name}, "
+                    f"bias={self.bias is not None}")
         group = f"group={q.block_size}" if q.block_size < q.in_features else "per-channel"
         zero = "sym" if q.symmetric else "float-min" if q.offsets is not None else "asym"
         return (f"in_features={self.in_features}, out_features={self.out_features}, bits={q.bits}, {group}, "
@@ -180,8 +185,10 @@ def original_order(w: Tensor, perm: Tensor | None) -> Tensor:
     return w.new_empty(w.shape).index_copy_(1, perm.to(w.device), w)
 
 
-def dequantize_packed(p: PackedWeight) -> Tensor:
+def dequantize_packed(p: PackedWeight | GGMLWeight) -> Tensor:
     """(q - z) * s (+ offset) as float32 [N, K] on the codes' device (QuantizedWeight.dequantize's arithmetic)."""
+    if isinstance(p, GGMLWeight):
+        return p.dequantize()
     n = p.codes.shape[0]
     if p.bits <= 4:
         c = p.codes.view(n, -1, 1, 16)  # [N, nb, 1, 16]
@@ -302,6 +309,9 @@ def _cuda_layout(p: PackedWeight, dtype: torch.dtype) -> tuple | None:
 
     if triton_problem(p.codes.device) is None:
         try:
+            if isinstance(p, GGMLWeight):  # the file's blocks, decoded in the kernel
+                from ..gpu.ggml_matmul import ggml_matmul
+                return "triton", ggml_matmul, None
             from ..gpu.quant_matmul import quant_matmul
             return "triton", quant_matmul, None
         except Exception as error:  # noqa: BLE001 - a broken Triton install: torch's kernels instead
@@ -312,6 +322,8 @@ def _cuda_layout(p: PackedWeight, dtype: torch.dtype) -> tuple | None:
 def torch_cuda_layout(p: PackedWeight) -> tuple | None:
     """("int8", int8 [N, K], scales) or ("int4", torch's int4 tiles, [K / g, N, 2] scales and zeros)
     (w = (q - 8) s + zero) for torch's CUDA kernels; None where neither takes the layout."""
+    if isinstance(p, GGMLWeight):
+        return None
     q = PackedWeight.unpack(p)
     codes, k = q.codes.to(p.codes.device), p.in_features
     if p.bits == 8 and q.blocks == 1 and q.offsets is None and bool((q.zero_points == 128).all()):

@@ -4,7 +4,8 @@ A transformers model with random weights goes through the steps of llama.cpp's c
 that an importer must undo or read: ggml's tensor names (gguf.get_tensor_name_map), llama's q/k rows
 permuted per head (`permute`, as the converter writes it), Gemma's norms stored as 1 + w, the head
 left out when tied, 2-D weights in the asked type (gguf.quants.quantize: Q4_0, Q4_1, Q8_0, Q5_0, F16,
-...; K-quants, which gguf cannot quantize, as random valid blocks), and the vocabulary as
+...; K-quants, which gguf cannot quantize, by kquants.py after llama.cpp's reference quantizer; IQ4 types
+as random valid blocks), a type per tensor for mixes (Q4_K_M), and the vocabulary as
 tokenizer.ggml.* metadata. Nothing is downloaded.
 """
 from __future__ import annotations
@@ -17,6 +18,8 @@ from typing import Callable
 import gguf
 import numpy as np
 import torch
+
+from tests.importers.kquants import quantize as quantize_k
 
 CHATML = ("{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + "
           "'<|im_end|>' + '\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
@@ -137,20 +140,27 @@ def hf_model(model_type: str, vocab_size: int, seed: int = 0, **overrides):
     return model.float().eval()
 
 
-def random_k_quant(rows: int, cols: int, qtype: gguf.GGMLQuantizationType, seed: int = 0) -> np.ndarray:
-    """Random but valid blocks of a K-quant (small positive fp16 super-block scales): [rows, bytes]."""
+def random_blocks(rows: int, cols: int, qtype: gguf.GGMLQuantizationType, seed: int = 0) -> np.ndarray:
+    """Random but valid blocks of a type gguf cannot quantize and the kernels do not run (IQ4_NL, IQ4_XS: an fp16
+    d first, then indices): [rows, bytes]."""
     block, size = gguf.GGML_QUANT_SIZES[qtype]
     rng = np.random.default_rng(seed)
     data = rng.integers(0, 256, (rows, cols // block, size), dtype=np.uint8)
-    scale = np.full((rows, cols // block, 1), 0.002, dtype=np.float16).view(np.uint8)  # [.., 2] bytes
-    if qtype in (gguf.GGMLQuantizationType.Q2_K, gguf.GGMLQuantizationType.Q4_K, gguf.GGMLQuantizationType.Q5_K):
-        offset = {gguf.GGMLQuantizationType.Q2_K: 80, gguf.GGMLQuantizationType.Q4_K: 0,
-                  gguf.GGMLQuantizationType.Q5_K: 0}[qtype]
-        data[..., offset:offset + 2] = scale.reshape(rows, cols // block, 2)  # d
-        data[..., offset + 2:offset + 4] = scale.reshape(rows, cols // block, 2)  # dmin
-    else:  # Q3_K, Q6_K: d is the block's last two bytes
-        data[..., size - 2:] = scale.reshape(rows, cols // block, 2)
+    data[..., 0:2] = np.full((rows, cols // block, 1), 0.002, dtype=np.float16).view(np.uint8)
+    if qtype == gguf.GGMLQuantizationType.IQ4_XS:  # scales_h, scales_l after d: keep them small
+        data[..., 2:8] = 0
     return data.reshape(rows, -1)
+
+
+def quantized_blocks(data: np.ndarray, kind: str) -> np.ndarray:
+    """data float32 [N, K] as `kind` blocks: gguf's quantizer, the K-quants by tests/importers/kquants.py
+    (after llama.cpp's reference), IQ4 types as random valid blocks."""
+    q = gguf.GGMLQuantizationType[kind]
+    if kind.endswith("_K"):
+        return quantize_k(data, kind)
+    if kind.startswith("IQ"):
+        return random_blocks(*data.shape, q)
+    return gguf.quants.quantize(data, q)
 
 
 QType = str | Callable[[str, np.ndarray], str]
@@ -207,9 +217,7 @@ def write_gguf(path: Path, model, vocab: Vocab, qtype: QType = "F32", *, arch: s
         elif kind == "F16":
             w.add_tensor(gname, data.astype(np.float16))
         else:
-            q = gguf.GGMLQuantizationType[kind]
-            raw = (random_k_quant(*data.shape, q) if kind.endswith("_K") else gguf.quants.quantize(data, q))
-            w.add_tensor(gname, raw, raw_dtype=q)
+            w.add_tensor(gname, quantized_blocks(data, kind), raw_dtype=gguf.GGMLQuantizationType[kind])
     scaling = getattr(cfg, "rope_scaling", None) or getattr(cfg, "rope_parameters", None) or {}
     if scaling.get("rope_type") == "llama3":  # the converter stores Llama 3's rope divisors as a tensor
         w.add_tensor("rope_freqs.weight", llama3_rope_freqs(scaling, theta, head_dim))

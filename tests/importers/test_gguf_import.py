@@ -3,8 +3,8 @@
 References: the transformers model the file was written from (logits of the float import), transformers'
 own GGUF loader (`from_pretrained(dir, gguf_file=...)`, dequantized with gguf's reference) and gguf's
 reference dequantization for the native Q4_0 / Q4_1 / Q8_0 codes. Covers llama (q/k permuted), qwen2,
-phi3, gemma, gemma2, tied and untied heads, every native type, F16 / Q5_0 / K-quants dequantized, the
-import-gguf folder loaded by transformers, and bad files.
+phi3, gemma, gemma2, tied and untied heads, every native type, F16 / IQ4_NL dequantized, the
+import-gguf folder loaded by transformers, and bad files (the block types: test_gguf_kquants.py).
 """
 from __future__ import annotations
 
@@ -130,7 +130,7 @@ def test_native_types_stay_codes_and_match_dequantized(qtype, tied, vocab, cache
         assert (got - expected).abs().max().item() < 0.5
 
 
-@pytest.mark.parametrize("qtype", ["F16", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"])
+@pytest.mark.parametrize("qtype", ["F16", "IQ4_NL"])  # Q5_x and K-quants stay codes: test_gguf_kquants.py
 def test_other_types_are_dequantized_with_ggml_reference(qtype, vocab, cache, tmp_path):
     original = hf_model("llama", len(vocab.tokens), hidden_size=256, intermediate_size=512)
     path = write_gguf(tmp_path / f"{qtype}.gguf", original, vocab, qtype)
@@ -222,7 +222,8 @@ def test_dequantizing_in_row_chunks_gives_gguf_s_values(qtype, vocab, tmp_path, 
     from py_engine.importers.gguf import tensors
     from py_engine.importers.gguf.reader import GGUFFile
 
-    path = write_gguf(tmp_path / f"{qtype}.gguf", hf_model("llama", len(vocab.tokens), hidden_size=256), vocab, qtype)
+    path = write_gguf(tmp_path / f"{qtype}.gguf", hf_model("llama", len(vocab.tokens), hidden_size=256,
+                                                           intermediate_size=512), vocab, qtype)
     file = GGUFFile(path)
     t = file.tensors["token_embd.weight"]
     whole = gguf.quants.dequantize(t.data, t.qtype).reshape(t.shape)

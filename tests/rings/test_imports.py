@@ -126,12 +126,13 @@ def test_native_server_top_level_is_packages_and_entry_modules():
     root = REPO / "native_server"
     assert sorted(p.name for p in root.glob("*.py")) == ["__init__.py", "serve.py"]
     packages = sorted(p.parent.name for p in root.glob("*/__init__.py"))
-    assert packages == ["api", "bench", "engine", "learning"]
+    assert packages == ["api", "bench", "cluster", "engine", "learning"]
 
 
 def test_the_engine_imports_no_http_learning_or_benchmark_module():
     """The seam of the server: api/, learning/ and bench/ build on the engine, never the other way."""
-    above = ("native_server.api", "native_server.learning", "native_server.bench", "native_server.serve")
+    above = ("native_server.api", "native_server.learning", "native_server.bench", "native_server.serve",
+             "native_server.cluster")
     upward = {m: sorted(t for t in targets if t.startswith(above))
               for m, targets in _native_server_edges().items() if m.startswith("native_server.engine")}
     assert len(upward) > 12 and {m: t for m, t in upward.items() if t} == {}

@@ -116,6 +116,69 @@ CASES = [
               '{"role": "user", "content": "hi"}]}' % _deep(600)).encode()),
     Case("body_100000_deep", 400, raw=_deep(100_000).encode()),
     Case("prompt_65_deep", 400, raw=('{"prompt": %s}' % _deep(64)).encode()),
+    # GBNF grammars (issue 33): text, rules, nesting, recursion and the automaton, each bounded.
+    Case("grammar_not_a_string", 400, body=_c(grammar={"root": "x"}), param="grammar"),
+    Case("grammar_syntax_error", 400, body=_c(grammar='root ::= "a" | ('), param="grammar"),
+    Case("grammar_undefined_rule", 400, "/v1/chat/completions", _chat(grammar="root ::= nowhere"), param="grammar"),
+    Case("grammar_never_ends", 400, body=_c(grammar='root ::= "(" root ")"'), param="grammar"),
+    Case("grammar_over_100k_chars", 400, body=_c(grammar="root ::= " + '"a" ' * 30_000), param="grammar"),
+    Case("grammar_parens_100_deep", 400, body=_c(grammar="root ::= " + "(" * 100 + '"a"' + ")" * 100),
+         param="grammar"),
+    Case("grammar_repeat_count_huge", 400, body=_c(grammar='root ::= "a"{99999999999}'), param="grammar"),
+    Case("grammar_automaton_too_big", 400, body=_c(grammar='root ::= ("abcdefghijklmnopqrstuvwxyz" [0-9]){2000}'), param="grammar"),
+    Case("grammar_doubling_rules", 400, body=_c(grammar="root ::= r0\n" + "".join(
+        f"r{i} ::= r{i + 1} r{i + 1}\n" for i in range(40)) + 'r40 ::= "ab"'), param="grammar"),
+    Case("grammar_mutual_recursion_fan", 400, body=_c(grammar="root ::= r0\n" + "".join(
+        f"r{i} ::= " + " | ".join(f'"{i}" r{j}' for j in range(30)) + ' | "."\n' for i in range(30))),
+        param="grammar"),
+    Case("grammar_and_guided_both", 400, body=_c(grammar='root ::= "a"', guided_regex="a"), param=ANY),
+    Case("parallel_tool_calls_not_a_bool", 400, "/v1/chat/completions", _chat(parallel_tool_calls="no"),
+         param="parallel_tool_calls"),
+    # /v1/responses (issue 33): what it does not do is named; its lists, ids and metadata are bounded.
+    Case("responses_hosted_tool", 400, "/v1/responses", {"input": "x", "tools": [{"type": "web_search"}]},
+         param="tools"),
+    Case("responses_reasoning", 400, "/v1/responses", {"input": "x", "reasoning": {"effort": "high"}},
+         param="reasoning"),
+    Case("responses_reasoning_item", 400, "/v1/responses", {"input": [{"type": "reasoning", "summary": []}]},
+         param="input"),
+    Case("responses_items_over_limit", 400, "/v1/responses",
+         {"input": [{"role": "user", "content": "x"}] * 2049, "max_output_tokens": 2}, param="input"),
+    Case("responses_input_not_text", 400, "/v1/responses", {"input": 5}, param="input"),
+    Case("responses_metadata_over_16", 400, "/v1/responses",
+         {"input": "x", "metadata": {f"k{i}": "v" for i in range(17)}}, param="metadata"),
+    Case("responses_metadata_value_long", 400, "/v1/responses", {"input": "x", "metadata": {"k": "v" * 513}},
+         param="metadata"),
+    Case("responses_previous_unknown", 404, "/v1/responses", {"input": "x", "previous_response_id": "resp_" + "9" * 500},
+         param="previous_response_id"),
+    Case("responses_get_unknown", 404, "/v1/responses/resp_nope", method="GET", param="response_id"),
+    Case("responses_delete_unknown", 404, "/v1/responses/resp_nope", method="DELETE", param="response_id"),
+    Case("responses_output_tokens_over_context", 400, "/v1/responses", {"input": "x", "max_output_tokens": 10**6},
+         param="max_tokens"),
+    Case("responses_text_format_bad_schema", 400, "/v1/responses", {"input": "x", "text": {"format": {
+        "type": "json_schema", "name": "s", "schema": {"type": "string", "contentSchema": {}}}}},
+        param="response_format"),
+    # /v1/messages (issue 33): Anthropic's error shape (param not sent: named in the message).
+    Case("messages_no_max_tokens", 400, "/v1/messages", {"messages": USER}),
+    Case("messages_image_block", 400, "/v1/messages", {"max_tokens": 2, "messages": [
+        {"role": "user", "content": [{"type": "image", "source": {"type": "base64", "data": "AAAA"}}]}]}),
+    Case("messages_bad_role", 400, "/v1/messages", {"max_tokens": 2, "messages": [{"role": "system", "content": "x"}]}),
+    Case("messages_thinking", 400, "/v1/messages", {"max_tokens": 2, "messages": USER,
+                                                    "thinking": {"type": "enabled", "budget_tokens": 1024}}),
+    Case("messages_server_tool", 400, "/v1/messages", {"max_tokens": 2, "messages": USER,
+                                                       "tools": [{"type": "bash_20250124", "name": "bash"}]}),
+    Case("messages_tool_choice_bad", 400, "/v1/messages", {"max_tokens": 2, "messages": USER,
+                                                           "tool_choice": {"type": "maybe"}}),
+    Case("messages_stop_sequences_over_16", 400, "/v1/messages", {"max_tokens": 2, "messages": USER,
+                                                                  "stop_sequences": ["x"] * 17}),
+    Case("messages_tool_use_from_user", 400, "/v1/messages", {"max_tokens": 2, "messages": [
+        {"role": "user", "content": [{"type": "tool_use", "id": "t", "name": "f", "input": {}}]}]}),
+    Case("messages_over_limit", 400, "/v1/messages", {"max_tokens": 2, "messages": USER * 2049}),
+    Case("messages_max_tokens_over_context", 400, "/v1/messages", {"max_tokens": 10**6, "messages": USER}),
+    Case("messages_wrong_x_api_key", 401, "/v1/messages", {"max_tokens": 2, "messages": USER}, keyless=True,
+         headers={"x-api-key": "nope"}),
+    Case("messages_count_tokens_bad_block", 400, "/v1/messages/count_tokens",
+         {"messages": [{"role": "user", "content": [{"type": "document"}]}]}),
+    Case("messages_unknown_model", 404, "/v1/messages", {"model": "claude-9", "max_tokens": 2, "messages": USER}),
     # Chat templates: only the model's own, bounded in time, memory and output.
     Case("client_template_refused", 400, "/v1/chat/completions",
          _chat(chat_template_kwargs={"chat_template": "{% for i in range(99999) %}{% endfor %}"}),
@@ -185,8 +248,14 @@ def _send_over_socket(base: httpx.URL, method: str, path: str, headers: dict[str
 
 
 def error_shape(response: httpx.Response) -> dict[str, Any]:
-    """The OpenAI error object of a response, asserting its shape."""
-    error = response.json()["error"]
+    """The OpenAI error object of a response, asserting its shape; on /v1/messages Anthropic's
+    ({"type": "error", "error": {"type", "message"}}), returned with param None."""
+    body = response.json()
+    if body.get("type") == "error":
+        assert body["type"] == "error" and set(body["error"]) == {"type", "message"}, body
+        assert isinstance(body["error"]["message"], str) and body["error"]["message"], body
+        return {**body["error"], "param": None, "code": response.status_code}
+    error = body["error"]
     assert set(error) == {"message", "type", "param", "code"}, error
     assert isinstance(error["message"], str) and error["message"] and isinstance(error["type"], str), error
     return error

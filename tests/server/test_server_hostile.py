@@ -63,6 +63,8 @@ def test_hostile_request_gets_its_4xx_and_the_server_goes_on(http, case):
     response = send(http, case, API_KEY)
     assert response.status_code == case.status, (case.name, response.text[:500])
     error = error_shape(response)
+    if case.path.startswith("/v1/messages"):  # Anthropic's API, Anthropic's error shape
+        assert response.json()["type"] == "error", (case.name, response.text[:500])
     if case.param is not ANY:
         assert error["param"] == case.param, (case.name, error)
     assert len(error["message"]) < 1000  # a 5,000-digit key is not echoed back

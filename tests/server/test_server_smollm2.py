@@ -85,3 +85,29 @@ def test_greedy_equals_the_single_sequence_engine_and_streams_the_same(client, s
         chunks = client.chat.completions.create(model=NAME, messages=messages, temperature=0, max_tokens=24,
                                                 stream=True)
         assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == want.text
+
+
+def test_responses_and_messages_equal_chat(client, server):
+    """The same conversations through /v1/responses (openai client: create, stream, previous_response_id)
+    and /v1/messages (anthropic client: create, stream, count_tokens): the chat endpoint's greedy text."""
+    anthropic = pytest.importorskip("anthropic")
+    claude = anthropic.Anthropic(base_url=server[0].url, api_key=API_KEY, max_retries=0, timeout=300)
+    for messages in (QUESTION, SECOND):
+        chat = client.chat.completions.create(model=NAME, messages=messages, temperature=0, max_tokens=24)
+        want = chat.choices[0].message.content
+        text = messages[0]["content"]
+        done = client.responses.create(model=NAME, input=text, temperature=0, max_output_tokens=24)
+        assert done.output_text == want and done.usage.input_tokens == chat.usage.prompt_tokens
+        with client.responses.stream(model=NAME, input=text, temperature=0, max_output_tokens=24) as stream:
+            assert "".join(e.delta for e in stream if e.type == "response.output_text.delta") == want
+        reply = claude.messages.create(model=NAME, max_tokens=24, messages=messages, extra_body={"temperature": 0})
+        assert reply.content[0].text == want and reply.usage.input_tokens == chat.usage.prompt_tokens
+        with claude.messages.stream(model=NAME, max_tokens=24, messages=messages,
+                                    extra_body={"temperature": 0}) as stream:
+            assert stream.get_final_text() == want
+        assert claude.messages.count_tokens(model=NAME, messages=messages).input_tokens == chat.usage.prompt_tokens
+    follow = client.responses.create(model=NAME, previous_response_id=done.id, input=QUESTION[0]["content"],
+                                     temperature=0, max_output_tokens=24)
+    again = client.chat.completions.create(model=NAME, temperature=0, max_tokens=24, messages=[
+        *SECOND, {"role": "assistant", "content": done.output_text}, *QUESTION])
+    assert follow.output_text == again.choices[0].message.content

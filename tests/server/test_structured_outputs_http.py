@@ -178,7 +178,10 @@ def test_vllm_extras_and_completions(client):
      "response_format", "contentSchema"),
     ({"response_format": {"type": "yaml"}}, "response_format", "text, json_object or json_schema"),
     ({"structured_outputs": {"regex": "(a)\\1"}}, "structured_outputs", "backreferences"),
-    ({"structured_outputs": {"grammar": "root ::= x"}}, "structured_outputs", "EBNF"),
+    ({"structured_outputs": {"grammar": "root ::= x"}}, "structured_outputs", "'x' is used but not defined"),
+    ({"grammar": 'root ::= "(" root ")"'}, "grammar", "no output of root ends"),
+    ({"guided_grammar": "root ::= [a-"}, "guided_grammar", "unexpected end"),
+    ({"grammar": ["root ::= x"]}, "grammar", "string"),
     ({"structured_outputs": {"regex": "a", "choice": ["a"]}}, "structured_outputs", "exactly one"),
     ({"tools": [{"type": "function", "function": {"parameters": {}}}]}, "tools", "name must be"),
     ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice",
@@ -196,3 +199,29 @@ def test_bad_grammars_and_tools_are_400(server, body, param, words):
     assert response.status_code == 400, response.text
     error = response.json()["error"]
     assert error["param"] == param and words in error["message"], error
+
+
+def test_gbnf_grammars_on_completions_and_chat(server, client):
+    """llama.cpp's grammars on the server's `grammar` field: the seeded T=1 run of tests/gbnf_cases.py
+    gives the texts LLM.generate gives, and each is a sentence (or a cut prefix) by llama.cpp's engine."""
+    from py_engine import LLM, SamplingParams
+    from py_engine.guided import StructuredOutputsParams
+    from tests.gbnf_cases import GRAMMARS, MAX_TOKENS, PROMPT, SEEDS
+    from tests.guided.llama_grammar import llama_grammar_checker
+
+    check = llama_grammar_checker()
+    llm = LLM("tiny-shakespeare", device="cpu")
+    for name in ("arithmetic", "list"):
+        grammar = GRAMMARS[name]
+        got = [client.completions.create(model="tiny", prompt=PROMPT, max_tokens=MAX_TOKENS, temperature=1.0,
+                                         seed=seed, extra_body={"grammar": grammar}).choices[0] for seed in SEEDS]
+        want = [llm.generate(PROMPT, SamplingParams(temperature=1.0, seed=seed, max_tokens=MAX_TOKENS,
+                                                    structured_outputs=StructuredOutputsParams(grammar=grammar)))
+                for seed in SEEDS]
+        assert [(c.text, c.finish_reason) for c in got] == [(w.text, w.finish_reason) for w in want], name
+        verdicts = check(grammar, [c.text for c in got])
+        assert verdicts == ["complete" if c.finish_reason == "stop" else "prefix" for c in got], name
+    done = client.chat.completions.create(model="tiny", messages=USER, max_tokens=60, temperature=1.0, seed=2,
+                                          extra_body={"grammar": GRAMMARS["list"]})
+    assert check(GRAMMARS["list"], [done.choices[0].message.content]) == [
+        "complete" if done.choices[0].finish_reason == "stop" else "prefix"]

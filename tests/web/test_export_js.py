@@ -39,6 +39,9 @@ PACKAGES = ("onnxruntime-node", "onnxruntime-web")
 PROMPT = [5, 17, 99, 3, 250, 42, 7, 11]
 GREEDY = 16
 TOL = {"fp32": 1e-4, "int4": 1e-4, "int8": 1e-4}
+# onnxruntime-web's wasm MatMulNBits multiplies float activations whatever the accuracy level, where CPython's
+# quantizes them to int8 per block (level 4): logits of this random model (up to ~6) differ by the rounding
+WEB_QUANT_TOL = 1.0
 
 
 def _installed(modules: Path) -> bool:
@@ -127,8 +130,15 @@ def test_js_runtime_matches_cpython(node_modules, exported, tmp_path, manifest_r
     assert logits.shape == (ref.size,)
     diff = float(np.abs(logits.reshape(ref.shape) - ref).max())
     print(f"\n{runtime} {precision} {model.name}: max abs diff vs CPython {diff:.1e}")
-    assert diff < TOL[precision]
-    assert list(ref[len(PROMPT) - 1:].argmax(-1)) == tokens
+    exact = runtime == "node" or precision == "fp32"
+    assert diff < (TOL[precision] if exact else WEB_QUANT_TOL)
+    steps = ref[len(PROMPT) - 1:]
+    if exact:
+        assert list(steps.argmax(-1)) == tokens
+    else:  # the same greedy choice wherever CPython's top two are further apart than the difference
+        top2 = np.sort(steps, axis=-1)[:, -2:]
+        clear = (top2[:, 1] - top2[:, 0]) > 2 * diff
+        assert all(int(r.argmax()) == t for r, t, c in zip(steps, tokens, clear) if c) and clear.any()
     if precision == "fp32":
         assert tokens == torch_greedy(hf)
 
@@ -159,14 +169,15 @@ def test_manifest_points_each_runtime_at_its_variant(exported):
     assert {f: e["target"] for f, e in files.items()} == {
         "onnx/model.onnx": "native", "onnx/model_q4.onnx": "native", "onnx/model_q4_web.onnx": "web",
         "onnx/model_quantized.onnx": "native", "onnx/model_quantized_web.onnx": "web"}
-    assert files["onnx/model_q4_web.onnx"]["session_options"] == {"session.disable_quant_qdq": "1"}
-    assert files["onnx/model_q4.onnx"]["session_options"] == {}
+    assert files["onnx/model_q4_web.onnx"]["session_options"] == files["onnx/model_q4.onnx"]["session_options"] == {}
+    assert files["onnx/model_q4_web.onnx"]["engine"]["layers"][0]["qkv"]["bits"] == 4  # the page's kernels run it
+    assert "engine" not in files["onnx/model_q4.onnx"]
     genai = json.loads((root / "out" / "genai_config.json").read_text())
     assert genai["model"]["decoder"]["filename"] == "onnx/model_quantized.onnx"  # never a web graph
 
 
 def test_web_graphs_too_big_for_wasm_fall_back_to_native():
-    """onnxruntime-web gets the web graph while its folded float weights fit the wasm heap."""
+    """onnxruntime-web gets the web graph while its weights (held as they are) fit the wasm heap."""
     from export.manifest import FOLDED_LIMIT, runtime_files
 
     def files(folded: int) -> dict:

@@ -121,8 +121,9 @@ def test_greedy_tokens_equal_torch_and_cpython(models, node_run):
 
 def test_smollm2_int4_greedy_chat_equals_cpython(scratch, smollm2_web):
     """Golden matrix, SmolLM2 (a real 135M chat model, its Q4_1 GGUF exported int4 for the web): the
-    package in Node gives onnxruntime-in-CPython's greedy chat replies, token for token (one model load)."""
-    from tests.web.smollm2_golden import CHATS, MAX_TOKENS, PRECISION
+    package in Node gives onnxruntime-in-CPython's greedy chat replies, token for token up to a near-tie
+    (smollm2_golden.check_greedy; one model load)."""
+    from tests.web.smollm2_golden import CHATS, MAX_TOKENS, PRECISION, check_greedy
 
     spec = {"path": str(smollm2_web.export), "precision": PRECISION, "chats": CHATS, "max_tokens": MAX_TOKENS,
             "runtime": "web"}
@@ -131,8 +132,9 @@ def test_smollm2_int4_greedy_chat_equals_cpython(scratch, smollm2_web):
     run = _run(["node", "chat_greedy.mjs", str(path)], scratch)
     assert run.returncode == 0, run.stderr[-4000:]
     got = json.loads(run.stdout)
-    assert got["load"]["runtime"] == "onnxruntime-web"
-    assert got["token_ids"] == smollm2_web.expected
+    # the web graph's codes on the package's own wasm kernels (onnxruntime-web runs graphs they do not take)
+    assert got["load"]["device"] == "wasm" and got["load"]["runtime"].startswith("ruvllm-wasm"), got["load"]
+    check_greedy(got["token_ids"], smollm2_web, "npm in Node")
     from py_engine.tokenizer import Tokenizer
 
     reply = Tokenizer.from_pretrained(smollm2_web.export).decode(got["token_ids"][0], skip_special_tokens=True)

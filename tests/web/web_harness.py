@@ -19,6 +19,7 @@ from typing import Iterator
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
                  "--disable-sync", "--disable-default-apps", "--no-first-run"]
+WEBGPU_ARGS = ["--enable-unsafe-webgpu", "--enable-features=Vulkan", "--use-angle=swiftshader"]
 
 
 def _free_port() -> int:
@@ -55,14 +56,16 @@ def static_server(dist: Path) -> Iterator[str]:
 
 
 @contextlib.contextmanager
-def browser(profile: Path) -> Iterator[tuple[object, list[str]]]:
-    """A persistent Chromium context (profile keeps the Cache API across pages); yields it and the request log."""
+def browser(profile: Path, webgpu: bool = False) -> Iterator[tuple[object, list[str]]]:
+    """A persistent Chromium context (profile keeps the Cache API across pages); yields it and the request log.
+    webgpu: navigator.gpu offers an adapter (SwiftShader, a software GPU, on 127.0.0.1 pages)."""
     from playwright.sync_api import sync_playwright
 
     requests: list[str] = []
+    args = [a for a in CHROMIUM_ARGS if not (webgpu and a == "--disable-gpu")] + (WEBGPU_ARGS if webgpu else [])
     with sync_playwright() as pw:
         context = pw.chromium.launch_persistent_context(str(profile), executable_path=CHROMIUM, headless=True,
-                                                        args=CHROMIUM_ARGS)
+                                                        args=args)
         context.on("request", lambda r: requests.append(r.url))
         try:
             yield context, requests

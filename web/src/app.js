@@ -71,7 +71,9 @@ async function loadModel() {
   try {
     state.engine = await createEngine({
       model: here(url), worker: true, precision: $('precision').value, modelName: url,
+      device: $('device-choice').value,
       pyodideURL: here('pyodide/'), wasmPaths: here('ort/'), ortURL: here('ort/ort.wasm.min.mjs'),
+      ortWebgpuURL: here('ort/ort.webgpu.min.mjs'),
       wheelsURL: here('wheels/'), workerURL: here('ruvllm/worker.js'),
       onProgress: (p) => loadProgress(p, pending),
     });
@@ -79,6 +81,8 @@ async function loadModel() {
     state.loadMs = performance.now() - started;
     state.readyMs = performance.now(); // since navigation start: how soon the page is usable
     $('loadtime').textContent = `${(state.loadMs / 1000).toFixed(1)} s`;
+    $('device').textContent = state.engine.stats.runtime;
+    document.body.dataset.device = state.engine.stats.device;
     setStatus('ready');
     $('send').disabled = false;
   } catch (error) {
@@ -211,6 +215,7 @@ try {
   const wanted = new URLSearchParams(location.search);
   if (wanted.has('model')) $('model-url').value = wanted.get('model');
   if (wanted.has('precision')) $('precision').value = wanted.get('precision');
+  if (wanted.has('device')) $('device-choice').value = wanted.get('device');
   // A model named in the URL, or the only one built, loads at once; with a menu the user picks first.
   const only = $('model').options.length === 1 && $('model').value;
   if (wanted.get('autoload') !== '0' && (wanted.has('model') || only)) await loadModel();

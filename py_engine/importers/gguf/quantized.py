@@ -1,4 +1,8 @@
-"""GGUF's Q4_0, Q4_1 and Q8_0 tensors as QuantLinear weights, kept as integer codes (nothing re-rounded).
+"""GGUF's quantized tensors as QuantLinear weights, kept as integer codes (nothing re-rounded).
+
+Q5_0, Q5_1 and the K-quants (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K) are kept as the file's own blocks
+(py_engine.quant.ggml.GGMLWeight: the kernels decode each block's scales as they reach it). Q4_0,
+Q4_1 and Q8_0 are copied into quant.c's own layout:
 
 ggml's blocks of 32 values (ggml-common.h), and the QuantizedWeight each becomes (groups of 32 along
 the input dimension, scales in float32 from the blocks' fp16):
@@ -20,15 +24,18 @@ import torch
 from torch import nn
 
 from py_engine.quant.embedding import install_quant_embedding
+from py_engine.quant.ggml import TYPES as BLOCK_TYPES, GGMLWeight
 from py_engine.quant.linear import QuantLinear
 from py_engine.quant.mapped import MappedPages
 from py_engine.quant.kernels import PackedWeight, broadcast_zero
 from py_engine.quant.rtn import QuantizedWeight
 
+from .blocks import check_weight, dequantized_notice
 from .reader import GGUFTensor
 from .tensors import row_order
 
-NATIVE_TYPES = ("Q4_0", "Q4_1", "Q8_0")
+PACKED_TYPES = ("Q4_0", "Q4_1", "Q8_0")  # copied into quant.c's PackedWeight layout
+NATIVE_TYPES = PACKED_TYPES + tuple(BLOCK_TYPES)  # everything the kernels run as codes
 BLOCK = 32
 
 
@@ -85,11 +92,32 @@ def gguf_packed(t: GGUFTensor, rows: np.ndarray | None = None) -> PackedWeight:
 CHUNK_ROWS = 8192  # rows copied at a time before their mapped pages are given back
 
 
-def packed_from_file(t: GGUFTensor, rows: np.ndarray | None, pages: MappedPages) -> PackedWeight:
-    """gguf_packed(t, rows), with t's mapped pages given back as they are copied: a chunk of rows at a time,
-    so the file's pages of a large table (the 151936 x 896 Q8_0 token_embd: 144 MB) never sit beside its copy."""
+def gguf_blocks(t: GGUFTensor, rows: np.ndarray | None = None) -> GGMLWeight:
+    """The GGMLWeight of a Q5_0 / Q5_1 / K-quant matrix [N, K]: its blocks as the file holds them, rows
+    gathered by `rows` when given."""
+    n, k = t.shape
+    blocks = np.asarray(t.data).reshape(n, -1)  # [N, K / block * bytes]
+    blocks = blocks[rows] if rows is not None else np.array(blocks)  # a copy either way: the file is released
+    return GGMLWeight(t.type_name, torch.from_numpy(np.ascontiguousarray(blocks)), k)
+
+
+def packed_from_file(t: GGUFTensor, rows: np.ndarray | None, pages: MappedPages) -> PackedWeight | GGMLWeight:
+    """gguf_packed(t, rows) (gguf_blocks for the block types), with t's mapped pages given back as they are
+    copied: a chunk of rows at a time, so the file's pages of a large table (the 151936 x 896 Q8_0 token_embd:
+    144 MB) never sit beside its copy."""
     data = np.asarray(t.data)
     n = t.shape[0]
+    if t.type_name in BLOCK_TYPES:
+        if rows is not None or n <= CHUNK_ROWS:
+            w = gguf_blocks(t, rows)
+            release(pages, t)
+            return w
+        out = torch.empty(n, data.reshape(n, -1).shape[1], dtype=torch.uint8)
+        for r in range(0, n, CHUNK_ROWS):
+            piece = GGUFTensor(t.name, t.type_name, (min(n, r + CHUNK_ROWS) - r, t.shape[1]), data[r:r + CHUNK_ROWS], 0)
+            out[r:r + CHUNK_ROWS].copy_(torch.from_numpy(np.asarray(piece.data).reshape(len(out[r:r + CHUNK_ROWS]), -1)))
+            release(pages, piece)
+        return GGMLWeight(t.type_name, out, t.shape[1])
     if rows is not None or n <= CHUNK_ROWS or data.ndim != 2 or data.shape[0] != n:
         packed = gguf_packed(t, rows)
         release(pages, t)
@@ -115,9 +143,11 @@ def packed_from_file(t: GGUFTensor, rows: np.ndarray | None, pages: MappedPages)
 
 
 def install_native(checkpoint, model: nn.Module, device) -> set[str]:
-    """Swap each nn.Linear whose GGUF tensor is Q4_0 / Q4_1 / Q8_0 for a QuantLinear over its codes, and a
+    """Swap each nn.Linear whose GGUF tensor is of a NATIVE_TYPES type for a QuantLinear over its codes, and a
     token_embd of those types for a QuantEmbedding (py_engine.quant.embedding) that dequantizes the rows of
-    each step, as llama.cpp does: over the head's codes when tied (one copy of the table), else its own."""
+    each step, as llama.cpp does: over the head's codes when tied (one copy of the table), else its own.
+    Every block's scales are checked on the copy (check_weight); the tensors left to dequantize to float are
+    named in one logged line with the memory they take (dequantized_notice)."""
     gguf, config = checkpoint.gguf, checkpoint.config
     consumed: set[str] = set()
     tied = bool(config.get("tie_word_embeddings"))
@@ -133,12 +163,14 @@ def install_native(checkpoint, model: nn.Module, device) -> set[str]:
         if t is None or t.type_name not in NATIVE_TYPES:
             continue
         q = packed_from_file(t, row_order(gguf, tensor_name, config), pages)
+        check_weight(gguf.path, tensor_name, t.type_name, q)
         bias = None if module.bias is None else torch.empty(module.out_features, device="meta")
         parent, _, leaf = name.rpartition(".")
         setattr(model.get_submodule(parent) if parent else model, leaf, QuantLinear(q, bias))
         if hf in checkpoint.names:
             consumed.add(hf)
     consumed |= _install_embedding(checkpoint, model, tied, pages)
+    dequantized_notice(checkpoint, model, consumed)
     return consumed
 
 
@@ -151,7 +183,7 @@ def release(pages: MappedPages, t: GGUFTensor) -> None:
 
 
 def _install_embedding(checkpoint, model: nn.Module, tied: bool, pages: MappedPages) -> set[str]:
-    """The QuantEmbedding for a Q4_0 / Q4_1 / Q8_0 token_embd; the names it took."""
+    """The QuantEmbedding for a token_embd of a NATIVE_TYPES type; the names it took."""
     name = "model.embed_tokens.weight"
     tensor_name = checkpoint.names.get(name)
     t = checkpoint.gguf.tensors.get(tensor_name) if tensor_name else None
@@ -160,6 +192,8 @@ def _install_embedding(checkpoint, model: nn.Module, tied: bool, pages: MappedPa
     if tied and isinstance(model.lm_head, QuantLinear):
         table = model.lm_head
     else:
-        tied, table = False, QuantLinear(packed_from_file(t, None, pages))
+        q = packed_from_file(t, None, pages)
+        check_weight(checkpoint.gguf.path, tensor_name, t.type_name, q)
+        tied, table = False, QuantLinear(q)
     # its rows' dtype is the loader's, set once the float parameters are in (models/loader.py)
     return {name} if install_quant_embedding(model, table, tied) is not None else set()

@@ -1,0 +1,133 @@
+// The forward pass on the page's own wasm kernels (kernels.js, web/kernels/engine.c), over a web export's
+// data files as they are: the codes are loaded into the kernels' memory once and never unpacked; float16
+// scales become float32 beside them. Same interface as OnnxBackend (prefill / decode / warm / dispose).
+
+import { loadKernels } from './kernels.js';
+import { fetchInto } from './files.js';
+import { RuvllmError } from './errors.js';
+
+const PROJS = ['qkv', 'o', 'gate_up', 'down'];
+
+export class WasmBackend {
+  /**
+   * @param {URL} base the export folder
+   * @param {{file: string, engine: object}} graph the contract's web graph entry (its `engine` says where
+   *   each weight is; export/web_engine.py)
+   */
+  static async load(base, graph, { onProgress, threads, kernelsURL, cache = true } = {}) {
+    const kernels = await loadKernels({ threads, kernelsURL });
+    try {
+      const e = graph.engine;
+      const dir = new URL('.', new URL(graph.file, base));
+      const regions = [];
+      for (const name of e.files) {
+        const label = `${graph.file.replace(/[^/]*$/, '')}${name}`;
+        const alloc = Object.assign((n) => kernels.alloc(n), { view: (at, n) => kernels.bytes(at, n) });
+        regions.push(await fetchInto(new URL(name, dir), alloc, { onProgress, cache, label }));
+      }
+      return new WasmBackend(kernels, setUp(kernels, e, regions));
+    } catch (error) {
+      kernels.dispose();
+      throw error;
+    }
+  }
+
+  constructor(kernels, config) {
+    this.kernels = kernels;
+    this.config = config;
+    this.ids = kernels.alloc(4 * config.max_pos);
+    this.length = 0;
+    this.tokens = [];
+    this.switchLength = null;
+  }
+
+  get runtimeName() {
+    return `ruvllm-wasm (${this.kernels.relaxed ? 'relaxed SIMD' : 'SIMD128'}, ${this.kernels.threads} threads)`;
+  }
+
+  _forward(ids) {
+    const { exports, memory } = this.kernels;
+    const { vocab, max_pos: maxPos } = this.config;
+    if (this.length + ids.length > maxPos) {
+      throw new RuvllmError(`the sequence would reach ${this.length + ids.length} tokens; the model takes ${maxPos}`);
+    }
+    new Int32Array(memory.buffer, this.ids, ids.length).set(ids);
+    const rc = exports.rk_forward(this.ids, ids.length, this.length);
+    if (rc === -1) throw new RangeError('out of wasm memory for the KV cache');
+    if (rc !== 0) throw new RuvllmError(`the wasm kernels refused the step (${rc})`);
+    this.length += ids.length;
+    return new Float32Array(memory.buffer, exports.rk_logits(), vocab).slice();
+  }
+
+  async prefill(ids) {
+    this.tokens = [...ids];
+    this.length = 0;
+    return this._forward(ids);
+  }
+
+  async decode(tokenId) {
+    this.tokens.push(tokenId);
+    return this._forward([tokenId]);
+  }
+
+  /** One throwaway step at load, so the first reply does not pay for first-touch pages. */
+  async warm() {
+    await this.prefill([0]);
+    this.length = 0;
+  }
+
+  dispose() {
+    this.length = 0;
+  }
+
+  release() {
+    this.kernels.dispose();
+  }
+}
+
+/** Hand the kernels each weight's place; float16 tensors are widened into float32 copies. */
+function setUp(kernels, e, regions) {
+  const x = kernels.exports;
+  const c = e.config;
+  const place = (name) => {
+    const [file, offset, length, dtype] = e.tensors[name];
+    return { at: regions[file] + offset, length, dtype };
+  };
+  const f32 = (name) => {
+    if (!name) return 0;
+    const t = place(name);
+    if (t.dtype === 'float32') return t.at;
+    if (t.dtype !== 'float16') throw new RuvllmError(`${name}: ${t.dtype} where the kernels read floats`);
+    const out = kernels.alloc(t.length * 2);
+    x.rk_f16_to_f32(t.at, out, t.length / 2);
+    return out;
+  };
+  const copy = (name) => { // a float32 copy of its own (the minimums are centred in place)
+    const t = place(name);
+    const n = t.length / (t.dtype === 'float16' ? 2 : 4);
+    const out = kernels.alloc(4 * n);
+    if (t.dtype === 'float16') x.rk_f16_to_f32(t.at, out, n);
+    else kernels.bytes(out, 4 * n).set(kernels.bytes(t.at, 4 * n));
+    return [out, n];
+  };
+  const proj = (layer, which, p) => {
+    const scales = f32(p.scales);
+    let mins = 0;
+    if (p.mins) { // m + zp d, as the graph folds it (export/web_weights.py centred_mins)
+      const [at, n] = copy(p.mins);
+      x.rk_centre_mins(at, scales, n, p.bits);
+      mins = at;
+    }
+    x.rk_set_proj(layer, which, place(p.codes).at, scales, mins, f32(p.bias), p.bits, p.N, p.K);
+  };
+  if (!x.rk_model_init(c.hidden, c.heads, c.kv_heads, c.head_dim, c.inter, c.layers, c.vocab, c.max_pos, c.eps,
+    c.scale)) throw new RangeError('out of wasm memory for the model\'s buffers');
+  e.layers.forEach((l, i) => {
+    PROJS.forEach((name, which) => proj(i, which, l[name]));
+    x.rk_set_norms(i, f32(l.attn_norm), f32(l.mlp_norm));
+  });
+  proj(-1, 0, e.embed);
+  if (e.head !== 'tied') proj(-1, 1, e.head);
+  x.rk_set_tables(f32(e.norm), f32(e.rope.cos), f32(e.rope.sin), e.head === 'tied' ? 1 : 0);
+  return c;
+}

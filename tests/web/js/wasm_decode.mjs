@@ -1,0 +1,20 @@
+// Driven by tests/web/test_wasm_kernels.py: the page's own wasm kernels (npm/src/wasm_backend.js) on a web export,
+// prefill then greedy decode.  node wasm_decode.mjs NPM_SRC EXPORT_DIR GRAPH THREADS IDS_JSON STEPS -> one JSON line
+import { readFileSync } from 'node:fs';
+import { pathToFileURL } from 'node:url';
+
+const [src, dir, file, threads, idsJson, steps] = process.argv.slice(2);
+const { WasmBackend } = await import(pathToFileURL(`${src}/wasm_backend.js`).href);
+const entry = JSON.parse(readFileSync(`${dir}/ruvllm_contract.json`, 'utf8')).files[file];
+const backend = await WasmBackend.load(pathToFileURL(`${dir}/`), { file, engine: entry.engine }, { threads: Number(threads) });
+const argmax = (r) => r.reduce((best, v, i) => (v > r[best] ? i : best), 0);
+let row = await backend.prefill(JSON.parse(idsJson));
+const logits = [Array.from(row)];
+const tokens = [];
+for (let i = 0; i < Number(steps); i++) {
+  tokens.push(argmax(row));
+  row = await backend.decode(tokens.at(-1));
+  logits.push(Array.from(row));
+}
+backend.release(); // ends the kernels' threads, so Node exits once stdout is flushed
+process.stdout.write(`${JSON.stringify({ tokens, logits, runtime: backend.runtimeName })}\n`);

@@ -1,0 +1,48 @@
+/* Quantized matrix-vector products over the web weight layout, in wasm SIMD128.
+ *
+ * A weight W [N, K] is held as MatMulNBits stores it (export/packing.py): codes [N, K/32, 32*bits/8]
+ * (4 bits: byte j of a block holds k = 2j in its low nibble and k = 2j+1 in its high one), a scale d
+ * [N, K/32] and optionally a float minimum m [N, K/32], so that
+ *
+ *     w[n, k] = (q[n, k] - zp) * d[n, b] + m[n, b]       b = k / 32, zp = 8 / 128 (MatMulNBits' default)
+ *
+ * where m is the export's minimum centred at load (m + zp d, rk_centre_mins; export/web_weights.py).
+ *
+ * Activations are quantized per block of 32 as onnxruntime's MatMulNBits accuracy_level 4 does (int8,
+ * scale amax / 127, round to nearest even), so that the page's logits are those of onnxruntime on the
+ * same graph (export/web_weights.py) up to the order of float sums:
+ *
+ *     y[n] = sum_b d[n,b] xs[b] (sum_j q xq - zp sum_j xq) + sum_b m[n,b] xsum[b]      xsum: the float block sum
+ *
+ * rk_qmatmul runs M activation rows against each weight row while its codes are in L1 (prefill).
+ *
+ * The integer sums run 16 lanes at a time: relaxed SIMD's i8 x i7 dot where the build has it (4-bit codes
+ * are 7-bit), else widening multiplies (exact: |q xq| <= 255 * 127 fits the i16/i32 lanes used).
+ */
+#ifndef RKW_QDOT_H
+#define RKW_QDOT_H
+#include <stdint.h>
+#include <wasm_simd128.h>
+
+#define QBLOCK 32
+
+typedef struct {
+  const uint8_t *codes; /* [N, K/32, 32 * bits / 8] */
+  const float *d;       /* [N, K/32] */
+  const float *m;       /* [N, K/32] centred minimums, or 0 */
+  int32_t N, K, bits;
+} qmat_t;
+
+typedef struct {     /* one activation row, quantized */
+  int8_t *q;         /* [K]: 4-bit layout: per block the 16 even k, then the 16 odd k; 8-bit: in order */
+  float *s;          /* [K/32] scale */
+  float *sum;        /* [K/32] float sum of the block (for m) */
+  float *sq;         /* [K/32] s * sum(q) (for the zero point) */
+  int32_t K, bits;
+} qact_t;
+
+void rk_quantize_act(const float *x, qact_t *a);
+void rk_qmatvec(const qmat_t *w, const qact_t *a, float *y, int32_t n0, int32_t n1);
+/* y [M, ldy] += nothing: y[m, n] = row m of a (M rows, a[m]) times row n of w, for n in [n0, n1) */
+void rk_qmatmul(const qmat_t *w, const qact_t *a, int32_t M, float *y, int32_t ldy, int32_t n0, int32_t n1);
+#endif
