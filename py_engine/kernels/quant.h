@@ -158,3 +158,7 @@ static inline int q_panels_fit(const qmat_t *w, int64_t M, int mode) {
 int q_panels(const qjob_t *j, const qpart_t *a, int64_t n0, int64_t n1);
 /* Rows n0..n1 of part a against rows of x in tiles, for several rows of x (qtile.c). */
 void q_tiles(const qjob_t *j, const qpart_t *a, int64_t n0, int64_t n1);
+
+/* The quantized products step.c runs (quant.c): parts sharing x, optionally SiLU-gated (mode: quant.c's). */
+int rk_qlinear_parts(const void *x, int x_bf16, int n_parts, const qmat_t *parts, void *y, int y_bf16, int64_t M,
+                     int64_t K, int mode, void *gated);
