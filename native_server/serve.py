@@ -91,6 +91,16 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
     return p
 
 
+def served_name(model: str, path: Path) -> str:
+    """The name clients send and see for MODEL when --served-model-name is not given: MODEL itself (an alias, a
+    repo id), or for a path on disk its last part without a .gguf suffix (`smol-q4km.gguf` -> `smol-q4km`), never
+    the folder it resolved to (a GGUF's is named with a hash) nor where it lies."""
+    local = Path(model).expanduser()
+    if not local.exists():
+        return model
+    return local.stem if local.is_file() and local.suffix.lower() == ".gguf" else local.resolve().name or path.name
+
+
 def _aliases(model: str, path: Path) -> tuple[str, ...]:
     """Other names a request may use for the served model: the MODEL argument, its alias's repo id."""
     alias = load_aliases().get(model.lower())
@@ -190,7 +200,7 @@ def run_serve(args: argparse.Namespace) -> int:
     sona_config = _learning_config(args) if args.learning else None
     path = resolve_model(args.model, args.cache_dir)
     # A folder given by path is served under its name: a path on disk is nothing for clients to see.
-    name = args.served_model_name or (path.name if Path(args.model).expanduser().exists() else args.model)
+    name = args.served_model_name or served_name(args.model, path)
     config = EngineConfig.from_cli_args(args, model=str(path), served_model_name=name,
                                         enable_lora=args.enable_runtime_lora or args.learning)
     if sona_config is not None:  # room for every session's MicroLoRA and the consolidated versions
