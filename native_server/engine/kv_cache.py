@@ -147,6 +147,11 @@ def allocate_kv_cache(config: "EngineConfig", model_config: ModelConfig, model: 
                              f"more memory or lower max_model_len")
         return PagedKVCache(model_config, hot, block_size, dtype, device, backend, quant=quant, num_cold_blocks=cold)
     num_blocks = num_kv_blocks(model_config, block_size, dtype, max(budget, 0), cap, kv_layers)
+    if config.kv_cache_memory is None and device.type == "cpu":
+        logger.info("KV cache: %d MiB by default on the CPU (at most 1 GiB, or what --max-concurrent sequences "
+                    "of the full context fill); --kv-cache-memory sets it, --kv-cache-dtype fp16 or int8 fits "
+                    "more tokens in it", num_blocks * kv_bytes_per_block(model_config, block_size, dtype, kv_layers)
+                    >> 20)
     if num_blocks * block_size < max_model_len:
         raise ValueError(f"the KV cache budget holds {max(num_blocks, 0) * block_size} tokens, fewer than "
                          f"max_model_len {max_model_len}: give it more memory or lower max_model_len")

@@ -8,6 +8,7 @@ they are; and no request goes to a /favicon.ico the page does not have.
 """
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -49,10 +50,18 @@ def test_a_first_visit_waits_for_the_choice_and_keeps_the_metrics_in_view(dist, 
     with static_server(dist) as base, browser(tmp_path / "profile") as (context, requests):
         page = context.new_page()
         page.set_viewport_size(VIEWPORT)
-        statuses: list[str] = []
-        page.expose_function("noteStatus", statuses.append)
-        page.add_init_script("""new MutationObserver(() => window.noteStatus?.(document.body.dataset.status ?? ''))
-            .observe(document.documentElement, {subtree: true, attributes: true, attributeFilter: ['data-status']});""")
+        page.add_init_script("""window.statuses = [];
+            setInterval(() => { const s = document.body?.dataset.status; if (s && s !== window.statuses.at(-1))
+              window.statuses.push(s); }, 20);""")
+        slow = {"done": False}
+
+        def slow_weights(route):  # the first model file takes a second: what does the status say meanwhile?
+            if not slow["done"]:
+                slow["done"] = True
+                time.sleep(1.0)
+            route.continue_()
+
+        page.route("**/*.onnx*", slow_weights)
         page.goto(base)
         page.wait_for_function("document.querySelectorAll('#model option').length >= 2")
         page.wait_for_timeout(1500)
@@ -62,7 +71,7 @@ def test_a_first_visit_waits_for_the_choice_and_keeps_the_metrics_in_view(dist, 
         page.select_option("#model", index=1)
         page.click("#load")
         page.wait_for_function("document.body.dataset.status === 'ready'", timeout=LOAD_TIMEOUT_MS)
-        assert "downloading" in " ".join(statuses)
+        assert "downloading" in page.evaluate("window.statuses"), page.evaluate("window.statuses")
         first = page.inner_text("#loadtime")
         assert first.endswith(" s")
         box = page.locator("#metrics").bounding_box()

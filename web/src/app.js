@@ -43,7 +43,8 @@ function progressRow(p) {
     $('progress').append(row);
   }
   const mb = (n) => (n / 1e6).toFixed(2);
-  row.querySelector('span').textContent = `${p.file}: ${mb(p.loaded)} / ${mb(p.total)} MB${p.cached ? ' (cache)' : ''}`;
+  const total = p.total ? `${mb(p.total)} MB` : '? MB';
+  row.querySelector('span').textContent = `${p.file}: ${mb(p.loaded)} / ${total}${p.cached ? ' (cache)' : ''}`;
   row.querySelector('progress').value = p.total ? p.loaded / p.total : 0;
 }
 
@@ -51,7 +52,7 @@ function progressRow(p) {
 function loadProgress(p, pending) {
   if (p.stage === 'download') {
     progressRow(p);
-    if (p.total && p.loaded >= p.total) pending.delete(p.file); else pending.add(p.file);
+    if (p.total && p.loaded >= p.total) pending.delete(p.file); else pending.add(p.file); // total 0: not known yet
   }
   setStatus(pending.size ? 'downloading' : p.stage === 'boot' ? 'starting Python' : 'loading');
 }

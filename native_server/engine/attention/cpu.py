@@ -20,6 +20,7 @@ from torch import Tensor
 from native_server.engine.attention import cold
 from native_server.engine.attention.interface import PagedMetadata
 from native_server.engine.attention.reference import TorchPagedAttention
+from native_server.engine.attention.torch_path import attend_chunk, hot_gather
 from py_engine.kernels import CpuKernels
 from py_engine.kernels.paged import PagedDecode, paged_decode, supported
 from py_engine.models.attention import AttentionSpec
@@ -63,9 +64,10 @@ class CpuPagedAttention(TorchPagedAttention):
             return super().attend(q, key_cache, value_cache, meta, spec)
         out = paged_decode(self.kernels, meta.kernel_inputs, q, key_cache, value_cache, spec.scale,
                            spec.sliding_window, spec.softcap)
+        gather = hot_gather(key_cache, value_cache)
         for i in meta.prefill_seqs:
             start, end = meta.query_start[i], meta.query_start[i + 1]
-            out[start:end] = self._prefill(q[start:end], key_cache, value_cache, meta, i, spec)
+            out[start:end] = attend_chunk(q[start:end], meta, i, spec, gather, key_cache.shape[1])
         return out
 
     def attend_cold(self, q: Tensor, key_cache: Tensor, value_cache: Tensor, pool, layer: int,
