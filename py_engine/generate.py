@@ -35,6 +35,8 @@ class Backend(Protocol):
     # mask_logits(logits, mask) -> logits with the mask's forbidden tokens at -inf, done where the
     # logits are (torch), so the reference sampler gets the row already masked.
     # The loop still draws u from its Sampler, so seeded runs replay.
+    # Speculative decoding (stream's `speculation`) needs two more: verify(token_ids) -> the rows of logits
+    # after each of them (appended as decode would, one call), and rollback(n): forget the last n tokens.
 
 
 class PromptTooLongError(ValueError):
@@ -60,10 +62,14 @@ class Completion:
     token_ids: list[int]
     finish_reason: str
     logprobs: list[SampleOutput] | None = field(default=None)
+    speculative: dict[str, Any] | None = field(default=None)  # SpecStats.to_dict() of this generation, if on
 
     def to_dict(self) -> dict[str, Any]:
-        return {"text": self.text, "prompt_token_ids": self.prompt_token_ids,
-                "token_ids": self.token_ids, "finish_reason": self.finish_reason}
+        out = {"text": self.text, "prompt_token_ids": self.prompt_token_ids,
+               "token_ids": self.token_ids, "finish_reason": self.finish_reason}
+        if self.speculative is not None:
+            out["speculative"] = self.speculative
+        return out
 
 
 def start_ids(tokenizer: Any, text: str, add_special_tokens: bool = True) -> list[int]:
@@ -99,13 +105,18 @@ def _row(logits: Any) -> Any:
 
 
 def stream(backend: Backend, tokenizer: Any, prompt_ids: Sequence[int], params: SamplingParams,
-           eos_token_ids: Sequence[int] = ()) -> Iterator[GenerationChunk]:
+           eos_token_ids: Sequence[int] = (), speculation: Any = None) -> Iterator[GenerationChunk]:
     """Generate from prompt_ids, yielding text as soon as it is safe to show.
 
     The stop token's text and a matched stop string never reach the output.
     The last chunk carries finish_reason ("stop" or "length"). With structured outputs each
     token is sampled from what the grammar allows, and generation stops ("stop") once the output
     is complete and nothing may follow.
+
+    speculation (py_engine.speculative.Speculation), with a backend that has verify and rollback: each step
+    feeds the pending token and up to k drafts in one call and keeps the drafts the target would have produced
+    (speculative/accept.py); every token is still sampled from the target's own row in order, so the output
+    is the one generate gives without it (and a seeded run's too, for prompt lookup and greedy drafts).
     """
     from py_engine.guided import guide_for
     from py_engine.tokenizer import IncrementalDecoder
@@ -117,54 +128,107 @@ def stream(backend: Backend, tokenizer: Any, prompt_ids: Sequence[int], params: 
                                  f"{backend.max_context} tokens, leaving no room to generate")
     sampler = Sampler(params)
     guide = guide_for(params, tokenizer, eos_token_ids)
-    argmax = getattr(backend, "argmax", None) if _fast_greedy(params) else None
-    own_sampler = getattr(backend, "sample_token", None) if params.logprobs is None else None
-    masker = getattr(backend, "mask_logits", None) if params.logprobs is None else None  # logprobs: raw rows
+    pick = _Picker(backend, params, sampler, prompt_ids)
     detok = IncrementalDecoder(tokenizer, skip_special_tokens=params.skip_special_tokens)
     stops = StopStringMatcher(params.stop)
     output: list[int] = []
-    logits = backend.prefill(prompt_ids)
-    while True:
-        mask = guide.mask() if guide is not None else None
-        if argmax is not None:
-            sample = SampleOutput(argmax(logits))
-        elif own_sampler is not None:
-            u = 0.0 if params.is_greedy else sampler.rng.random()  # one draw per token, as Sampler does
+    spec = speculation.start(prompt_ids, params) if speculation is not None and params.speculative else None
+    rows, drafts = [backend.prefill(prompt_ids)], []
+    try:
+        while True:
+            done = False
+            for j, logits in enumerate(rows):
+                mask = guide.mask() if guide is not None else None
+                draft = drafts[j] if j < len(drafts) else None
+                sample, kept = pick(logits, output, mask, draft, spec, j)
+                token = sample.token_id
+                output.append(token)
+                reason = finish_reason(params, token, len(output), eos_token_ids, room)
+                ended_by_token = reason == "stop"  # a stop token or EOS: its text is never shown
+                if guide is not None:
+                    guide.advance(token)
+                    if guide.terminated and not ended_by_token:  # complete (even on the last token max_tokens allows)
+                        reason = "stop"
+                text, stop_hit = "", None
+                if not ended_by_token:
+                    text, stop_hit = stops.feed(detok.push(token))
+                if stop_hit is not None:
+                    chunk, done = GenerationChunk(text, token, "stop", sample), True
+                elif reason is not None:
+                    chunk = GenerationChunk(text + stops.feed(detok.flush()).text + stops.flush(), token, reason, sample)
+                    done = True
+                else:
+                    chunk = GenerationChunk(text, token, None, sample)
+                if done or not kept:  # the sequence ended, or the target's own token ended the step
+                    break
+                yield chunk
+            accepted = j + (1 if kept else 0)  # drafts kept this step (the last one's too when it ended the sequence)
+            if spec is not None:
+                spec.record(len(drafts), accepted)
+            if done:
+                yield chunk
+                return
+            yield chunk
+            if drafts:
+                backend.rollback(len(drafts) - j)  # the rejected drafts' positions leave the KV cache
+            if spec is not None:
+                spec.keep(output[len(output) - j - 1:])
+            left = room - len(output) if params.max_tokens is None else min(params.max_tokens, room) - len(output)
+            drafts = spec.propose(left - 1) if spec is not None else []  # a step emits one token more than it drafts
+            rows = backend.verify([token, *drafts]) if drafts else [backend.decode(token)]
+    finally:
+        if spec is not None:
+            spec.finish()
+
+
+class _Picker:
+    """One position's token from the target's row: the loop's sampling, the fast paths kept."""
+
+    def __init__(self, backend: Backend, params: SamplingParams, sampler: Sampler, prompt_ids: list[int]) -> None:
+        self.params, self.sampler, self.prompt_ids = params, sampler, prompt_ids
+        self.argmax = getattr(backend, "argmax", None) if _fast_greedy(params) else None
+        self.own_sampler = getattr(backend, "sample_token", None) if params.logprobs is None else None
+        self.masker = getattr(backend, "mask_logits", None) if params.logprobs is None else None  # logprobs: raw
+
+    def __call__(self, logits: Any, output: list[int], mask: Any, draft: int | None, spec: Any,
+                 position: int) -> tuple[SampleOutput, bool]:
+        """(the token, whether it is the draft at this position)."""
+        params = self.params
+        if draft is not None and spec is not None and spec.qs is not None:  # a sampled draft model's proposal
+            from py_engine.speculative.accept import accept_sampled
+            row = _row(self.masker(logits, mask)) if self.masker is not None and mask is not None else _row(logits)
+            token, kept = accept_sampled(row, params, draft, spec.qs[position], spec.rng.random(),
+                                         self.sampler.rng.random(), output, self.prompt_ids,
+                                         None if self.masker is not None else mask)
+            return _logprobs(self.sampler, logits, token), kept
+        if self.argmax is not None:
+            sample = SampleOutput(self.argmax(logits))
+        elif self.own_sampler is not None:
+            u = 0.0 if params.is_greedy else self.sampler.rng.random()  # one draw per token, as Sampler does
             masked = () if mask is None else (mask,)  # a hook without structured outputs takes five arguments
-            sample = SampleOutput(own_sampler(logits, params, u, output, prompt_ids, *masked))
-        elif masker is not None and mask is not None:
-            sample = sampler.sample_with_logprobs(_row(masker(logits, mask)), output, prompt_ids)
+            sample = SampleOutput(self.own_sampler(logits, params, u, output, self.prompt_ids, *masked))
+        elif self.masker is not None and mask is not None:
+            sample = self.sampler.sample_with_logprobs(_row(self.masker(logits, mask)), output, self.prompt_ids)
         else:
-            sample = sampler.sample_with_logprobs(_row(logits), output, prompt_ids, mask)
-        token = sample.token_id
-        output.append(token)
-        reason = finish_reason(params, token, len(output), eos_token_ids, room)
-        ended_by_token = reason == "stop"  # a stop token or EOS: its text is never shown
-        if guide is not None:
-            guide.advance(token)
-            if guide.terminated and not ended_by_token:  # complete (even on the last token max_tokens allows)
-                reason = "stop"
-        text, stop_hit = "", None
-        if not ended_by_token:
-            text, stop_hit = stops.feed(detok.push(token))
-        if stop_hit is not None:
-            yield GenerationChunk(text, token, "stop", sample)
-            return
-        if reason is not None:
-            yield GenerationChunk(text + stops.feed(detok.flush()).text + stops.flush(), token, reason, sample)
-            return
-        yield GenerationChunk(text, token, None, sample)
-        logits = backend.decode(token)
+            sample = self.sampler.sample_with_logprobs(_row(logits), output, self.prompt_ids, mask)
+        return sample, draft is not None and sample.token_id == draft
+
+
+def _logprobs(sampler: Sampler, logits: Any, token: int) -> SampleOutput:
+    if sampler.params.logprobs is None:
+        return SampleOutput(token)
+    from py_engine.sampling import _with_logprobs
+    return _with_logprobs(_row(logits), token, sampler.params.logprobs)
 
 
 def complete(backend: Backend, tokenizer: Any, prompt_ids: Sequence[int], params: SamplingParams,
-             eos_token_ids: Sequence[int] = ()) -> Completion:
+             eos_token_ids: Sequence[int] = (), speculation: Any = None) -> Completion:
     """Run `stream` to the end and gather its chunks."""
     parts: list[str] = []
     tokens: list[int] = []
     logprobs: list[SampleOutput] = []
     reason = "length"
-    for chunk in stream(backend, tokenizer, prompt_ids, params, eos_token_ids):
+    for chunk in stream(backend, tokenizer, prompt_ids, params, eos_token_ids, speculation):
         parts.append(chunk.text)
         if chunk.token_id is not None:
             tokens.append(chunk.token_id)

@@ -151,6 +151,8 @@ class SamplingParams:
         forbidden tokens are masked before sampling, EOS only once the output is complete.
     skip_special_tokens: leave special tokens out of the text (tool-call parsers that read
         markers such as Mistral's [TOOL_CALLS] turn it off).
+    speculative: False keeps this request off speculative decoding where the engine has it on (it changes
+        no output, only speed; py_engine.speculative).
     """
 
     temperature: float = 1.0
@@ -172,6 +174,7 @@ class SamplingParams:
     n: int = 1
     structured_outputs: StructuredOutputsParams | None = field(default=None, hash=False)
     skip_special_tokens: bool = True
+    speculative: bool = True
 
     def __post_init__(self) -> None:
         pen_lo, pen_hi = PENALTY_RANGE
@@ -200,6 +203,8 @@ class SamplingParams:
             raise SamplingParamsError("ignore_eos", f"must be a bool, got {self.ignore_eos!r}")
         if not isinstance(self.skip_special_tokens, bool):
             raise SamplingParamsError("skip_special_tokens", f"must be a bool, got {self.skip_special_tokens!r}")
+        if not isinstance(self.speculative, bool):
+            raise SamplingParamsError("speculative", f"must be a bool, got {self.speculative!r}")
         if self.structured_outputs is not None and not isinstance(self.structured_outputs, StructuredOutputsParams):
             raise SamplingParamsError("structured_outputs", "must be a StructuredOutputsParams")
         # Frozen: normalized values (int -> float, list -> tuple) go in via object.__setattr__.
@@ -219,7 +224,8 @@ class SamplingParams:
 
 # OpenAI request fields (plus vLLM's extensions) copied as they are.
 _OPENAI_FIELDS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty",
-                  "frequency_penalty", "seed", "stop", "stop_token_ids", "ignore_eos", "n", "skip_special_tokens")
+                  "frequency_penalty", "seed", "stop", "stop_token_ids", "ignore_eos", "n", "skip_special_tokens",
+                  "speculative")
 
 
 def _openai_logit_bias(value: Any) -> dict[int, Any] | None:

@@ -13,7 +13,7 @@ from typing import Any, TextIO
 from py_engine.sampling_params import SamplingParams, SamplingParamsError
 from py_engine.adapters.config import lora_from_args
 from py_engine.adapters.xlora_config import xlora_from_args
-from ruvllm_cli.generate import model_options, sampling_options, sampling_params
+from ruvllm_cli.generate import model_options, sampling_options, sampling_params, speculative_from_args
 
 HELP = """commands:
   /help             this text
@@ -107,7 +107,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
     llm = LLM(args.model, dtype=args.dtype, device=args.device, cache_dir=args.cache_dir,
               quantization=quant_config_from_args(args), lora=loras, max_lora_rank=args.max_lora_rank,
               xlora=xlora, xlora_non_granular=non_granular, kv_cache_dtype=args.kv_cache_dtype,
-              kv_hot_tokens=args.kv_hot_tokens)
+              kv_hot_tokens=args.kv_hot_tokens, speculative=speculative_from_args(args))
     llm.chat_prompt([{"role": "user", "content": "hi"}])  # fail now, not after the first question
     session = ChatSession(llm, sampling_params(args, llm.generation_config), args.system, sys.stdout, adapter)
     interactive = sys.stdin.isatty()

@@ -27,6 +27,23 @@ def model_options(parser: argparse.ArgumentParser) -> None:
     add_xlora_options(parser)
     from py_engine.models.kv_quant import add_kv_cache_options
     add_kv_cache_options(parser)
+    parser.add_argument("--speculative", metavar="ngram|MODEL|JSON",
+                        help="speculative decoding, which changes no output: ngram (prompt lookup), a draft model "
+                             "(folder, alias or .gguf with the same vocabulary), or a JSON object with vLLM's "
+                             "--speculative-config fields")
+    parser.add_argument("--num-speculative-tokens", type=int, metavar="K",
+                        help="tokens drafted per step (1-16; default 4)")
+
+
+def speculative_from_args(args: argparse.Namespace) -> Any:
+    """The LLM's speculative= value (a SpeculativeConfig or None); SpeculativeConfigError for a bad one."""
+    from py_engine.speculative import SpeculativeConfig
+
+    if args.speculative is None:
+        if args.num_speculative_tokens is not None:
+            raise SystemExit("error: --num-speculative-tokens needs --speculative")
+        return None
+    return SpeculativeConfig.parse(args.speculative, args.num_speculative_tokens)
 
 
 def sampling_options(parser: argparse.ArgumentParser, max_tokens: int) -> None:
@@ -58,7 +75,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     llm = LLM(args.model, dtype=dtype, device=args.device, cache_dir=args.cache_dir, backend=args.backend,
               quantization=quant_config_from_args(args), lora=loras, max_lora_rank=args.max_lora_rank,
               xlora=xlora, xlora_non_granular=non_granular, kv_cache_dtype=args.kv_cache_dtype,
-              kv_hot_tokens=args.kv_hot_tokens)
+              kv_hot_tokens=args.kv_hot_tokens, speculative=speculative_from_args(args))
     params = sampling_params(args, llm.generation_config)
     if args.grammar_file is not None:
         params = dataclasses.replace(params, structured_outputs=grammar_from_file(args.grammar_file))
@@ -99,7 +116,8 @@ def add_parser(sub: Any) -> None:
                    help="a llama.cpp GBNF grammar (root ::= ...) the output follows (docs/structured-outputs.md)")
     p.add_argument("--json", action="store_true",
                    help='print one object {"text", "prompt_token_ids", "token_ids", "finish_reason"}; with '
-                        '--xlora also "adapter_weights": per generated token, each expert\'s weight')
+                        '--xlora also "adapter_weights": per generated token, each expert\'s weight; with '
+                        '--speculative also "speculative": drafts, accepted tokens and acceptance per position')
     p.add_argument("--backend", choices=["torch", "onnx"], default="torch",
                    help="torch, or onnx: onnxruntime over an export folder (--model DIR from `ruvllm export`)")
     p.add_argument("--precision", choices=["auto", "fp32", "fp16", "int8", "int4"], default="auto",

@@ -112,7 +112,6 @@ def _kernels_info(as_json: bool) -> int:
     rows = [["kernel variant", report["variant"] or "none (plain torch)"],
             ["variants this CPU runs", ", ".join(report["available"]) or "none"],
             ["forced by RUVLLM_KERNEL_VARIANT", report["forced"] or "no"],
-            ["MKL sgemm for prefill", "yes" if report["blas"] else "no"],
             ["CPU SIMD flags", " ".join(report["cpu_flags"])]]
     print(format_table(None, rows))
     return 0

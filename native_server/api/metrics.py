@@ -11,6 +11,10 @@ Why not prometheus_client: its registry is process-global (a second app in
 one process, as tests make, registers every metric twice) and the format is
 twenty lines. Names use the `ruvllm_` prefix and underscores, not vLLM's
 `vllm:` colons, which Prometheus reserves for recording rules.
+
+`--metrics-compat vllm` adds, beside them, the same numbers under the names vLLM's Grafana
+dashboard and autoscalers read (VLLM_ALIASES, with vLLM's `model_name` label), so an existing
+dashboard works unchanged; nothing is computed twice, the aliases repeat the samples.
 """
 from __future__ import annotations
 
@@ -46,12 +50,35 @@ def histogram_lines(name: str, hist: Any) -> list[str]:
     return out + [f"{name}_sum {_number(hist.sum)}", f"{name}_count {hist.count}"]
 
 
+# vLLM's name -> ours (without the prefix); counters carry _total as vLLM's exposition does.
+VLLM_ALIASES = {
+    "vllm:num_requests_running": "num_requests_running",
+    "vllm:num_requests_waiting": "num_requests_waiting",
+    "vllm:kv_cache_usage_perc": "kv_cache_usage_perc",
+    "vllm:gpu_cache_usage_perc": "kv_cache_usage_perc",  # its name before v1, still on older dashboards
+    "vllm:prefix_cache_queries_total": "prefix_cache_queries_total",
+    "vllm:prefix_cache_hits_total": "prefix_cache_hits_total",
+    "vllm:prompt_tokens_total": "prompt_tokens_total",
+    "vllm:generation_tokens_total": "generation_tokens_total",
+    "vllm:num_preemptions_total": "num_preemptions_total",
+    "vllm:request_success_total": "request_success_total",
+    "vllm:time_to_first_token_seconds": "time_to_first_token_seconds",
+    "vllm:inter_token_latency_seconds": "inter_token_latency_seconds",
+    "vllm:time_per_output_token_seconds": "inter_token_latency_seconds",  # v0's name of the same histogram
+    "vllm:e2e_request_latency_seconds": "e2e_request_latency_seconds",
+}
+COMPAT_SETS = ("none", "vllm")
+
+
 class ServerMetrics:
     """What the API layer measures; `render(stats)` adds the engine's numbers and writes the text."""
 
-    def __init__(self) -> None:
+    def __init__(self, compat: str = "none", model_name: str = "") -> None:
+        if compat not in COMPAT_SETS:
+            raise ValueError(f"metrics compat must be one of {', '.join(COMPAT_SETS)}, got {compat!r}")
         self.finished: dict[str, int] = {}  # finish_reason -> choices that ended so
         self.e2e = Histogram(E2E_BUCKETS)  # engine.outputs' layout, other buckets
+        self.compat, self.model_name = compat, model_name
 
     def record_finish(self, reason: str, seconds: float) -> None:
         """A choice ended, `seconds` after its request reached the API."""
@@ -68,6 +95,16 @@ class ServerMetrics:
 
         for name, kind, help_text, value in engine_samples(stats):
             lines.append(f"{header(PREFIX + name, kind, help_text)} {_number(value)}")
+        spec = getattr(stats, "spec_decode", None)
+        if spec is not None:  # vLLM's spec_decode counters
+            for name, help_text, value in (
+                    ("spec_decode_num_drafts_total", "Verify steps that carried speculative drafts.", spec.num_drafts),
+                    ("spec_decode_num_draft_tokens_total", "Draft tokens proposed.", spec.num_draft_tokens),
+                    ("spec_decode_num_accepted_tokens_total", "Draft tokens accepted.", spec.num_accepted_tokens)):
+                lines.append(f"{header(PREFIX + name, 'counter', help_text)} {value}")
+            name = header(PREFIX + "spec_decode_num_accepted_tokens_per_pos_total", "counter",
+                          "Draft tokens accepted at each position of a step's drafts (0: the first).")
+            lines.extend(f'{name}{_labels({"position": str(i)})} {n}' for i, n in enumerate(spec.accepted_per_position))
         name = header(PREFIX + "request_success_total", "counter", "Finished choices by finish reason.")
         lines.extend(f'{name}{_labels({"finished_reason": r})} {n}' for r, n in sorted(self.finished.items()))
         for name, help_text, hist in (
@@ -78,7 +115,31 @@ class ServerMetrics:
                 ("e2e_request_latency_seconds", "Seconds from a request's arrival at the API to the end of "
                                                 "a choice.", self.e2e)):
             lines.extend(histogram_lines(header(PREFIX + name, "histogram", help_text), hist))
+        if self.compat == "vllm":
+            lines.extend(vllm_aliases(lines, self.model_name))
         return "\n".join(lines) + "\n"
+
+
+def vllm_aliases(lines: list[str], model_name: str) -> list[str]:
+    """The samples of `lines` again under vLLM's names, each with vLLM's model_name label."""
+    label = f'model_name="{model_name}"'
+    ours: dict[str, list[str]] = {}  # our metric name -> its lines (HELP, TYPE, samples)
+    for line in lines:
+        name = line.split(" ", 3)[2] if line.startswith("#") else line.split("{", 1)[0].split(" ", 1)[0]
+        for suffix in ("_bucket", "_sum", "_count"):
+            if not line.startswith("#") and name.endswith(suffix) and name[:-len(suffix)] in ours:
+                name = name[:-len(suffix)]
+        ours.setdefault(name, []).append(line)
+    out = []
+    for alias, target in VLLM_ALIASES.items():
+        for line in ours.get(PREFIX + target, []):
+            line = line.replace(PREFIX + target, alias, 1)
+            if not line.startswith("#"):
+                head, _, value = line.rpartition(" ")
+                head = head[:-1] + "," + label + "}" if head.endswith("}") else head + "{" + label + "}"
+                line = f"{head} {value}"
+            out.append(line)
+    return out
 
 
 # (metric name, type, help, EngineStats attribute)

@@ -5,7 +5,8 @@ bodies against them and publishes them as the OpenAPI schema (`/openapi.json`).
 Field names and shapes follow OpenAI's API, plus the sampling extras vLLM
 accepts (`top_k`, `min_p`, `repetition_penalty`, `stop_token_ids`,
 `ignore_eos`, `chat_template_kwargs`, `structured_outputs` and the older
-`guided_json` / `guided_regex` / `guided_choice`, `skip_special_tokens`).
+`guided_json` / `guided_regex` / `guided_choice`, `skip_special_tokens`), and ruvllm's `speculative`
+(false: a request's opt-out of speculative decoding).
 
 Types are strict (a string is not a number, `true` is not 1): a wrong type is
 a 400, never a silent coercion. Value ranges are *not* repeated here: they live
@@ -57,6 +58,8 @@ class SamplingFields(_Body):
     stream_options: StreamOptions | None = None
     user: Str | None = None
     skip_special_tokens: Bool | None = None
+    speculative: Bool | None = Field(None, description="false: this request never speculates (where the server "
+                                                       "runs speculative decoding; it changes no output)")
     structured_outputs: dict[str, Any] | None = Field(
         None, description="vLLM's output constraint: exactly one of json (a JSON schema), regex, choice (a list "
                           "of strings) or json_object; whitespace_pattern optional")

@@ -275,6 +275,19 @@ class BlockManager:
         table.extend(self._take_free() for _ in range(num_needed))
         return copies
 
+    def trim(self, seq_id: SeqId, num_tokens: int) -> None:
+        """Release the blocks past the first num_tokens slots of a table: rejected speculative drafts' blocks.
+        Those were taken fresh for this sequence and never hashed (only computed tokens' full blocks are), so
+        they go to the front of the free queue."""
+        table = self._tables.get(seq_id)
+        keep = -(-num_tokens // self.block_size)
+        while table is not None and len(table) > keep:
+            block = table.pop()
+            block.ref_cnt -= 1
+            if block.ref_cnt == 0:
+                assert block.block_hash is None, "a trimmed block held a cached prefix"
+                self._queue(block).appendleft(block)
+
     def fork(self, parent_id: SeqId, child_id: SeqId) -> None:
         """The child shares every block of the parent (copy-on-write at its first write)."""
         table = self._tables[parent_id]

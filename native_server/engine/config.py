@@ -23,6 +23,7 @@ from native_server.engine.lora import DEFAULT_MAX_LORA_RANK, DEFAULT_MAX_LORAS
 from py_engine.hub import BUILTIN_MODEL
 from py_engine.models.kv_quant import DEFAULT_HOT_TOKENS, KV_CACHE_DTYPES, add_kv_cache_options
 from py_engine.quant.config import QuantConfig, add_quantization_options, quant_config_from_args
+from py_engine.speculative.config import SpeculativeConfig
 
 ATTENTION_BACKENDS = ("auto", "torch", "triton", "cpu")  # engine/attention's BACKENDS, without importing torch
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -75,9 +76,13 @@ class EngineConfig:
     kv_cache_dtype: str = "auto"  # auto, fp16, bf16, or int8 / int4 (the two-tier cache)
     kv_hot_tokens: int = DEFAULT_HOT_TOKENS  # with int8 / int4: the recent tokens kept in the model's dtype
     tensor_parallel_size: int = 1  # processes the model is sharded over (engine/parallel.py), by KV head
+    # speculative decoding, which changes no output (engine/speculative.py): a SpeculativeConfig, or what
+    # SpeculativeConfig.parse takes ("ngram", a draft model's name, vLLM's fields as a mapping or JSON); None: off
+    speculative_config: SpeculativeConfig | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "lora_modules", dict(self.lora_modules or {}))
+        object.__setattr__(self, "speculative_config", SpeculativeConfig.parse(self.speculative_config))
         for name in ("block_size", "max_num_seqs", "max_queue", "max_loras", "max_lora_rank", "kv_hot_tokens",
                      "tensor_parallel_size"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
@@ -150,6 +155,11 @@ class EngineConfig:
                             "node where there are several; NCCL on CUDA, one GPU per rank); heads are split by KV head")
         add_quantization_options(g)
         add_kv_cache_options(g, paged=True)
+        g.add_argument("--speculative-config", metavar="JSON",
+                       help='speculative decoding, which changes no output: vLLM\'s fields, e.g. \'{"method": "ngram", '
+                            '"num_speculative_tokens": 4, "prompt_lookup_max": 4}\' or \'{"model": "DRAFT", '
+                            '"num_speculative_tokens": 4}\'; also disable_by_batch_size and acceptance_floor '
+                            '(py_engine/speculative/config.py); "ngram" alone works too')
         if not lora:
             return None
         a = parser.add_argument_group("LoRA adapters (native_server/engine/lora.py)")
@@ -178,7 +188,8 @@ class EngineConfig:
                       quantization=quant_config_from_args(args), attention_backend=args.attention_backend,
                       cuda_graphs=not args.enforce_eager, kv_cache_dtype=args.kv_cache_dtype,
                       kv_hot_tokens=args.kv_hot_tokens, max_lora_rank=args.max_lora_rank,
-                      tensor_parallel_size=args.tensor_parallel_size)
+                      tensor_parallel_size=args.tensor_parallel_size,
+                      speculative_config=getattr(args, "speculative_config", None))
         if hasattr(args, "lora_modules"):
             values.update(lora_modules=parse_lora_modules(args.lora_modules), max_loras=args.max_loras,
                           xlora=args.xlora)

@@ -13,10 +13,12 @@ would. `AsyncEngine` (async_engine.py) runs `step()` in a thread of its own.
 """
 from __future__ import annotations
 
+import copy
 import itertools
 import logging
 import time
 from dataclasses import dataclass, field
+from itertools import accumulate
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +33,7 @@ from native_server.engine.outputs import (AdapterNotFoundError, CompletionOutput
                                    PromptTooLongError, QueueFullError, RequestOutput, SampleStream)
 from native_server.engine.attention import backend_for
 from native_server.engine.sampler import MaskTensors, SamplingRow, sample
+from native_server.engine.speculative import SpecDecoder
 from native_server.engine.scheduler import Scheduler
 from native_server.engine.sequence import Sequence, SequenceStatus
 from py_engine.adapters import AdapterError, LoraAdapter
@@ -41,10 +44,11 @@ from py_engine.hub import resolve_model
 from py_engine.models.memory import trim_heap
 from py_engine.models import longrope_switch_length
 from py_engine.models.kv_quant import KVQuantConfig
-from py_engine.cpu.transforms import optimize_for_cpu
+from py_engine.cpu.transforms import optimize_for_cpu, row_invariance_problem
 from py_engine.quant.load import load_quantized
 from py_engine.sampling import SampleOutput
 from py_engine.sampling_params import SamplingParams
+from py_engine.speculative import SpeculativeConfig
 from py_engine.tokenizer import Tokenizer
 
 logger = logging.getLogger("ruvllm.server")
@@ -99,7 +103,8 @@ class LLMEngine:
         (`LLMEngine("tiny-shakespeare", device="cpu", max_num_seqs=8)`). Everything it derives (the device,
         the context limit, the KV cache's size) is computed here, never written back into the config.
         tensor_parallel_size N > 1: the model sharded over this process and N - 1 it starts
-        (engine/parallel.py); close() stops them."""
+        (engine/parallel.py); close() stops them. config.speculative_config: speculative decoding
+        (engine/speculative.py), which changes no output."""
         if not isinstance(config, EngineConfig):
             config = EngineConfig(model=config, **options)
         elif options:
@@ -165,6 +170,8 @@ class LLMEngine:
                                   self.adapters,
                                   broadcast=self.parallel.broadcast_step if self.parallel is not None else None)
         self.mask_tensors = MaskTensors(model_config.vocab_size, self.device)  # structured outputs' token masks
+        spec_config = config.speculative_config
+        self.spec = None if spec_config is None else self._spec_decoder(spec_config, config)
         self._requests: dict[str, _Request] = {}
         self._seq_ids = itertools.count()
         self.prompt_tokens = self.generation_tokens = 0
@@ -172,6 +179,37 @@ class LLMEngine:
         logger.info("engine: %s on %s, max_model_len %d, max_num_seqs %d, max_num_batched_tokens %d",
                     self.model_name, self.device, self.max_model_len, config.max_num_seqs,
                     self.max_num_batched_tokens)
+
+    def _spec_decoder(self, config: SpeculativeConfig, engine_config: EngineConfig) -> SpecDecoder:
+        """Speculative decoding where it cannot change a token: the CPU kernels under the whole model (each
+        row of a step computed as decode computes it), every row attended in C, no adapters or cold blocks."""
+        problem = row_invariance_problem(self.model)
+        if self.device.type != "cpu" or self.kv.backend.name != "cpu":
+            problem = f"it needs the CPU kernels and the cpu attention backend (here {self.device.type}, " \
+                      f"{self.kv.backend.name} attention)"
+        elif self.kv.quant is not None:
+            problem = "the int8/int4 two-tier KV cache attends prompt chunks in torch"
+        elif self.adapters is not None or self.kv_layers is not None:
+            problem = "LoRA adapters add their deltas in torch for several rows"
+        elif self.parallel is not None:
+            problem = "a tensor-parallel model sums its shards' products in another order for several rows"
+        if problem is not None:
+            raise ValueError(f"speculative decoding would change this server's output: {problem}")
+        if config.method == "ngram":
+            return SpecDecoder(config, self.max_model_len)
+        from py_engine.backends.torch import TorchBackend
+
+        path = resolve_model(config.model, engine_config.cache_dir)
+        model, model_config, _ = load_quantized(path, config.quantization, dtype=engine_config.dtype,
+                                                device=self.device)
+        optimize_for_cpu(model)
+        draft_tok = Tokenizer.from_pretrained(path)
+        if model_config.vocab_size != self.model_config.vocab_size or draft_tok.vocab_size != self.tokenizer.vocab_size \
+                or any(draft_tok.id_to_token(i) != self.tokenizer.id_to_token(i) for i in range(draft_tok.vocab_size)):
+            raise ValueError(f"the draft model {config.model!r} has another vocabulary than the served model: a "
+                             "draft must share its tokenizer")
+        return SpecDecoder(config, self.max_model_len,
+                           lambda: TorchBackend(model, model_config, self.max_model_len))
 
     def _context_limit(self, max_model_len: int | None) -> int:
         config = self.model_config
@@ -281,6 +319,8 @@ class LLMEngine:
             self.adapters.release(s.lora for req in self._requests.values() for s in req.seqs)
 
     def _step(self) -> list[RequestOutput]:
+        if self.spec is not None:
+            self.spec.propose(self.scheduler.running)
         out = self.scheduler.schedule()
         if not out.seqs:
             return []
@@ -292,28 +332,61 @@ class LLMEngine:
             self.scheduler.update(out, {})
             return []
         children = self._new_children(seqs)
-        row_of = {seq.seq_id: row for row, seq in enumerate(seqs)}
-        rows = [*range(len(seqs)), *(row_of[parent.seq_id] for parent, _ in children)]  # a child samples
-        all_seqs = seqs + [child for _, child in children]  # from its parent's logits row
-        if rows != list(range(len(logits))):  # children sample from their parents' rows; else no 10 MB copy
-            logits = logits[rows]
-        samples, failed = self._sample(logits, all_seqs)
-        self.scheduler.update(out, {s.seq_id: x.token_id for s, x in zip(seqs, samples) if x is not None})
-        for (parent, child), x in zip(children, samples[len(seqs):]):
+        first = list(accumulate((1 + len(s.spec_token_ids) for s in seqs), initial=0))  # each one's first row
+        parent_row = {seq.seq_id: first[i] for i, seq in enumerate(seqs)}
+        index = [*range(first[-1]), *(parent_row[parent.seq_id] for parent, _ in children)]  # a child samples
+        if index != list(range(len(logits))):  # from its parent's logits row; else no 10 MB copy
+            logits = logits[index]
+        rows, owners, rewind = self._rows(seqs)
+        rows += [self._row(child) for _, child in children]
+        samples, failed = self._sample(logits, rows, owners + [child for _, child in children])
+        kept = {}
+        for i, seq in enumerate(seqs):
+            mine = samples[first[i]:first[i + 1]]
+            if any(x is None for x in mine):
+                continue
+            kept[seq.seq_id] = self.spec.kept(seq, mine) if seq.spec_token_ids else mine
+            if seq.seq_id in rewind:  # a seeded stream draws what it would have without the drafts
+                stream = self._requests[seq.request_id].streams[seq.index]
+                stream.rng.setstate(rewind[seq.seq_id])
+                for _ in kept[seq.seq_id]:
+                    stream.rng.random()
+        self.scheduler.update(out, {seq_id: [x.token_id for x in xs] for seq_id, xs in kept.items()})
+        for (parent, child), x in zip(children, samples[first[-1]:]):
             if x is not None:
                 child.output_token_ids.append(x.token_id)
                 self.scheduler.fork(parent, child)
                 self._requests[parent.request_id].seqs.append(child)
-        sampled = [(s, x) for s, x in zip(all_seqs, samples) if x is not None]
+        # (sequence, sample, how many output tokens it has with this one): several with kept drafts
+        sampled = [(s, x, len(s.output_token_ids) - len(xs) + i + 1) for s in seqs
+                   for xs in [kept.get(s.seq_id, ())] for i, x in enumerate(xs)]
+        sampled += [(child, x, 1) for (_, child), x in zip(children, samples[first[-1]:]) if x is not None]
         outputs = self._postprocess(sampled, failed)
         return outputs + [self._fail(request_id, error) for request_id, error in failed.items()]
 
-    def _sample(self, logits: torch.Tensor, seqs: list[Sequence]
+    def _rows(self, seqs: list[Sequence]) -> tuple[list[SamplingRow], list[Sequence], dict[int, Any]]:
+        """Each sequence's sampling rows (1 + k with speculative drafts), their owners, and the random state of
+        each drafting sampled sequence before its draws (to rewind to what it keeps)."""
+        rows, owners, rewind = [], [], {}
+        for seq in seqs:
+            if not seq.spec_token_ids:
+                rows.append(self._row(seq))
+                owners.append(seq)
+                continue
+            stream = self._requests[seq.request_id].streams[seq.index]
+            if not seq.params.is_greedy:
+                rewind[seq.seq_id] = stream.rng.getstate()
+            draw = (lambda: None) if seq.params.is_greedy else stream.rng.random
+            mine = self.spec.rows(seq, self._row(seq), stream.guide, self.mask_tensors.get, draw)
+            rows += mine
+            owners += [seq] * len(mine)
+        return rows, owners, rewind
+
+    def _sample(self, logits: torch.Tensor, rows: list[SamplingRow], seqs: list[Sequence]
                 ) -> tuple[list[SampleOutput | None], dict[str, Exception]]:
-        """One sample per row of logits [R, V]; when the batch raises, row by row, to find the
-        requests at fault (None for each of their rows). Each row's uniform draw is taken once,
+        """One sample per row of logits [R, V] (rows[i] of seqs[i]); when the batch raises, row by row, to
+        find the requests at fault (None for each of their rows). Each row's uniform draw is taken once,
         so the rows that succeed sample what they would have in the batch."""
-        rows = [self._row(s) for s in seqs]
         try:
             return list(sample(logits, rows)), {}
         except Exception:
@@ -346,15 +419,15 @@ class LLMEngine:
         return SamplingRow(seq.params, u, seq.prompt_token_ids, seq.output_token_ids,
                            None if mask is None else self.mask_tensors.get(mask))
 
-    def _postprocess(self, sampled: list[tuple[Sequence, SampleOutput]],
+    def _postprocess(self, sampled: list[tuple[Sequence, SampleOutput, int]],
                      failed: dict[str, Exception]) -> list[RequestOutput]:
         """Detokenize and check stops; a request whose text side raises joins `failed`."""
         now = time.monotonic()
         moved: dict[str, _Request] = {}
-        for seq, x in sampled:
+        for seq, x, count in sampled:
             req = self._requests[seq.request_id]
             try:
-                self._advance(req, seq, x, now)
+                self._advance(req, seq, x, now, count)
             except Exception as error:
                 failed.setdefault(req.request_id, error)
                 continue
@@ -365,8 +438,11 @@ class LLMEngine:
                 del self._requests[req.request_id]
         return outputs
 
-    def _advance(self, req: _Request, seq: Sequence, x: SampleOutput, now: float) -> None:
+    def _advance(self, req: _Request, seq: Sequence, x: SampleOutput, now: float, count: int) -> None:
+        """x is the sample's count-th output token."""
         stream = req.streams[seq.index]
+        if stream.finish_reason is not None:  # a kept draft after the token that ended the sample
+            return
         if req.first_token_time is None:
             req.first_token_time = now
             self.ttft.observe(now - req.arrival_time)
@@ -374,7 +450,7 @@ class LLMEngine:
             self.inter_token_latency.observe(now - stream.last_token_time)
         stream.last_token_time = now
         self.generation_tokens += 1
-        reason = stream.append(x, len(seq.output_token_ids))
+        reason = stream.append(x, count)
         if reason is not None:
             self.scheduler.finish(seq, SequenceStatus.finished_by(reason))
 
@@ -440,7 +516,7 @@ class LLMEngine:
             kv_cold_blocks_total=bm.num_cold_blocks, kv_cold_blocks_used=bm.num_used_cold_blocks,
             kv_hot_bytes_per_token=self.kv.hot_bytes_per_token, kv_cold_bytes_per_token=self.kv.cold_bytes_per_token,
             kv_capacity_tokens=(bm.num_blocks + bm.num_cold_blocks) * bm.block_size,
-            kv_demoted_blocks=bm.num_demoted)
+            kv_demoted_blocks=bm.num_demoted, spec_decode=None if self.spec is None else copy.deepcopy(self.spec.live))
 
 
 __all__ = ["CompletionOutput", "EngineError", "EngineStats", "LLMEngine", "PromptTooLongError", "QueueFullError",

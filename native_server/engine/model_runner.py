@@ -65,8 +65,8 @@ class StepInputs:
     input_ids: Tensor  # [1, N]
     positions: Tensor  # [1, N]
     meta: PagedMetadata
-    logit_indices: Tensor  # [R]: the last token of each sampling sequence
-    sampling: list[int]  # [R]: indices into the step's sequences
+    logit_indices: Tensor  # [R]: the last token of each sampling sequence (and its speculative drafts, in order)
+    sampling: list[int]  # indices into the step's sequences of those that sample
 
 
 def prepare_inputs(out: SchedulerOutput, block_tables: list[list[int]], block_size: int,
@@ -78,7 +78,8 @@ def prepare_inputs(out: SchedulerOutput, block_tables: list[list[int]], block_si
         ids.extend(seq.token_ids(start, start + n))
     query_start = [0, *accumulate(out.num_new_tokens)]
     context_lens = [start + n for start, n in zip(starts, out.num_new_tokens)]
-    sampling = [i for i, seq in enumerate(out.seqs) if context_lens[i] == seq.num_tokens]
+    # a sequence samples once it catches up: with speculative drafts, at its pending token and at each draft
+    sampling = [i for i, seq in enumerate(out.seqs) if context_lens[i] == seq.num_tokens + len(seq.spec_token_ids)]
 
     num_new = torch.tensor(out.num_new_tokens)
     seq_of_token = torch.repeat_interleave(torch.arange(len(out.seqs)), num_new)  # [N]
@@ -96,7 +97,8 @@ def prepare_inputs(out: SchedulerOutput, block_tables: list[list[int]], block_si
         decode_tokens=torch.tensor([query_start[i] for i in decode], dtype=torch.long, device=device),
         decode_kv_positions=decode_kv_positions(lens[decode], block_size).to(device),
         prefill_seqs=[i for i, n in enumerate(out.num_new_tokens) if n > 1], cold_blocks=cold_blocks)
-    logit_indices = torch.tensor([query_start[i + 1] - 1 for i in sampling], dtype=torch.long, device=device)
+    logit_indices = torch.tensor([j for i in sampling for j in range(query_start[i + 1] - 1 - len(out.seqs[i].spec_token_ids),
+                                                                     query_start[i + 1])], dtype=torch.long, device=device)
     return StepInputs(torch.tensor([ids], device=device), positions[None].to(device), meta, logit_indices,
                       sampling)
 
@@ -136,7 +138,8 @@ class ModelRunner:
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput, block_tables: list[list[int]],
                 cold_blocks: list[int] | None = None) -> tuple[Tensor, list[int]]:
-        """Logits [R, V] (float32) for the R sequences that sample, and their indices in out.seqs;
+        """Logits [R, V] (float32) for the sequences that sample, and their indices in out.seqs: one row each, or
+        with speculative drafts (seq.spec_token_ids) 1 + k rows, the pending token's then each draft's;
         cold_blocks: how many leading ids of each table are in the cold pool (int8/int4 KV)."""
         plan = StepPlan.of(out, block_tables, cold_blocks)
         adapted = self.adapters is not None and any(s.lora is not None for s in out.seqs)

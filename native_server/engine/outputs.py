@@ -12,7 +12,7 @@ from __future__ import annotations
 import bisect
 import random
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Any, Sequence
 
 from py_engine.generate import PromptTooLongError as _GeneratePromptTooLong
 from py_engine.guided import guide_for
@@ -191,6 +191,7 @@ class EngineStats:
     kv_cold_bytes_per_token: float = 0.0  # codes, scales and zero points
     kv_capacity_tokens: int = 0  # token slots of both pools
     kv_demoted_blocks: int = 0  # blocks quantized into the cold pool, since start
+    spec_decode: Any = None  # py_engine.speculative.SpecStats of the steps so far, or None without speculation
 
     @property
     def prefix_cache_hit_rate(self) -> float:

@@ -64,7 +64,10 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
-            num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            remaining = seq.num_tokens - seq.num_computed_tokens
+            if seq.spec_token_ids and (remaining != 1 or remaining + len(seq.spec_token_ids) > budget):
+                seq.spec_token_ids = []  # drafts ride on a decode step that fits whole, or not at all
+            num_new = min(remaining + len(seq.spec_token_ids), budget)
             copies = self._allocate_or_preempt(seq, num_new, out)
             if copies is None:  # seq preempted itself: nothing after it is left to run
                 break
@@ -91,6 +94,7 @@ class Scheduler:
 
     def _preempt(self, seq: Sequence) -> None:
         self.block_manager.free(seq.seq_id)
+        seq.spec_token_ids = []
         seq.num_computed_tokens = 0
         seq.status = SequenceStatus.PREEMPTED
         self.waiting.appendleft(seq)
@@ -122,13 +126,20 @@ class Scheduler:
             out.add(seq, num_new, copies)
             budget -= num_new
 
-    def update(self, out: SchedulerOutput, new_token_ids: dict[int, int]) -> None:
-        """After the forward: advance each scheduled sequence and append its sampled token (by seq_id)."""
+    def update(self, out: SchedulerOutput, new_token_ids: dict[int, int | list[int]]) -> None:
+        """After the forward: advance each scheduled sequence and append its sampled tokens (by seq_id: one, or
+        with speculative drafts the ones the verify pass kept and the target's own token after them)."""
         for seq, num_new in zip(out.seqs, out.num_new_tokens):
+            tokens = new_token_ids.get(seq.seq_id, ())
+            tokens = [tokens] if isinstance(tokens, int) else tokens
+            drafts = len(seq.spec_token_ids)
+            if drafts:  # the rejected drafts' positions were computed for nothing: not part of the sequence
+                num_new -= drafts - (len(tokens) - 1)
+                seq.spec_token_ids = []
             seq.num_computed_tokens += num_new
-            token = new_token_ids.get(seq.seq_id)
-            if token is not None:
-                seq.output_token_ids.append(token)
+            seq.output_token_ids.extend(tokens)
+            if drafts:
+                self.block_manager.trim(seq.seq_id, seq.num_tokens)
             self._cache(seq)
 
     def fork(self, parent: Sequence, child: Sequence) -> None:

@@ -56,6 +56,9 @@ class Sequence:
     block_hashes: list[BlockHash] = field(default_factory=list)  # of the full blocks known so far
     lora: str | None = None  # the LoRA adapter it runs with (its key in the model's LoraManager), None: base
     lora_load_id: int | None = None  # unique per adapter load: roots its prefix-cache chain (adapter_root)
+    # Speculative decoding: drafts proposed for this step, computed after the pending token as if they were
+    # tokens of the sequence; the verify pass keeps a prefix of them (speculative.py), never num_tokens' own
+    spec_token_ids: list[int] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:
@@ -66,7 +69,11 @@ class Sequence:
         return len(self.prompt_token_ids)
 
     def token_ids(self, start: int, end: int) -> list[int]:
-        """Tokens [start, end) of prompt + output, without concatenating the whole sequence."""
+        """Tokens [start, end) of prompt + output (+ this step's drafts past num_tokens), without concatenating
+        the whole sequence."""
+        n = self.num_tokens
+        if end > n:
+            return self.token_ids(start, n) + self.spec_token_ids[max(start - n, 0):end - n]
         p = len(self.prompt_token_ids)
         if end <= p:
             return self.prompt_token_ids[start:end]

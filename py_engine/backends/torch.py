@@ -30,10 +30,11 @@ from py_engine.hub import resolve_model
 from py_engine.models import CausalLM, DenseKVCache, longrope_switch_length
 from py_engine.models.kv_quant import DEFAULT_HOT_TOKENS, KVQuantConfig, dense_kv_config
 from py_engine.models.memory import trim_heap
-from py_engine.cpu.transforms import kernel_step, model_kernels, optimize_for_cpu
+from py_engine.cpu.transforms import kernel_step, model_kernels, optimize_for_cpu, row_invariance_problem
 from py_engine.quant.config import QuantConfig
 from py_engine.quant.load import as_quant_config, load_quantized
 from py_engine.sampling_params import SamplingParams
+from py_engine.speculative import SpecStats, Speculation, SpeculativeConfig
 from py_engine.tokenizer import Tokenizer
 
 _CACHE_STEP = 256  # KV capacity grows in steps of this many positions
@@ -104,21 +105,22 @@ class TorchBackend:
         self.kv = fresh
 
     @torch.inference_mode()
-    def _forward(self, token_ids: Sequence[int]) -> torch.Tensor:
+    def _forward(self, token_ids: Sequence[int], every_row: bool = False) -> torch.Tensor:
+        """Logits after the last token [V], or after each of them [n, V] (every_row)."""
         n = len(token_ids)
         self._reserve(self.length + n)
         ids = torch.tensor([list(token_ids)], dtype=torch.long, device=self.device)  # [1, n]
         positions = torch.arange(self.length, self.length + n, device=self.device)[None]  # [1, n]
         with self._step(), self._adapter():
-            logits = self._run(ids, positions)  # [1, 1, V]
+            logits = self._run(ids, positions, every_row)  # [1, 1 or n, V]
         self.length += n
-        return None if logits is None else logits[0, -1]  # [V], float32
+        return None if logits is None else logits[0] if every_row else logits[0, -1]  # float32
 
-    def _run(self, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor | None:
+    def _run(self, ids: torch.Tensor, positions: torch.Tensor, every_row: bool = False) -> torch.Tensor | None:
         if not self.logits:  # a tensor-parallel worker: the layers and their all-reduces, no LM head
             self.model.model(ids, positions, self.kv)
             return None
-        return self.model(ids, positions, self.kv, last_only=True)
+        return self.model(ids, positions, self.kv, last_only=not every_row)
 
     def prefill(self, token_ids: Sequence[int]) -> torch.Tensor:
         if self.mirror is not None:
@@ -142,6 +144,37 @@ class TorchBackend:
         if self.switch_length is not None and len(self.tokens) == self.switch_length + 1:
             return self._prefill(self.tokens)
         return self._forward([token_id])
+
+    def verify(self, token_ids: Sequence[int]) -> torch.Tensor:
+        """Append several tokens in one forward; the logits after each [n, V] (speculative decoding). Each
+        row is what decode would give after that token: the CPU kernels compute a row the same way however
+        many come with it (speculation_problem says where that does not hold)."""
+        self.tokens.extend(token_ids)
+        return self._forward(token_ids, every_row=True)
+
+    def rollback(self, n: int) -> None:
+        """Forget the last n tokens (rejected drafts): the next call writes over their cache slots."""
+        if not 0 <= n <= self.length - 1:
+            raise ValueError(f"cannot roll back {n} of {self.length} tokens")
+        if n:
+            self.length -= n
+            del self.tokens[-n:]
+
+    def speculation_problem(self) -> str | None:
+        """Why speculative decoding could change this backend's greedy output (None: it cannot)."""
+        if self.kernels is None or self.device.type != "cpu":
+            return (f"on {self.device.type} without the CPU kernels, a k + 1 row verify pass is not computed "
+                    "the way decode computes a row (only the CPU kernels guarantee that)")
+        problem = row_invariance_problem(self.model)
+        if problem is not None:
+            return problem
+        if self.kv_quant is not None and self.kv_quant.enabled:
+            return "the int8/int4 two-tier KV cache attends prompt chunks in torch (not as decode does)"
+        if self.switch_length is not None:
+            return "a LongRoPE model recomputes its cache at its switch length"
+        if self._lora_manager is not None or getattr(self.model, "kv_layers", None) is not None:
+            return "LoRA adapters add their deltas in torch for several rows (not as the decode step does)"
+        return None
 
     def mask_logits(self, logits: torch.Tensor, mask: Any) -> torch.Tensor:
         """Structured outputs' step 0 in torch: -inf where the mask (a guided TokenMask) forbids."""
@@ -168,18 +201,26 @@ class LLM:
                  lora: Mapping[str, str | Path] | None = None, max_lora_rank: int = DEFAULT_MAX_RANK,
                  xlora: str | Path | None = None, xlora_non_granular: int | None = None,
                  kv_cache_dtype: str = "auto", kv_hot_tokens: int = DEFAULT_HOT_TOKENS,
-                 tensor_parallel_size: int = 1) -> None:
+                 tensor_parallel_size: int = 1,
+                 speculative: "str | Mapping[str, Any] | SpeculativeConfig | None" = None) -> None:
         """lora: adapter name -> peft adapter folder, loaded unmerged (pick one per call with lora=NAME).
         xlora: a peft X-LoRA folder, applied to every call (py_engine.adapters.xlora); xlora_non_granular=k
         computes its scalings for the first k forward calls of a generation only.
         kv_cache_dtype "int8" or "int4": the two-tier KV cache (the most recent kv_hot_tokens tokens
         in the model's dtype, older blocks quantized; py_engine/models/kv_quant.py), as the server's.
         tensor_parallel_size N > 1: the model sharded over N processes (this one and N - 1 it spawns, gloo on
-        the CPU, NCCL on CUDA; py_engine/parallel); close() or the end of the program stops them."""
+        the CPU, NCCL on CUDA; py_engine/parallel); close() or the end of the program stops them.
+        speculative: speculative decoding, which changes no output: "ngram" (prompt lookup), a draft model's
+        name, or a SpeculativeConfig / mapping with vLLM's field names (py_engine/speculative); a request
+        opts out with SamplingParams(speculative=False)."""
         kv_quant = dense_kv_config(kv_cache_dtype, kv_hot_tokens)  # bad values fail before the model loads
+        spec_config = SpeculativeConfig.parse(speculative)  # bad values fail before the model loads too
         self._parallel = None  # py_engine.parallel.backend.ParallelLLM with tensor_parallel_size > 1
         if tensor_parallel_size != 1 and backend != "torch":
             raise ValueError("tensor_parallel_size applies to the torch backend")
+        if tensor_parallel_size != 1 and spec_config is not None:
+            raise ValueError("speculative decoding runs without tensor parallelism (its shards' sums would be "
+                             "ordered otherwise for several rows)")
         if backend == "onnx" and kv_quant.enabled:
             raise ValueError("kv_cache_dtype applies to the torch backend")
         self.path: Path = resolve_model(model, cache_dir)
@@ -230,7 +271,21 @@ class LLM:
         self.eos_token_ids = eos_token_ids(self.generation_config, self.config, self.tokenizer)
         self.kv_quant = kv_quant.check(self.max_context)
         self._chat_config: ChatConfig | None = None
+        self.speculation = None if spec_config is None else self._speculation(spec_config, dtype, device, cache_dir)
 
+    def _speculation(self, config: SpeculativeConfig, dtype: str, device: str, cache_dir: str | None) -> Speculation:
+        """The drafting side of speculative decoding; refuses a model whose greedy output it could change."""
+        if self.backend != "torch":
+            raise ValueError("speculative decoding runs on the torch backend (the page and npm runtimes have their own)")
+        problem = self._new_backend().speculation_problem()
+        if problem is not None:
+            raise ValueError(f"speculative decoding would change this model's output here: {problem}")
+        if config.method == "ngram":
+            return Speculation(config)
+        draft = LLM(config.model, dtype=dtype, device=device, cache_dir=cache_dir, max_context=self.max_context,
+                    quantization=config.quantization)
+        check_same_vocabulary(self, draft, config.model)
+        return Speculation(config, draft._new_backend)
     def _load_loras(self, lora: Mapping[str, str | Path], max_rank: int) -> None:
         from py_engine.adapters import LoraManager
 
@@ -260,13 +315,25 @@ class LLM:
         """Yield text chunks as they are generated; the last one has a finish_reason."""
         backend = self._new_backend(lora)
         ids = self.encode(prompt, add_special_tokens)
-        return stream(backend, self.tokenizer, ids, params or SamplingParams(), self.eos_token_ids)
+        return stream(backend, self.tokenizer, ids, params or SamplingParams(), self.eos_token_ids,
+                      self._speculation_for(lora))
 
     def generate(self, prompt: str | Sequence[int], params: SamplingParams | None = None,
                  *, add_special_tokens: bool = True, lora: str | None = None) -> Completion:
         backend = self._new_backend(lora)
         ids = self.encode(prompt, add_special_tokens)
-        return complete(backend, self.tokenizer, ids, params or SamplingParams(), self.eos_token_ids)
+        before = None if self.speculation is None else self.speculation.stats.to_dict()
+        done = complete(backend, self.tokenizer, ids, params or SamplingParams(), self.eos_token_ids,
+                        self._speculation_for(lora))
+        if before is not None:
+            done.speculative = SpecStats.since(before, self.speculation.stats).to_dict()
+        return done
+
+    def _speculation_for(self, lora: str | None) -> Speculation | None:
+        if self.speculation is not None and lora is not None:
+            raise ValueError("speculative decoding runs without LoRA adapters (their deltas are added in torch for "
+                             "several rows, not as decode adds them)")
+        return self.speculation
 
     def _new_backend(self, lora: str | None = None):
         if self.backend == "onnx":
@@ -293,3 +360,13 @@ class LLM:
              lora: str | None = None, **template_kwargs: Any) -> Iterator[GenerationChunk]:
         """Stream the assistant's reply; the template adds its own special tokens."""
         return self.stream(self.chat_prompt(messages, **template_kwargs), params, add_special_tokens=False, lora=lora)
+
+
+def check_same_vocabulary(target: LLM, draft: LLM, name: str) -> None:
+    """A draft proposes token ids: its vocabulary must be the target's, id for id (one clear error if not)."""
+    a, b = target.tokenizer, draft.tokenizer
+    if target.config.vocab_size != draft.config.vocab_size or a.vocab_size != b.vocab_size or any(
+            a.id_to_token(i) != b.id_to_token(i) for i in range(a.vocab_size)):
+        raise ValueError(f"the draft model {name!r} has another vocabulary than the target ({draft.config.vocab_size} "
+                         f"vs {target.config.vocab_size} ids, or other tokens at the same ids): a draft must share the "
+                         "target's tokenizer")

@@ -9,6 +9,6 @@ linears (FusedLinear, KernelLinear) <- layers (norm, attention, MLP in C)
 <- stack (a whole decode step in one C call) <- transforms (what installs
 them): each module imports only those before it.
 """
-from .transforms import kernel_step, model_kernels, optimize_for_cpu
+from .transforms import kernel_step, model_kernels, optimize_for_cpu, row_invariance_problem
 
-__all__ = ["kernel_step", "model_kernels", "optimize_for_cpu"]
+__all__ = ["kernel_step", "model_kernels", "optimize_for_cpu", "row_invariance_problem"]

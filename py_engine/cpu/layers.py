@@ -45,8 +45,14 @@ class KernelRMSNorm(RMSNorm):
 class KernelAttention(Attention):
     kernels: CpuKernels
 
-    def _fast(self, x: Tensor, kv: KVCache) -> bool:
-        if not (isinstance(kv, DenseKVCache) and x.shape[:2] == (1, 1) and self.fused and not self.qk_norm):
+    def _fast(self, x: Tensor, kv: KVCache, positions: Tensor) -> bool:
+        """One sequence over a DenseKVCache of x's dtype on the CPU (rows: a decode token, a prompt chunk or a
+        speculative step). A two-tier cache's chunks take it while no query of theirs reads a block cold, and
+        keep the torch path (cold blocks read from the dequantized buffers) after."""
+        if not (isinstance(kv, DenseKVCache) and x.shape[0] == 1 and self.fused and not self.qk_norm):
+            return False
+        if x.shape[1] > 1 and isinstance(kv, TwoTierDenseKVCache) and (
+                kv.settled or kv.quant.cold_edge(int(positions[0, -1])) > 0):
             return False
         keys = kv.keys[self.layer]
         return (x.dtype in DTYPES and keys.dtype == x.dtype and keys.device.type == "cpu" and keys.shape[0] == 1
@@ -54,21 +60,28 @@ class KernelAttention(Attention):
                 and self.head_dim % 8 == 0 and not _grad(x))
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, positions: Tensor, kv: KVCache) -> Tensor:
-        if not self._fast(x, kv):
+        if not self._fast(x, kv, positions):
             return super().forward(x, cos, sin, positions, kv)
         assert isinstance(kv, DenseKVCache)
-        position = int(positions)  # [1, 1]
+        rows = x.shape[1]
+        position = int(positions[0, 0])  # [1, T]: position..position + T - 1 (the backends' calls)
+        keys, values = kv.keys[self.layer], kv.values[self.layer]  # [1, KV, max_len, D]
+        if position + rows > keys.shape[2]:
+            raise ValueError(f"position {position + rows - 1} does not fit a cache of max_len {keys.shape[2]}")
+        window = self.spec.sliding_window
+        qkv = self.qkv_proj(x)  # [1, T, (H + 2 KV) * D]
+        if rows > 1:  # a chunk: each row as decode computes it (rk_attend_rows), never torch's SDPA
+            if int(positions[0, -1]) != position + rows - 1:
+                return super().forward(x, cos, sin, positions, kv)
+            out = self.kernels.attend_rows(qkv[0], cos[0].contiguous(), sin[0].contiguous(), keys, values,
+                                           self.n_heads, position, window, self.spec.scale, self.spec.softcap)
+            return self.o_proj(out.view(1, rows, -1))  # [1, T, hidden]
         cold = None
         if isinstance(kv, TwoTierDenseKVCache):
             if self.layer == 0:
                 kv.settle(position)  # attend() would have: blocks leaving the hot window turn cold first
             cold = ColdTier.of(kv.codes[self.layer], kv.settled, kv.quant.bits) if kv.settled else None
-        keys, values = kv.keys[self.layer], kv.values[self.layer]  # [1, KV, max_len, D]
-        if position >= keys.shape[2]:
-            raise ValueError(f"position {position} does not fit a cache of max_len {keys.shape[2]}")
-        window = self.spec.sliding_window
         start = 0 if window is None else max(0, position + 1 - window)
-        qkv = self.qkv_proj(x)  # [1, 1, (H + 2 KV) * D]
         out = self.kernels.attend_one(qkv, cos.contiguous(), sin.contiguous(), keys, values, self.n_heads,
                                       position, start, self.spec.scale, self.spec.softcap, cold)  # [H * D]
         return self.o_proj(out.view(1, 1, -1))  # [1, 1, hidden]

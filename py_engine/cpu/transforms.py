@@ -95,6 +95,29 @@ def use_cpu_kernels(model: nn.Module, kernels: CpuKernels) -> int:
     return len(swaps) + len(fused) + len(takers)
 
 
+def row_invariance_problem(model: nn.Module) -> str | None:
+    """Why a row of this model's forward could depend on the rows that come with it (None: it cannot).
+
+    With every projection on the kernels, every norm KernelRMSNorm and every attention KernelAttention's C
+    path (fused qkv, no qk-norm, head_dim a multiple of 8), a token's logits are the same bits in decode,
+    in a prompt chunk and in a speculative verify pass (the kernels' one arithmetic per row). Anything left
+    to torch for several rows (SDPA, MKL, a MoE's routing) may not be."""
+    if model_kernels(model) is None:
+        return "the CPU kernels are not under the model"
+    fused = {id(p) for f in model.modules() if isinstance(f, FusedLinear) and f.kernels is not None for p in f.parts}
+    for name, module in model.named_modules():
+        if isinstance(module, nn.Linear) and not isinstance(module, KernelLinear) and id(module) not in fused:
+            return f"{name} is a torch Linear"
+        if isinstance(module, RMSNorm) and not isinstance(module, KernelRMSNorm):
+            return f"{name} is torch's RMSNorm"
+        if isinstance(module, Attention):
+            if not isinstance(module, KernelAttention) or not module.fused or module.qk_norm or module.head_dim % 8:
+                return f"{name} attends in torch (qk-norm, unfused projections or head_dim {module.head_dim})"
+        if type(module).__name__ == "SparseMoE":
+            return f"{name} routes experts in torch"
+    return None
+
+
 def model_kernels(model: nn.Module) -> CpuKernels | None:
     """The kernels a model's Linears use, or None if use_cpu_kernels was not applied."""
     return next((m.kernels for m in model.modules() if isinstance(m, (KernelLinear, FusedLinear, *quantized_types()))

@@ -1,6 +1,6 @@
-"""Structured outputs: JSON schemas, regexes and choices as token masks, in every runtime.
+"""Structured outputs: JSON schemas, regexes, choices and GBNF grammars as token masks, in every runtime.
 
-A grammar (StructuredOutputsParams) compiles to a DFA over UTF-8 bytes (automaton/, schema/),
+A grammar (StructuredOutputsParams) compiles to a DFA over UTF-8 bytes (automaton/, schema/, gbnf/),
 then, per tokenizer, to the tokens each DFA state allows (tokens/); a `Guide` follows one
 sequence through it. The samplers set forbidden tokens to -inf before sampling. Stdlib only:
 the same code runs in CPython, on the server and in Pyodide. Names load on first use, so

@@ -45,7 +45,7 @@ from torch import Tensor
 from ..hub.resolve import cache_root
 
 HERE = Path(__file__).parent
-SOURCES = [HERE / "linear.c", HERE / "blas.c", HERE / "decode.c", HERE / "pool.c", HERE / "quant.c", HERE / "qtile.c", HERE / "qpanel.c", HERE / "kquant.c", HERE / "step.c",
+SOURCES = [HERE / "linear.c", HERE / "decode.c", HERE / "pool.c", HERE / "quant.c", HERE / "qtile.c", HERE / "qpanel.c", HERE / "kquant.c", HERE / "step.c",
            HERE / "paged.c"]
 HEADERS = [HERE / "attend.h", HERE / "decode.h", HERE / "linear.h", HERE / "paged.h", HERE / "pool.h", HERE / "quant.h",
            HERE / "vmath.h"]
@@ -88,12 +88,12 @@ class CpuKernels:
         f = ctypes.c_float
         lib.rk_attend_one.argtypes = [p, p, p, p, p, p, i64, i64, i64, i64, i64, i64, i64, f, f, i, p, p]
         lib.rk_attend_one.restype = i
+        lib.rk_attend_rows.argtypes = [p, p, p, p, p, p, i64, i64, i64, i64, i64, i64, i64, i64, f, f, i]
+        lib.rk_attend_rows.restype = i
         lib.rk_argmax.argtypes = [p, i64]
         lib.rk_argmax.restype = i64
         self.threads = 0
         self._scratch = threading.local()  # float32 work space of rk_attend_one, per calling thread
-        lib.rk_use_blas.argtypes = [p, p]
-        lib.rk_use_blas.restype = None
         # quant.c (driven by py_engine.quant.kernels): quantized linears and one-pass RTN
         lib.rk_qlinear_parts.argtypes = [p, i, i, p, p, i, i64, i64, i, p]
         lib.rk_qlinear_parts.restype = i
@@ -108,9 +108,6 @@ class CpuKernels:
         # paged.c (driven by py_engine.kernels.paged): the server's paged decode attention
         lib.rk_paged_decode.argtypes = [p]
         lib.rk_paged_decode.restype = i
-        self.blas = _torch_blas()
-        if self.blas is not None:
-            lib.rk_use_blas(*self.blas)
         self.int8_rows = lib.rk_quant_tile_rows()  # rows of x below which int8-x layers round x (quant.c)
         lib.rk_quant_int8_rows.argtypes = [i]
         lib.rk_quant_int8_rows.restype = i64
@@ -214,6 +211,23 @@ class CpuKernels:
                                f"position {position}, start {start}")
         return out
 
+    def attend_rows(self, qkv: Tensor, cos: Tensor, sin: Tensor, keys: Tensor, values: Tensor, heads: int,
+                    position: int, window: int | None, scale: float, softcap: float | None) -> Tensor:
+        """attend_one for T tokens at positions position..position + T - 1: qkv [T, (H + 2 KV) * D], cos and sin
+        [T, rot] -> [T, H * D]. Every key and value is stored first; then each row gets exactly what attend_one
+        gives at its position (so a prompt chunk or a speculative step computes a token as decode does)."""
+        _, kv_heads, max_len, head_dim = keys.shape
+        rows = qkv.shape[0]
+        out = torch.empty(rows, heads * head_dim, dtype=qkv.dtype)
+        status = self.lib.rk_attend_rows(qkv.data_ptr(), cos.data_ptr(), sin.data_ptr(), keys.data_ptr(),
+                                         values.data_ptr(), out.data_ptr(), rows, heads, kv_heads, head_dim,
+                                         cos.shape[-1], position, window or 0, max_len, scale, softcap or 0.0,
+                                         qkv.dtype == torch.bfloat16)
+        if status != 0:
+            raise RuntimeError(f"rk_attend_rows failed ({status}): {rows} rows at {position}, heads {heads}, "
+                               f"cache {tuple(keys.shape)}")
+        return out
+
     def argmax(self, x: Tensor) -> int:
         """int(torch.argmax(x)) for a contiguous fp32 CPU tensor: the first index of the largest value
         (of the first NaN, if any), as torch."""
@@ -279,23 +293,6 @@ class LinearPlan:
         return y
 
 
-def _torch_blas() -> tuple[int, int] | None:
-    """Addresses of sgemm_ and MKL_SET_NUM_THREADS_LOCAL (Fortran interfaces: arguments by
-    reference) in torch's own libtorch_cpu, if it has MKL.
-
-    Prefill then runs MKL's GEMM, single-threaded inside the kernels' pool
-    (linear.h says why). RUVLLM_NO_BLAS=1 keeps the kernels' own GEMM.
-    """
-    if os.environ.get("RUVLLM_NO_BLAS"):
-        return None
-    try:
-        lib = ctypes.CDLL(str(Path(torch.__file__).parent / "lib" / "libtorch_cpu.so"))  # already loaded
-        fns = [ctypes.cast(getattr(lib, name), ctypes.c_void_p).value for name in ("sgemm_", "MKL_SET_NUM_THREADS_LOCAL")]
-    except (OSError, AttributeError):
-        return None
-    return (fns[0], fns[1]) if all(fns) else None
-
-
 def _ptr(t: Tensor | None) -> int | None:
     return None if t is None else t.data_ptr()
 
@@ -349,8 +346,7 @@ def kernels_report() -> dict:
     return {"variant": None if kernels is None else kernels.variant,
             "available": [name for name in VARIANTS if variant_fits(name, flags)],
             "forced": os.environ.get("RUVLLM_KERNEL_VARIANT") or None,
-            "cpu_flags": sorted(f for f in flags if f.startswith(("avx", "fma", "f16c", "amx", "sse4"))),
-            "blas": None if kernels is None else kernels.blas is not None}
+            "cpu_flags": sorted(f for f in flags if f.startswith(("avx", "fma", "f16c", "amx", "sse4")))}
 
 
 def _supported_cpu() -> bool:

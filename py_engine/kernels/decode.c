@@ -10,6 +10,7 @@
 #include <immintrin.h>
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "attend.h"
@@ -37,18 +38,20 @@ void rk_rms_norm(const void *x, const void *w, void *y, int64_t rows, int64_t di
 }
 
 typedef struct {
-  const void *qkv, *cos, *sin;     /* [(H + 2 KV) * D]; [rot] each */
-  void *keys, *values, *out;       /* [KV, max_len, D] each; [H * D] */
+  const void *qkv, *cos, *sin;     /* [T, (H + 2 KV) * D]; [T, rot] each */
+  void *keys, *values, *out;       /* [KV, max_len, D] each; [T, H * D] */
   int64_t H, KV, D, rot, pos, start, max_len;
   float scale, softcap;            /* softcap 0: none */
   int bf16;
-  float *scratch;                  /* [KV, (G + 1) * D + max_len] floats: q, one key, scores */
+  float *scratch;                  /* [KV, (G + 1) * D + max_len] floats: q, one key, scores (per chunk) */
   const cold_t *cold;              /* NULL: every token from the buffers */
+  int64_t T, window;               /* rows at positions pos..pos + T - 1; window 0: none (rows > 1: start by row) */
+  int *failed;                     /* rk_attend_rows: set when a thread's scratch cannot be had */
 } attend_t;
 
 /* Rotate the first rot channels of one head as rope.apply_rotary does:
  * x * cos + rotate_half(x) * sin, each product and the sum in the dtype. */
-static void rope(const attend_t *a, const void *src, int64_t off, float *dst) {
+static void rope_row(const attend_t *a, const void *src, int64_t off, int64_t t, float *dst) {
   const int64_t half = a->rot / 2;
   for (int64_t i = 0; i < a->D; ++i) {
     float x = load1(src, a->bf16, off + i);
@@ -57,10 +60,12 @@ static void rope(const attend_t *a, const void *src, int64_t off, float *dst) {
       continue;
     }
     float rh = i < half ? -load1(src, a->bf16, off + i + half) : load1(src, a->bf16, off + i - half);
-    float c = load1(a->cos, a->bf16, i), s = load1(a->sin, a->bf16, i);
+    float c = load1(a->cos, a->bf16, t * a->rot + i), s = load1(a->sin, a->bf16, t * a->rot + i);
     dst[i] = r(r(x * c, a->bf16) + r(rh * s, a->bf16), a->bf16);
   }
 }
+
+static void rope(const attend_t *a, const void *src, int64_t off, float *dst) { rope_row(a, src, off, 0, dst); }
 
 /* Scores of query qh against the cold tokens start..cold->tokens - 1 of KV head g: q . (code * scale + zero)
  * summed as (q * scale) . code + q . zero, the products by block (qs: D floats of scratch). */
@@ -99,28 +104,34 @@ static void cold_values(const attend_t *a, int64_t g, int64_t start, const float
   for (int64_t i = 0; i < D; ++i) acc[i] += zsum;
 }
 
-/* KV head g: rotate and store its new key and value at pos, then attend its G
- * query heads over keys start..pos (softmax in fp32, as attention.py). */
-static void attend_head(const void *context, int64_t g) {
-  const attend_t *a = context;
-  const int64_t D = a->D, G = a->H / a->KV, n = a->pos + 1 - a->start;
-  float *q = a->scratch + g * ((G + 1) * D + a->max_len), *k = q + G * D, *scores = k + D;
-  const int64_t row = (g * a->max_len + a->pos) * D;
-  rope(a, a->qkv, (a->H + g) * D, k);
+/* Row t's new key and value for KV head g, rotated and stored at pos + t (k: D floats of scratch). */
+static void store_kv(const attend_t *a, int64_t t, int64_t g, float *k) {
+  const int64_t D = a->D, width = (a->H + 2 * a->KV) * D, row = (g * a->max_len + a->pos + t) * D;
+  rope_row(a, a->qkv, t * width + (a->H + g) * D, t, k);
   for (int64_t i = 0; i < D; ++i) {
     st(a->keys, a->bf16, row + i, k[i]);
-    st(a->values, a->bf16, row + i, load1(a->qkv, a->bf16, (a->H + a->KV + g) * D + i));
+    st(a->values, a->bf16, row + i, load1(a->qkv, a->bf16, t * width + (a->H + a->KV + g) * D + i));
   }
+}
+
+/* Row t's G query heads of KV head g over keys start..pos + t (softmax in fp32, as attention.py): the same
+ * operations for a row whether it comes alone (decode) or with others (a prompt chunk, a speculative step's
+ * k + 1 rows), so its output does not depend on them. q: [G * D + D + max_len] floats of scratch. */
+static void attend_query(const attend_t *a, int64_t t, int64_t g, float *q) {
+  const int64_t D = a->D, G = a->H / a->KV, width = (a->H + 2 * a->KV) * D, pos = a->pos + t;
+  const int64_t start = a->T > 1 ? (a->window > 0 && pos + 1 > a->window ? pos + 1 - a->window : 0) : a->start;
+  const int64_t n = pos + 1 - start;
+  float *k = q + G * D, *scores = k + D;
   const int esz = a->bf16 ? 2 : 4;
-  const char *keys = (const char *)a->keys + (g * a->max_len + a->start) * D * esz;
-  const char *values = (const char *)a->values + (g * a->max_len + a->start) * D * esz;
+  const char *keys = (const char *)a->keys + (g * a->max_len + start) * D * esz;
+  const char *values = (const char *)a->values + (g * a->max_len + start) * D * esz;
   /* tokens start..start + n_cold - 1 are cold (read from codes), the rest from the buffers */
-  const int64_t n_cold = a->cold && a->cold->tokens > a->start ? a->cold->tokens - a->start : 0;
+  const int64_t n_cold = a->cold && a->cold->tokens > start ? a->cold->tokens - start : 0;
   for (int64_t h = 0; h < G; ++h) {
     float *qh = q + h * D;
-    rope(a, a->qkv, (g * G + h) * D, qh);
+    rope_row(a, a->qkv, t * width + (g * G + h) * D, t, qh);
     float top = -INFINITY, sum = 0.f;
-    if (n_cold) cold_scores(a, qh, g, a->start, k, scores); /* k: the key row is free as scratch here */
+    if (n_cold) cold_scores(a, qh, g, start, k, scores); /* k: the key row is free as scratch here */
     for (int64_t s = 0; s < n; ++s) {
       float v = s < n_cold ? scores[s] : dot(qh, keys + s * D * esz, a->bf16, D);
       v *= a->scale;
@@ -133,13 +144,58 @@ static void attend_head(const void *context, int64_t g) {
     for (int64_t i = 0; i < D; ++i) acc[i] = 0.f;
     if (n_cold) {
       for (int64_t s = 0; s < n_cold; ++s) scores[s] /= sum;
-      cold_values(a, g, a->start, scores, acc);
+      cold_values(a, g, start, scores, acc);
     }
     for (int64_t s = n_cold; s < n; ++s) {
       axpy(acc, scores[s] / sum, (const char *)values + s * D * esz, a->bf16, D);
     }
-    for (int64_t i = 0; i < D; ++i) st(a->out, a->bf16, (g * G + h) * D + i, acc[i]);
+    for (int64_t i = 0; i < D; ++i) st(a->out, a->bf16, t * a->H * D + (g * G + h) * D + i, acc[i]);
   }
+}
+
+static float *chunk_scratch(const attend_t *a, int64_t chunk) {
+  return a->scratch + chunk * ((a->H / a->KV + 1) * a->D + a->max_len);
+}
+
+/* KV head g of one token: store its key and value, then attend its query heads. */
+static void attend_head(const void *context, int64_t g) {
+  const attend_t *a = context;
+  float *q = chunk_scratch(a, g);
+  store_kv(a, 0, g, q + a->H / a->KV * a->D);
+  attend_query(a, 0, g, q);
+}
+
+/* The calling thread's scratch for a chunk of rk_attend_rows (chunks of several rows run at once on the pool). */
+static float *thread_scratch(const attend_t *a) {
+  static __thread float *buffer;
+  static __thread int64_t size;
+  const int64_t n = (a->H / a->KV + 1) * a->D + a->max_len;
+  if (size < n) {
+    free(buffer);
+    buffer = aligned_alloc(64, (size_t)((n * 4 + 63) / 64 * 64));
+    size = buffer ? n : 0;
+  }
+  return buffer;
+}
+
+static void store_head(const void *context, int64_t g) {
+  const attend_t *a = context;
+  float *k = thread_scratch(a);
+  if (!k) {
+    __atomic_store_n(a->failed, 1, __ATOMIC_RELAXED);
+    return;
+  }
+  for (int64_t t = 0; t < a->T; ++t) store_kv(a, t, g, k);
+}
+
+static void attend_chunk(const void *context, int64_t c) { /* chunk c: row c / KV, KV head c % KV */
+  const attend_t *a = context;
+  float *q = thread_scratch(a);
+  if (!q) {
+    __atomic_store_n(a->failed, 1, __ATOMIC_RELAXED);
+    return;
+  }
+  attend_query(a, c / a->KV, c % a->KV, q);
 }
 
 /* One token of one sequence: rope, cache write and attention for every head. */
@@ -152,9 +208,25 @@ int rk_attend_one(const void *qkv, const void *cos, const void *sin, void *keys,
     return -1;
   if (cold && cold->tokens == 0) cold = NULL;
   attend_t a = {qkv, cos, sin, keys, values, out, H, KV, D, rot, pos, start, max_len, scale, softcap, bf16, scratch,
-                cold};
+                cold, 1, 0, NULL};
   pool_run(KV, attend_head, &a, sizeof a);
   return 0;
+}
+
+/* T tokens of one sequence at positions pos..pos + T - 1 (a prompt chunk, a speculative step's k + 1 rows): every
+ * key and value rotated and stored first, then each row attends exactly as rk_attend_one would at its position
+ * (window > 0: over its last `window` tokens). qkv [T, (H + 2 KV) * D], cos and sin [T, rot], out [T, H * D].
+ * No cold tier: a two-tier cache's chunks keep the torch path. Returns -2 when a thread's scratch cannot be had. */
+int rk_attend_rows(const void *qkv, const void *cos, const void *sin, void *keys, void *values, void *out,
+                   int64_t T, int64_t H, int64_t KV, int64_t D, int64_t rot, int64_t pos, int64_t window,
+                   int64_t max_len, float scale, float softcap, int bf16) {
+  if (T < 1 || D % 8 || H % KV || rot > D || rot % 2 || pos < 0 || pos + T > max_len || window < 0) return -1;
+  int failed = 0;
+  attend_t a = {qkv, cos, sin, keys, values, out, H, KV, D, rot, pos, 0, max_len, scale, softcap, bf16, NULL,
+                NULL, T, window, &failed};
+  pool_run(KV, store_head, &a, sizeof a);
+  if (!failed) pool_run(T * KV, attend_chunk, &a, sizeof a);
+  return failed ? -2 : 0;
 }
 
 /* One token of one sequence over a paged cache (the server's single-stream step, step.c): rope, the

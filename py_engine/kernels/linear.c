@@ -11,11 +11,12 @@
  * - bf16 products of many rows have no fast path without AVX-512 BF16 (~10
  *   GFLOP/s against ~65 for fp32 at M = 512). Here bf16 weights are widened
  *   to fp32 in registers and fed to FMA; decode still reads half the bytes.
- * - Prefill runs MKL's sgemm per chunk when torch ships one (blas.c).
+ * - One arithmetic per output for every count of rows (see "One arithmetic" below); MKL's
+ *   sgemm (prefill until issue 32) summed in an order that depends on the shapes.
  *
  * Arithmetic: fp32 products and sums; a bf16 output is rounded once, after
  * the bias is added, as torch's bf16 addmm does. In the avx512-bf16 build,
- * bf16 x against bf16 weights below the sgemm's rows (decode, batches) runs
+ * bf16 x against bf16 weights runs
  * vdpbf16ps: 32 products a step from the stored halves, no widening (the
  * products of two bf16 are exact in fp32; the sums are fp32 in another order;
  * subnormal bf16 inputs count as zero, as the instruction does). x, w, bias and y are each
@@ -29,6 +30,7 @@
 
 #include "linear.h"
 #include "pool.h"
+#include "vmath.h"
 
 /* Weight bytes per claimed chunk: about a quarter of each thread's share, within
  * these bounds. Long runs let the prefetchers stream (fp32 decode went from
@@ -42,13 +44,6 @@
 #define NR 3              /* w rows per tile: 12 accumulators + 3 weights + 1 x = 16 ymm registers */
 
 #define MAX_PARTS 8
-#ifndef BLAS_MIN_ROWS
-#define BLAS_MIN_ROWS 16     /* from this many rows of x (prefill), sgemm when there is one */
-#endif
-#define BLAS_CHUNKS 2        /* chunks per thread for sgemm: 2 measured faster than 4 or 8 (its own blocking) */
-#ifndef BLAS_WIDE_FLOATS
-#define BLAS_WIDE_FLOATS (1 << 18) /* bf16 weights widened per sgemm chunk: 1 MB stays in L2 (as quant.h's Q_MAX_DEQUANT) */
-#endif
 
 typedef struct {
   int n_parts;
@@ -66,43 +61,20 @@ static inline __m256 bf16_hi(__m256i w) { return _mm256_castsi256_ps(_mm256_unpa
 static inline __m256i load16(const void *p, int64_t i) { return _mm256_loadu_si256((const __m256i *)((const uint16_t *)p + i)); }
 
 
-/* Row 0 of x against row n of w, four accumulators to hide FMA latency (decode). */
-static float dot_row(const linear_t *a, int64_t n) {
-  const int64_t K = a->K, row = n * K;
-  const float *x = a->xf;
-#ifdef __AVX512F__
-  if (!a->w_bf16) return dot_f32((const float *)a->w + row, x, K);
-#endif
-  __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
-  int64_t k = 0;
-  if (a->perm) {
-    for (; k + 32 <= K; k += 32) {
-      __m256i w0 = load16(a->w, row + k), w1 = load16(a->w, row + k + 16);
-      s0 = _mm256_fmadd_ps(bf16_lo(w0), _mm256_loadu_ps(x + k), s0);
-      s1 = _mm256_fmadd_ps(bf16_hi(w0), _mm256_loadu_ps(x + k + 8), s1);
-      s2 = _mm256_fmadd_ps(bf16_lo(w1), _mm256_loadu_ps(x + k + 16), s2);
-      s3 = _mm256_fmadd_ps(bf16_hi(w1), _mm256_loadu_ps(x + k + 24), s3);
-    }
-    for (; k < K; k += 16) {
-      __m256i w0 = load16(a->w, row + k);
-      s0 = _mm256_fmadd_ps(bf16_lo(w0), _mm256_loadu_ps(x + k), s0);
-      s1 = _mm256_fmadd_ps(bf16_hi(w0), _mm256_loadu_ps(x + k + 8), s1);
-    }
-  } else {
-    for (; k + 32 <= K; k += 32) {
-      s0 = _mm256_fmadd_ps(load8(a->w, a->w_bf16, row + k), _mm256_loadu_ps(x + k), s0);
-      s1 = _mm256_fmadd_ps(load8(a->w, a->w_bf16, row + k + 8), _mm256_loadu_ps(x + k + 8), s1);
-      s2 = _mm256_fmadd_ps(load8(a->w, a->w_bf16, row + k + 16), _mm256_loadu_ps(x + k + 16), s2);
-      s3 = _mm256_fmadd_ps(load8(a->w, a->w_bf16, row + k + 24), _mm256_loadu_ps(x + k + 24), s3);
-    }
-    for (; k < K; k += 8) s0 = _mm256_fmadd_ps(load8(a->w, a->w_bf16, row + k), _mm256_loadu_ps(x + k), s0);
-  }
-  return hsum8(_mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)));
-}
+/* One arithmetic per output, whatever the rows of x (decode's one, a server batch, a speculative step's k + 1, a
+ * prompt chunk): every path below computes y[m, n] with the same operations in the same order, so a row of x gets
+ * the same bits alone or with others, and greedy tokens do not depend on the batch, the chunking or the prefix cache.
+ * fp32 weights (AVX-512 builds): one 512-bit chain per output, k ascending 16 at a time (the last masked), summed by
+ * _mm512_reduce_add_ps. AVX2 builds and bf16 weights widened in registers: one 256-bit chain per output, 8 (or 16 as
+ * two halves, perm) at a time, summed by hsum8. bf16 x and weights in the avx512-bf16 build: vdpbf16ps (tile_bf16).
+ * Decode is a tile of one row of x: NR rows of w side by side are NR independent chains (the FMA latency hidden).
+ * There is no sgemm: MKL's order depends on the shapes (prefill cost, benchmarks/README.md). */
+#define NR_MAX 4
 
 /* Rows m0.. (mr <= MR) of x against rows n0.. (nr <= NR) of w: each loaded vector
  * feeds several FMAs. With constant mr, nr (the full tile) the loops unroll. */
-static inline __attribute__((always_inline)) void tile(const linear_t *a, int64_t m0, int mr, int64_t n0, int nr) {
+static inline __attribute__((always_inline)) void tile(const linear_t *a, int64_t m0, int mr, int64_t n0, int nr,
+                                                        float out[MR][NR_MAX]) {
   const int64_t K = a->K;
   const float *x = a->xf + m0 * K;
   __m256 acc[MR][NR], wv[NR];
@@ -131,8 +103,37 @@ static inline __attribute__((always_inline)) void tile(const linear_t *a, int64_
     }
   }
   for (int i = 0; i < mr; ++i)
-    for (int j = 0; j < nr; ++j) store(a, m0 + i, n0 + j, hsum8(acc[i][j]));
+    for (int j = 0; j < nr; ++j) out[i][j] = hsum8(acc[i][j]);
 }
+
+#ifdef __AVX512F__
+#define HAVE_TILE32 1
+#define MR32 4
+#define NR32 4
+/* fp32 x against fp32 w, one 512-bit chain per output. */
+static inline __attribute__((always_inline)) void tile32(const linear_t *a, int64_t m0, int mr, int64_t n0, int nr,
+                                                          float out[MR][NR_MAX]) {
+  const int64_t K = a->K;
+  const float *x = a->xf + m0 * K, *w = (const float *)a->w + n0 * K;
+  __m512 acc[MR32][NR32], wv[NR32];
+  for (int i = 0; i < mr; ++i)
+    for (int j = 0; j < nr; ++j) acc[i][j] = _mm512_setzero_ps();
+  for (int64_t k = 0; k < K; k += 16) {
+    const __mmask16 live = K - k >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (K - k)) - 1u);
+    for (int j = 0; j < nr; ++j) wv[j] = _mm512_maskz_loadu_ps(live, w + j * K + k);
+    for (int i = 0; i < mr; ++i) {
+      const __m512 xv = _mm512_maskz_loadu_ps(live, x + i * K + k);
+      for (int j = 0; j < nr; ++j) acc[i][j] = _mm512_fmadd_ps(xv, wv[j], acc[i][j]);
+    }
+  }
+  for (int i = 0; i < mr; ++i)
+    for (int j = 0; j < nr; ++j) out[i][j] = _mm512_reduce_add_ps(acc[i][j]);
+}
+#else
+#define HAVE_TILE32 0
+#define MR32 MR
+#define NR32 NR
+#endif
 
 #if defined(__AVX512BF16__) && defined(__AVX512BW__)
 #define HAVE_DPBF16 1
@@ -144,45 +145,12 @@ static inline __m512bh load32bh(const uint16_t *p, int64_t i, int64_t left) {
 
 /* vdpbf16ps adds two products per fp32 lane. Each dot product below runs four chains over the whole blocks
  * of 128 (block c mod 4 into chain c: the instruction's latency hidden), adds them as (0 + 1) + (2 + 3), then
- * takes the rest 32 at a time and sums the lanes: the same operations for one row (decode) as in a tile
- * (batches), so a row of a batch gets the value it gets alone. */
+ * takes the rest 32 at a time and sums the lanes. */
 #define MR_B 2 /* x rows per tile: 4 chains x MR_B x NR_B accumulators */
 #define NR_B 3
 
-/* Rows m0.. (mr <= MR_B) of bf16 x against rows n0.. (nr <= NR_B) of bf16 w. */
-static inline __attribute__((always_inline)) void tile_bf16(const linear_t *a, int64_t m0, int mr, int64_t n0, int nr) {
-  const int64_t K = a->K;
-  const uint16_t *x = a->xb + m0 * K, *w = (const uint16_t *)a->w + n0 * K;
-  __m512 acc[4][MR_B][NR_B];
-  __m512bh wv[NR_B];
-  for (int c = 0; c < 4; ++c)
-    for (int i = 0; i < mr; ++i)
-      for (int j = 0; j < nr; ++j) acc[c][i][j] = _mm512_setzero_ps();
-  int64_t k = 0;
-  for (; k + 128 <= K; k += 128)
-    for (int c = 0; c < 4; ++c) {
-      for (int j = 0; j < nr; ++j) wv[j] = load32bh(w + j * K, k + 32 * c, 32);
-      for (int i = 0; i < mr; ++i) {
-        const __m512bh xv = load32bh(x + i * K, k + 32 * c, 32);
-        for (int j = 0; j < nr; ++j) acc[c][i][j] = _mm512_dpbf16_ps(acc[c][i][j], wv[j], xv);
-      }
-    }
-  for (int i = 0; i < mr; ++i)
-    for (int j = 0; j < nr; ++j)
-      acc[0][i][j] = _mm512_add_ps(_mm512_add_ps(acc[0][i][j], acc[1][i][j]), _mm512_add_ps(acc[2][i][j], acc[3][i][j]));
-  for (; k < K; k += 32) {
-    for (int j = 0; j < nr; ++j) wv[j] = load32bh(w + j * K, k, K - k);
-    for (int i = 0; i < mr; ++i) {
-      const __m512bh xv = load32bh(x + i * K, k, K - k);
-      for (int j = 0; j < nr; ++j) acc[0][i][j] = _mm512_dpbf16_ps(acc[0][i][j], wv[j], xv);
-    }
-  }
-  for (int i = 0; i < mr; ++i)
-    for (int j = 0; j < nr; ++j) store(a, m0 + i, n0 + j, _mm512_reduce_add_ps(acc[0][i][j]));
-}
-
 #ifndef BF16_PREFETCH
-#define BF16_PREFETCH 4096 /* bytes ahead of a bf16 row's loads that its dot product prefetches (0: none) */
+#define BF16_PREFETCH 4096 /* bytes ahead of a bf16 row's loads that decode prefetches (0: none) */
 #endif
 /* The 4 lines of the 256 bytes (128 bf16) at p, BF16_PREFETCH ahead (into the next rows of the chunk: its
  * rows are one stream). A core streams a bf16 GEMV at ~11.9 GB/s without, ~15 GB/s with (1-4 lines per
@@ -194,62 +162,104 @@ static inline void prefetch_ahead(const uint16_t *p) {
   _mm_prefetch(c + 128, _MM_HINT_T0), _mm_prefetch(c + 192, _MM_HINT_T0);
 }
 
-/* Row 0 of x against row n of w (decode): tile_bf16's arithmetic for one pair. */
-static float dot_row_bf16(const linear_t *a, int64_t n) {
+/* Rows m0.. (mr <= MR_B) of bf16 x against rows n0.. (nr <= NR_B) of bf16 w. */
+static inline __attribute__((always_inline)) void tile_bf16(const linear_t *a, int64_t m0, int mr, int64_t n0, int nr,
+                                                             float out[MR][NR_MAX]) {
   const int64_t K = a->K;
-  const uint16_t *w = (const uint16_t *)a->w + n * K, *x = a->xb;
-  __m512 s0 = _mm512_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+  const uint16_t *x = a->xb + m0 * K, *w = (const uint16_t *)a->w + n0 * K;
+  __m512 acc[4][MR_B][NR_B];
+  __m512bh wv[NR_B];
+  for (int c = 0; c < 4; ++c)
+    for (int i = 0; i < mr; ++i)
+      for (int j = 0; j < nr; ++j) acc[c][i][j] = _mm512_setzero_ps();
   int64_t k = 0;
   for (; k + 128 <= K; k += 128) {
-    prefetch_ahead(w + k);
-    s0 = _mm512_dpbf16_ps(s0, load32bh(w, k, 32), load32bh(x, k, 32));
-    s1 = _mm512_dpbf16_ps(s1, load32bh(w, k + 32, 32), load32bh(x, k + 32, 32));
-    s2 = _mm512_dpbf16_ps(s2, load32bh(w, k + 64, 32), load32bh(x, k + 64, 32));
-    s3 = _mm512_dpbf16_ps(s3, load32bh(w, k + 96, 32), load32bh(x, k + 96, 32));
+    if (mr == 1) /* decode: a stream of weights */
+      for (int j = 0; j < nr; ++j) prefetch_ahead(w + j * K + k);
+    for (int c = 0; c < 4; ++c) {
+      for (int j = 0; j < nr; ++j) wv[j] = load32bh(w + j * K, k + 32 * c, 32);
+      for (int i = 0; i < mr; ++i) {
+        const __m512bh xv = load32bh(x + i * K, k + 32 * c, 32);
+        for (int j = 0; j < nr; ++j) acc[c][i][j] = _mm512_dpbf16_ps(acc[c][i][j], wv[j], xv);
+      }
+    }
   }
-  s0 = _mm512_add_ps(_mm512_add_ps(s0, s1), _mm512_add_ps(s2, s3));
-  for (; k < K; k += 32) s0 = _mm512_dpbf16_ps(s0, load32bh(w, k, K - k), load32bh(x, k, K - k));
-  return _mm512_reduce_add_ps(s0);
+  for (int i = 0; i < mr; ++i)
+    for (int j = 0; j < nr; ++j)
+      acc[0][i][j] = _mm512_add_ps(_mm512_add_ps(acc[0][i][j], acc[1][i][j]), _mm512_add_ps(acc[2][i][j], acc[3][i][j]));
+  for (; k < K; k += 32) {
+    for (int j = 0; j < nr; ++j) wv[j] = load32bh(w + j * K, k, K - k);
+    for (int i = 0; i < mr; ++i) {
+      const __m512bh xv = load32bh(x + i * K, k, K - k);
+      for (int j = 0; j < nr; ++j) acc[0][i][j] = _mm512_dpbf16_ps(acc[0][i][j], wv[j], xv);
+    }
+  }
+  for (int i = 0; i < mr; ++i)
+    for (int j = 0; j < nr; ++j) out[i][j] = _mm512_reduce_add_ps(acc[0][i][j]);
 }
 
-static void bf16_rows(const linear_t *a, int64_t n0, int64_t n1) {
-  if (a->M == 1) {
-    for (int64_t n = n0; n < n1; ++n) store(a, 0, n, dot_row_bf16(a, n));
-    return;
-  }
-  for (int64_t n = n0; n < n1; n += NR_B) {
-    const int nr = n1 - n < NR_B ? (int)(n1 - n) : NR_B;
-    int64_t m = 0;
-    if (nr == NR_B)
-      for (; m + MR_B <= a->M; m += MR_B) tile_bf16(a, m, MR_B, n, NR_B);
-    for (; m < a->M; m += MR_B) tile_bf16(a, m, a->M - m < MR_B ? (int)(a->M - m) : MR_B, n, nr);
-  }
-}
 #else
 #define HAVE_DPBF16 0
-static float dot_row_bf16(const linear_t *a, int64_t n) { return dot_row(a, n); }
-static void bf16_rows(const linear_t *a, int64_t n0, int64_t n1) { (void)a, (void)n0, (void)n1; }
+#define MR_B MR
+#define NR_B NR
+static inline void tile_bf16(const linear_t *a, int64_t m0, int mr, int64_t n0, int nr, float out[MR][NR_MAX]) {
+  tile(a, m0, mr, n0, nr, out); /* not built: never taken (xb is NULL) */
+}
+#endif
+
+
+/* The tile shape of a product: (rows of x, rows of w) per call of sums(). */
+static inline void tile_shape(const linear_t *a, int *mr, int *nr) {
+  if (a->xb) *mr = MR_B, *nr = NR_B;
+  else if (HAVE_TILE32 && !a->w_bf16) *mr = MR32, *nr = NR32;
+  else *mr = MR, *nr = NR;
+}
+
+/* out[i][j] = x[m0 + i] . w[n0 + j] (no bias) in the product's one arithmetic; full tiles unrolled. */
+static void sums(const linear_t *a, int64_t m0, int mr, int64_t n0, int nr, float out[MR][NR_MAX]) {
+  int fm, fn;
+  tile_shape(a, &fm, &fn);
+  const int full = mr == fm && nr == fn;
+  if (a->xb) {
+    if (full) tile_bf16(a, m0, MR_B, n0, NR_B, out);
+    else tile_bf16(a, m0, mr, n0, nr, out);
+  } else if (HAVE_TILE32 && !a->w_bf16) {
+#if HAVE_TILE32
+    if (full) tile32(a, m0, MR32, n0, NR32, out);
+    else if (mr == 1 && nr == NR32) tile32(a, m0, 1, n0, NR32, out); /* decode */
+    else tile32(a, m0, mr, n0, nr, out);
+#endif
+  } else {
+    if (full) tile(a, m0, MR, n0, NR, out);
+    else if (mr == 1 && nr == NR) tile(a, m0, 1, n0, NR, out);
+    else tile(a, m0, mr, n0, nr, out);
+  }
+}
+
+#ifndef X_BLOCK_BYTES
+#define X_BLOCK_BYTES 32768 /* bytes of x a pass over the chunk's rows of w takes: they stay in L1 */
 #endif
 
 static void run_part_chunk(const linear_t *a, int64_t c) {
   int64_t n0 = c * a->rows_per_chunk, n1 = n0 + a->rows_per_chunk;
   if (n1 > a->N) n1 = a->N;
-  if (a->xb) {
-    bf16_rows(a, n0, n1);
-    return;
-  }
-  if (a->M == 1) {
-    for (int64_t n = n0; n < n1; ++n) store(a, 0, n, dot_row(a, n));
-    return;
-  }
-  if (a->M >= BLAS_MIN_ROWS && blas_rows(a, n0, n1) == 0) return;
-  /* The chunk's weight rows stay in cache while every row of x passes over them. */
-  for (int64_t n = n0; n < n1; n += NR) {
-    int nr = n1 - n < NR ? (int)(n1 - n) : NR;
-    int64_t m = 0;
-    if (nr == NR)
-      for (; m + MR <= a->M; m += MR) tile(a, m, MR, n, NR);
-    for (; m < a->M; m += MR) tile(a, m, a->M - m < MR ? (int)(a->M - m) : MR, n, nr);
+  int fm, fn;
+  tile_shape(a, &fm, &fn);
+  const int64_t xbytes = a->K * (a->xb ? 2 : 4);
+  int64_t block = X_BLOCK_BYTES / xbytes / fm * fm;
+  if (block < fm) block = fm;
+  float out[MR][NR_MAX];
+  for (int64_t b0 = 0; b0 < a->M; b0 += block) { /* the chunk's w rows stay in L2 while each block of x passes */
+    const int64_t b1 = a->M - b0 < block ? a->M : b0 + block;
+    for (int64_t n = n0; n < n1; n += fn) {
+      const int nr = n1 - n < fn ? (int)(n1 - n) : fn;
+      for (int64_t m = b0; m < b1; m += fm) {
+        const int mr = b1 - m < fm ? (int)(b1 - m) : fm;
+        sums(a, m, mr, n, nr, out);
+        for (int i = 0; i < mr; ++i)
+          for (int j = 0; j < nr; ++j) store(a, m + i, n + j, out[i][j]);
+      }
+    }
   }
 }
 
@@ -279,7 +289,7 @@ static const float *prepare_x(const void *x, int x_bf16, int64_t M, int64_t K, i
     capacity = buffer ? M * K : 0;
     if (!buffer) return NULL;
   }
-  if (!perm) { /* bf16 x for sgemm (prefill): widened 8 a step on the caller's thread */
+  if (!perm) { /* bf16 x against bf16 w read 8 at a time (K % 16 != 0): widened 8 a step on the caller's thread */
     int64_t i = 0;
     for (; i + 8 <= M * K; i += 8) _mm256_storeu_ps(buffer + i, load8(x, 1, i));
     for (; i < M * K; ++i) buffer[i] = load1(x, 1, i);
@@ -298,18 +308,15 @@ int rk_linear_parts(const void *x, int x_bf16, int n_parts, const void *const *w
                     const void *const *biases, int bias_bf16, const int64_t *ns,
                     void *y, int y_bf16, int64_t M, int64_t K) {
   if (M < 1 || K < 8 || K % 8 || n_parts < 1 || n_parts > MAX_PARTS) return -1;
-  const int blas = M >= BLAS_MIN_ROWS && blas_available();
-  const int dp = HAVE_DPBF16 && w_bf16 && x_bf16 && !blas; /* vdpbf16ps on x as it is */
-  const int perm = w_bf16 && K % 16 == 0 && !blas && !dp; /* sgemm reads x in order */
+  const int dp = HAVE_DPBF16 && w_bf16 && x_bf16; /* vdpbf16ps on x as it is */
+  const int perm = w_bf16 && K % 16 == 0 && !dp;
   const float *xf = dp ? NULL : prepare_x(x, x_bf16, M, K, perm);
   if (!xf && !dp) return -2;
   parts_t job = {.n_parts = n_parts};
   int64_t ldy = 0;
   for (int p = 0; p < n_parts; ++p) ldy += ns[p];
   int64_t rows = chunk_rows(ldy, K * (w_bf16 ? 2 : 4));
-  if (blas) rows = ldy / (BLAS_CHUNKS * pool_threads()) + 1;
-  if (blas && w_bf16 && rows * K > BLAS_WIDE_FLOATS) rows = BLAS_WIDE_FLOATS / K;
-  rows = rows < NR ? NR : (rows + NR - 1) / NR * NR;
+  rows = (rows + 11) / 12 * 12; /* whole tiles of 3 or 4 rows of w */
   int64_t column = 0;
   for (int p = 0; p < n_parts; ++p) {
     if (ns[p] < 1) return -1;
@@ -339,12 +346,21 @@ static void run_gated_chunk(const void *context, int64_t c) {
   int64_t n0 = c * g->rows_per_chunk, n1 = n0 + g->rows_per_chunk;
   if (n1 > g->N) n1 = g->N;
   const int bf = g->y_bf16;
-  for (int64_t n = n0; n < n1; ++n) {
-    float gv = (g->xb ? dot_row_bf16(g, n) : dot_row(g, n)) + (g->bias ? load1(g->bias, g->bias_bf16, n) : 0.f);
-    float uv = (u->xb ? dot_row_bf16(u, n) : dot_row(u, n)) + (u->bias ? load1(u->bias, u->bias_bf16, n) : 0.f);
-    float gr = rounded(gv, bf), ur = rounded(uv, bf);
-    float act = rounded(gr / (1.f + expf(-gr)), bf); /* F.silu in fp32, stored in the dtype */
-    put(g, 0, n, act * ur);
+  int fm, fn;
+  tile_shape(g, &fm, &fn);
+  (void)fm;
+  for (int64_t n = n0; n < n1; n += 8) { /* 8 at a time through vmath.h's silu_mul8, as rk_gate */
+    const int live = n1 - n < 8 ? (int)(n1 - n) : 8;
+    float gv[8], uv[8], v[8], out[MR][NR_MAX];
+    for (int o = 0; o < live; o += fn) { /* the products as rk_linear_parts computes them (one row of x) */
+      const int nr = live - o < fn ? live - o : fn;
+      sums(g, 0, 1, n + o, nr, out);
+      for (int j = 0; j < nr; ++j) gv[o + j] = rounded(out[0][j] + (g->bias ? load1(g->bias, g->bias_bf16, n + o + j) : 0.f), bf);
+      sums(u, 0, 1, n + o, nr, out);
+      for (int j = 0; j < nr; ++j) uv[o + j] = rounded(out[0][j] + (u->bias ? load1(u->bias, u->bias_bf16, n + o + j) : 0.f), bf);
+    }
+    silu_mul_n(gv, uv, v, live, bf);
+    for (int i = 0; i < live; ++i) put(g, 0, n + i, v[i]);
   }
 }
 
@@ -358,7 +374,7 @@ int rk_linear_gated(const void *x, int x_bf16, const void *w_gate, const void *w
   const float *xf = dp ? NULL : prepare_x(x, x_bf16, 1, K, perm);
   if (!xf && !dp) return -2;
   const uint16_t *xb = dp ? x : NULL;
-  int64_t rows = chunk_rows(N, 2 * K * (w_bf16 ? 2 : 4));
+  int64_t rows = (chunk_rows(N, 2 * K * (w_bf16 ? 2 : 4)) + 23) / 24 * 24; /* whole groups of 8, tiles of 3/4 */
   gated_t a = {{xf, w_gate, b_gate, y, perm, w_bf16, bias_bf16, y_bf16, 1, N, K, N, rows, xb},
                {xf, w_up, b_up, y, perm, w_bf16, bias_bf16, y_bf16, 1, N, K, N, rows, xb}};
   pool_run((N + rows - 1) / rows, run_gated_chunk, &a, sizeof a);

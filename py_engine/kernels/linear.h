@@ -1,4 +1,4 @@
-/* What linear.c and blas.c share: one product's description and how results are stored. */
+/* What linear.c, quant.c and step.c share: one product's description and how results are stored. */
 #pragma once
 #include <immintrin.h>
 #include <stdint.h>
@@ -86,16 +86,9 @@ static inline void store(const linear_t *a, int64_t m, int64_t n, float v) { /* 
   put(a, m, n, a->bias ? v + load1(a->bias, a->bias_bf16, n) : v);
 }
 
-/* Rows n0..n1 of one product with M > 1 by the BLAS sgemm torch ships (MKL), when
- * rk_use_blas was given one: MKL's GEMM is ~1.4x our tiles per core, and here it
- * runs single-threaded inside our pool, so it never waits at an OpenMP barrier.
- * Returns 0 when it did the work. */
-int blas_rows(const linear_t *a, int64_t n0, int64_t n1);
-
 /* The float products step.c runs (linear.c): several outputs sharing x, and a SiLU-gated pair. */
 int rk_linear_parts(const void *x, int x_bf16, int n_parts, const void *const *ws, int w_bf16,
                     const void *const *biases, int bias_bf16, const int64_t *ns, void *y, int y_bf16, int64_t M,
                     int64_t K);
 int rk_linear_gated(const void *x, int x_bf16, const void *w_gate, const void *w_up, int w_bf16, const void *b_gate,
                     const void *b_up, int bias_bf16, void *y, int y_bf16, int64_t N, int64_t K);
-int blas_available(void);

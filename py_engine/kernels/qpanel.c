@@ -1,9 +1,11 @@
 /* Prefill (Q_PANEL_ROWS = 32 rows of x or more) against quantized codes (4-bit and 8-bit, any group), in
- * integer panels: AVX-512 VNNI builds.
+ * integer panels: AVX-512 VNNI builds. Per output the float steps are quant.h's canonical sum (one fma by
+ * d_b * s_g per sub-block's exact integer, the mins term at each group's end), which qtile.c's virtual panels
+ * repeat lane for lane: a prompt chunk's rows get the bits decode gives them.
  *
- * qtile.c's tiles keep the sub-block's 32 columns in the vector lanes and sum them at the end, so every
+ * (History: qtile.c's earlier tiles kept the sub-block's 32 columns in the vector lanes and sum them at the end, so every
  * pair (x row, W row) pays a convert, a multiply and an FMA per 64 codes beside its one vpdpbusd: at
- * 128 rows they ran at 95-102 GFLOP/s-equivalent per core, slower than dequantize + MKL sgemm (128-131).
+ * 128 rows they ran at 95-102 GFLOP/s-equivalent per core, slower than dequantize + MKL sgemm (128-131).)
  * Here the lanes are 16 rows of W instead (a panel), as in a GEMM's micro-kernel: 4 codes of a row sit
  * in one int32 lane as bytes (4-bit: columns j..j + 3 from the low nibbles, then j + 16..j + 19 from the
  * high ones, the Q4_0 order; 8-bit: 4 consecutive columns), and 4 int8 of x broadcast to all lanes meet
@@ -13,7 +15,7 @@
  * order (a gather of 16 rows' 4 bytes per 64 bytes, 4-bit codes unpacked there once, into a per-thread
  * buffer that stays in L2) and then meets every row of x, 6 rows by 2 panels at a time (measured best
  * of 4x2, 8x1, 4x3). x is the decode path's (int8 per sub-block of 32, d = max|x| / 127), so the products
- * are those of the reference on rounded x, as for batches; only the float summation order differs.
+ * are those of the reference on rounded x, as for batches, and so is the float order (the canonical sum).
  * One thread, 128 rows, GFLOP/s-equivalent (benchmarks/qtile_bench.py): int4 g128 4864x896 418 against
  * 131 for dequantize + sgemm, int8 per channel 413 against 127.
  */

@@ -1,302 +1,256 @@
-/* Several rows of x (a decode batch, a prefill chunk) against quantized weights, in integer
- * tiles: T_R rows of W by T_X rows of x. Each sub-block of codes is loaded and unpacked once
- * per tile and multiplied with every row of x in it (u8 x s8 dot products: vpdpbusd with
- * AVX-512 VNNI, maddubs on AVX2), so the weights stream from memory once for all rows and
- * their unpacking is shared; the one-row path (rows_q) unpacked them again for every row.
+/* Rows of x (decode, batches, short prompt chunks) against quantized weights in "virtual panels": V rows of W
+ * (16 on AVX-512 builds, 8 on AVX2) read in place and turned in registers so that each vector lane is one row
+ * of W, as qpanel.c's packed panels hold them. A sub-block's 32 codes of the V rows become 8 vectors of 4 bytes
+ * per lane (4-bit: 4 low nibbles, then the 4 high ones of the same dword; 8-bit: 4 codes), each meeting 4 bytes
+ * of x broadcast to every lane in one u8 x s8 dot (vpdpbusd, or maddubs + madd): lane r then holds the exact
+ * integer I = Σ_j c_j q_j of row r and the x row's sub-block.
  *
- * The 256-bit tile's arithmetic is rows_q's step for step (per sub-block: int32 dot, converted,
- * times the x block's d into the group's sum; per group: times s; then the mins term), so a row
- * of a batch gets the value it would get alone, bit for bit. AVX-512 builds take two sub-blocks a
- * step (ztile) and scale each by d * s, for the layouts ztile_fits names (then one row takes it too,
- * so rows still do not depend on their batch).
+ * One arithmetic wherever a token is computed (quant.h, "the canonical sum"): after each sub-block b,
+ *   acc = fma(float(I_b), d_b * s_g, acc)      and, at the end of each group g,   acc = acc - mn_g * X_g  (fused)
+ * the same operations, in the same order, as qpanel.c's panels (prefill) per lane. The integers are exact and the
+ * float steps are per lane, so a row of x gets the same bits whether it comes alone (decode), in a batch of the
+ * server, in a speculative step's k + 1 rows or in a prompt chunk of any length, and on every variant of the
+ * build: AVX2 lanes do what AVX-512 lanes do. 8-bit codes are stored c - 128; the unsigned code c + 128 goes into
+ * the dot (VNNI: a sign-bit flip; maddubs would saturate, so there |c - 128| meets x with c's sign, and 128 Σq
+ * is added back as an integer) and mn_g carries the 128 s_g X_g that comes off.
  *
- * ztile's costs (benchmarks/qtile_bench.py, 1 thread, shared 2-vCPU Xeon with AVX-512 VNNI, GFLOP/s-
- * equivalent at 16 rows, 4864x896 / 896x4864): int4 g32 62 / 49 before, 94-101 / 112-126 after; int8
- * g32 76 / 82 before, 87-95 / 104-111 after; int4 g128 (now ztile) 86 / 89 before, 100 / 127 after.
- * What it took: (1) x in row blocks of Z_XBYTES that stay in L1 (all of a 128-row x per tile of W
- * ran from L2: 128 rows were 30% slower than 16); (2) the mins term (asymmetric groups) as a 16-wide
- * dot over groups after the loop (the scalar loop per output cost as much as the dot products);
- * (3) scales and x's d as one broadcast load + permute per step, int4 unpacked from one broadcast
- * load; (4) VNNI: 8-bit codes fed to vpdpbusd as unsigned bytes, 128 * sum(x) taken off after the
- * loop (no sign moved onto x per row pair). The inner step is now vpdpbusd, convert, d * s, FMA
- * per row pair: the per-sub-block float scaling, not the integer dot, bounds it, which is why
- * dequantize + MKL sgemm still wins from ~64 rows on 4864x896 (Q_TILE_ROWS stays 32).
+ * Lane L of a block holds row PERM(L) of it (the 4 x 4 dword transposes below leave that order); the scales are
+ * gathered and the outputs stored in the same order, and rows past the matrix's end repeat its last row (read,
+ * never stored).
  */
 #include "quant.h"
 
-#ifndef T_X
-#define T_X 4 /* rows of x per tile */
-#endif
-#ifndef T_R
-#define T_R 2 /* rows of W per tile */
-#endif
-#if T_X > 8 || T_X < 1 || T_R < 1
-#error "1 <= T_X <= 8, T_R >= 1"
+#ifndef VT_X
+#define VT_X 4 /* rows of x per pass over a block of W rows (the codes are turned once per pass) */
 #endif
 
-/* Rows n..n + nr - 1 of W against rows m0..m0 + mt - 1 of x (mt, nr compile-time where inlined). */
-static inline __attribute__((always_inline)) void tile(const qjob_t *j, const qpart_t *a, int64_t m0, const int mt,
-                                                        int64_t n, const int nr, const int bits4, const int pairs) {
-  const qmat_t *w = &a->w;
-  const int64_t nb = nb_of(w), rb = row_bytes(w), bb = bits4 ? 16 : 32;
-  const uint8_t *c = w->codes + n * rb;
-  const float *s = w->scales + n * w->ng;
-  const int8_t *qx = (pairs ? j->qxp : j->qx) + m0 * nb * 32;
-  const __m256i low = _mm256_set1_epi8(0x0f);
-  __m256 acc[T_X][T_R];
-  for (int m = 0; m < mt; ++m)
-    for (int r = 0; r < nr; ++r) acc[m][r] = _mm256_setzero_ps();
-  for (int64_t g = 0, b = 0; g < w->ng; ++g) {
-    __m256 ga[T_X][T_R];
-    for (int m = 0; m < mt; ++m)
-      for (int r = 0; r < nr; ++r) ga[m][r] = _mm256_setzero_ps();
-    for (int64_t e = b + w->spg; b < e; b += pairs ? 2 : 1) {
-      if (bits4 ? !(b & 3) : !(b & 1))
-        for (int r = 0; r < nr; ++r) _mm_prefetch((const char *)c + r * rb + b * bb + Q_PREFETCH, Q_HINT);
-      __m256i lo[T_R], hi[T_R];  /* pairs: both sub-blocks' low and high nibbles; else codes, |codes| */
-      for (int r = 0; r < nr; ++r) {
-        const uint8_t *cr = c + r * rb + b * bb;
-        if (pairs) {
-          const __m256i raw = _mm256_loadu_si256((const __m256i *)cr);
-          lo[r] = _mm256_and_si256(raw, low);
-          hi[r] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low);
-        } else if (bits4) {
-          const __m128i raw = _mm_loadu_si128((const __m128i *)cr);
-          lo[r] = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(raw, 4), raw), low);
-        } else {
-          hi[r] = _mm256_loadu_si256((const __m256i *)cr);
-          lo[r] = _mm256_sign_epi8(hi[r], hi[r]);
-        }
-      }
-      for (int m = 0; m < mt; ++m) {
-        const int8_t *xm = qx + m * nb * 32 + b * 32;
-        const __m256i x0 = _mm256_loadu_si256((const __m256i *)xm);
-        if (pairs) {
-          const __m256i x1 = _mm256_loadu_si256((const __m256i *)(xm + 32));
-          const __m256 d = _mm256_loadu_ps(j->dxp + (m0 + m) * nb * 4 + b * 4);
-          for (int r = 0; r < nr; ++r)
-            ga[m][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(udot2(lo[r], x0, hi[r], x1)), d, ga[m][r]);
-        } else {
-          const __m256 d = _mm256_broadcast_ss(j->dx + (m0 + m) * nb + b);
-          for (int r = 0; r < nr; ++r) {
-            const __m256i p = bits4 ? udot(lo[r], x0) : udot(lo[r], _mm256_sign_epi8(x0, hi[r]));
-            ga[m][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), d, ga[m][r]);
-          }
-        }
-      }
-    }
-    for (int r = 0; r < nr; ++r) {
-      const __m256 sv = _mm256_broadcast_ss(s + r * w->ng + g);
-      for (int m = 0; m < mt; ++m) acc[m][r] = _mm256_fmadd_ps(ga[m][r], sv, acc[m][r]);
-    }
-  }
-  for (int m = 0; m < mt; ++m)
-    for (int r = 0; r < nr; ++r) {
-      float y = hsum8(acc[m][r]);
-      if (has_mins(w) && a->xg) {
-        float f;
-        const float *xg = a->xg + (m0 + m) * w->ng, *mr = mins_row(w, n + r, &f);
-        for (int64_t g = 0; g < w->ng; ++g) y -= (f * mr[g]) * xg[g];
-      }
-      put_q(j, a, m0 + m, n + r, y);
-    }
-}
-
-#define TILE_CASE(K, NR, BITS4, PAIRS) \
-  case K: tile(j, a, m0, K < T_X ? K : T_X, n, NR, BITS4, PAIRS); break;
-#define TILE_CASES(NR, BITS4, PAIRS)                                                                       \
-  switch (mt) { /* mt <= T_X <= 8: the cases past T_X are never taken */                                \
-    TILE_CASE(1, NR, BITS4, PAIRS) TILE_CASE(2, NR, BITS4, PAIRS) TILE_CASE(3, NR, BITS4, PAIRS)          \
-    TILE_CASE(4, NR, BITS4, PAIRS) TILE_CASE(5, NR, BITS4, PAIRS) TILE_CASE(6, NR, BITS4, PAIRS)          \
-    TILE_CASE(7, NR, BITS4, PAIRS) default: tile(j, a, m0, T_X, n, NR, BITS4, PAIRS); break;             \
-  }
-
-static void tiles_of(const qjob_t *j, const qpart_t *a, int64_t n, int full, int bits4, int pairs) {
-  for (int64_t m0 = 0; m0 < j->M; m0 += T_X) {
-    const int mt = j->M - m0 < T_X ? (int)(j->M - m0) : T_X;
-    if (full) {
-      if (pairs) { TILE_CASES(T_R, 1, 1) }
-      else if (bits4) { TILE_CASES(T_R, 1, 0) }
-      else { TILE_CASES(T_R, 0, 0) }
-    } else {
-      if (pairs) { TILE_CASES(1, 1, 1) }
-      else if (bits4) { TILE_CASES(1, 1, 0) }
-      else { TILE_CASES(1, 0, 0) }
-    }
-  }
-}
+/* The unsigned codes of a sub-block as 8 dword vectors: 4-bit t = 0..3 low nibbles (columns 4t..4t+3) and t = 4..7
+ * their high nibbles (16 + 4(t - 4)..); 8-bit t = 0..7 columns 4t..4t+3 (c + 128 with VNNI, else c - 128 as stored,
+ * signed). xoff[t]: the byte of x's sub-block that dword t meets. */
+static const int XOFF4[8] = {0, 4, 8, 12, 16, 20, 24, 28}; /* 4-bit: lo t at 4t, hi t at 16 + 4t: the same list */
 
 #ifdef __AVX512BW__
-/* AVX-512 builds, one sub-block a group: two sub-blocks per 512-bit step, each product scaled by
- * d * s per lane, so a pair costs one dot, one convert, one multiply and one FMA per row pair (m, r)
- * where the 256-bit tile spends two of each plus the group step. 4-bit codes: the 32 bytes of sub-blocks b, b + 1
- * as [low nibbles | high nibbles] against qxp's pair order (int32 lanes 0-3, 8-11: sub-block b; 4-7,
- * 12-15: b + 1); 8-bit: 64 bytes in order against qx (lanes 0-7: b, 8-15: b + 1). Needs nb even. */
-#ifndef Z_X
-#define Z_X 4
-#endif
+#define VT_ROWS 16
+#define PERM(L) (4 * ((L) % 4) + (L) / 4)
+typedef __m512i vi;
+typedef __m512 vf;
 
-/* Two consecutive floats p[0], p[1] as a vector with p[0] in sub-block b's lanes and p[1] in b + 1's:
- * one 8-byte broadcast load and one permute (setting the halves from scalars took four to five). */
-static inline __m512 pair_of(const float *p, int bits4) {
-  const __m512 ab = _mm512_castsi512_ps(_mm512_broadcastq_epi64(_mm_loadl_epi64((const __m128i *)p)));
-  const __m512i idx = bits4 ? _mm512_set_epi32(1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0)
-                            : _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
-  return _mm512_permutexvar_ps(idx, ab);
+/* Four 128-bit rows per vector, a[i] = [r(4i) | r(4i + 1) | r(4i + 2) | r(4i + 3)], transposed by dwords within
+ * each 128-bit lane: out[t] lane 4k + i = dword t of row 4i + k. */
+static inline void transpose4(const vi *a, vi *out) {
+  const vi t0 = _mm512_unpacklo_epi32(a[0], a[1]), t1 = _mm512_unpackhi_epi32(a[0], a[1]);
+  const vi t2 = _mm512_unpacklo_epi32(a[2], a[3]), t3 = _mm512_unpackhi_epi32(a[2], a[3]);
+  out[0] = _mm512_unpacklo_epi64(t0, t2), out[1] = _mm512_unpackhi_epi64(t0, t2);
+  out[2] = _mm512_unpacklo_epi64(t1, t3), out[3] = _mm512_unpackhi_epi64(t1, t3);
 }
 
-#if defined(__AVX512VNNI__) && !defined(Z_SIGNED8)
-#define Z_UNSIGNED8 1 /* 8-bit codes as unsigned bytes straight into vpdpbusd (see ztile) */
-#else
-#define Z_UNSIGNED8 0
-#endif
-
-static inline __m512i zdot(__m512i u, __m512i s) { /* udot, 512 bits */
-#ifdef __AVX512VNNI__
-  return _mm512_dpbusd_epi32(_mm512_setzero_si512(), u, s);
-#else
-  return _mm512_madd_epi16(_mm512_maddubs_epi16(u, s), _mm512_set1_epi16(1));
-#endif
+static inline vi load4x128(const uint8_t *const *row, int i, int64_t off) {
+  vi v = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(row[4 * i] + off)));
+  v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(row[4 * i + 1] + off)), 1);
+  v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(row[4 * i + 2] + off)), 2);
+  return _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(row[4 * i + 3] + off)), 3);
 }
 
-static inline float hsum16(__m512 v) {
-  return hsum8(_mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1)));
-}
-
-/* The mins term's sum over groups, 16 at a time (a scalar loop per output was as long as the
- * dot products themselves for asymmetric 4-bit groups of 32: K / 32 multiply-adds per output). */
-static inline float zmins(const float *mr, float f, const float *xg, int64_t ng) { /* Σ (f * mr[g]) * xg[g] */
-  __m512 acc = _mm512_setzero_ps();
-  const __m512 fv = _mm512_set1_ps(f);
-  int64_t g = 0;
-  for (; g + 16 <= ng; g += 16)
-    acc = _mm512_fmadd_ps(_mm512_mul_ps(fv, _mm512_loadu_ps(mr + g)), _mm512_loadu_ps(xg + g), acc);
-  if (g < ng) {
-    const __mmask16 k = (__mmask16)((1u << (ng - g)) - 1);
-    acc = _mm512_fmadd_ps(_mm512_mul_ps(fv, _mm512_maskz_loadu_ps(k, mr + g)), _mm512_maskz_loadu_ps(k, xg + g), acc);
-  }
-  return hsum16(acc);
-}
-
-static inline __attribute__((always_inline)) void ztile(const qjob_t *j, const qpart_t *a, int64_t m0, const int mt,
-                                                         int64_t n, const int nr, const int bits4, const int uns) {
-  const qmat_t *w = &a->w;
-  const int64_t nb = nb_of(w), rb = row_bytes(w), bb = bits4 ? 16 : 32;
-  const uint8_t *c = w->codes + n * rb;
-  const int8_t *qx = (bits4 ? j->qxp : j->qx) + m0 * nb * 32;
-  const __m512i low = _mm512_set1_epi8(0x0f);
-  __m512 acc[Z_X][4];
-  for (int m = 0; m < mt; ++m)
-    for (int r = 0; r < nr; ++r) acc[m][r] = _mm512_setzero_ps();
-  const int64_t spg = w->spg; /* 1, or even (ztile_fits): sub-blocks b, b + 1 share group g */
-  for (int64_t b = 0, g = 0, left = spg; b < nb; b += 2) {
-    if (spg > 1 && (left -= 2) < 0) { ++g; left = spg - 2; }
-    if (bits4 ? !(b & 3) : 1)
-      for (int r = 0; r < nr; ++r) _mm_prefetch((const char *)c + r * rb + b * bb + Q_PREFETCH, Q_HINT);
-    __m512i wu[4], ws[4];
-    (void)ws;
-    __m512 sc[4];
-    for (int r = 0; r < nr; ++r) {
-      const uint8_t *cr = c + r * rb + b * bb;
-      if (bits4) {
-        const __m512i both = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)cr));
-        wu[r] = _mm512_and_si512(_mm512_mask_srli_epi16(both, 0xffff0000u, both, 4), low); /* [low | high] */
-      } else {
-        if (uns) {
-        /* the stored codes c - 128 back to c (u8): Σ c q = Σ (c - 128) q + 128 Σ q, the second term
-         * taken off after the loop from x's per-sub-block sums (xs); this saves moving w's sign onto x
-         * (four instructions) for every row of x. Only with VNNI: maddubs' int16 pairs would saturate. */
-        wu[r] = _mm512_xor_si512(_mm512_loadu_si512((const void *)cr), _mm512_set1_epi8((char)0x80));
-        } else {
-        ws[r] = _mm512_loadu_si512((const void *)cr);
-        wu[r] = _mm512_abs_epi8(ws[r]);
-        }
-      }
-      const float *sr = w->scales + (n + r) * w->ng;
-      sc[r] = spg == 1 ? pair_of(sr + b, bits4) : _mm512_set1_ps(sr[g]); /* groups b, b + 1; or g for both */
+/* Sub-block b of the 16 rows as 8 dword vectors (see XOFF4). */
+static inline void codes_of(const uint8_t *const *row, int64_t b, int bits4, vi *c) {
+  vi a[4];
+  if (bits4) {
+    for (int i = 0; i < 4; ++i) a[i] = load4x128(row, i, b * 16);
+    vi d[4];
+    transpose4(a, d);
+    const vi low = _mm512_set1_epi8(0x0f);
+    for (int t = 0; t < 4; ++t) {
+      c[t] = _mm512_and_si512(d[t], low);
+      c[4 + t] = _mm512_and_si512(_mm512_srli_epi16(d[t], 4), low);
     }
-    for (int m = 0; m < mt; ++m) {
-      const __m512i xv = _mm512_loadu_si512((const void *)(qx + m * nb * 32 + b * 32));
-      __m512 d;
-      if (bits4) {
-        d = _mm512_castpd_ps(_mm512_broadcast_f64x4(_mm256_castps_pd(_mm256_loadu_ps(j->dxp + (m0 + m) * nb * 4 + b * 4))));
-      } else {
-        const float *dm = j->dx + (m0 + m) * nb + b;
-        d = pair_of(dm, 0);
-      }
-      for (int r = 0; r < nr; ++r) {
-        /* else x with w's sign where w < 0 (|w| carries the magnitude); zero where w is zero, as _mm256_sign_epi8 */
-        const __m512i xs = bits4 || uns ? xv : _mm512_mask_sub_epi8(_mm512_maskz_mov_epi8(_mm512_test_epi8_mask(ws[r], ws[r]), xv),
-                                                             _mm512_movepi8_mask(ws[r]), _mm512_setzero_si512(), xv);
-        const __m512i p = zdot(wu[r], xs);
-        acc[m][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(d, sc[r]), acc[m][r]);
-      }
-    }
-  }
-  for (int m = 0; m < mt; ++m)
-    for (int r = 0; r < nr; ++r) {
-      float y = hsum16(acc[m][r]);
-      if (has_mins(w) && a->xg) {
-        float f;
-        const float *mr = mins_row(w, n + r, &f);
-        y -= zmins(mr, f, a->xg + (m0 + m) * w->ng, w->ng);
-      }
-      if (uns) y -= 128.f * zmins(w->scales + (n + r) * w->ng, 1.f, j->dx + (j->M + m0 + m) * nb, nb);
-      put_q(j, a, m0 + m, n + r, y);
-    }
-}
-
-#define ZTILE_CASE(K, NR, BITS4, UNS) \
-  case K: ztile(j, a, m0, K < Z_X ? K : Z_X, n, NR, BITS4, UNS); break;
-#define ZTILE_CASES(NR, BITS4, UNS)                                                          \
-  switch (mt) {                                                                              \
-    ZTILE_CASE(1, NR, BITS4, UNS) ZTILE_CASE(2, NR, BITS4, UNS) ZTILE_CASE(3, NR, BITS4, UNS) \
-    default: ztile(j, a, m0, Z_X, n, NR, BITS4, UNS); break;                                 \
-  }
-
-#ifndef Z_XBYTES
-#define Z_XBYTES 16384 /* bytes of int8 x one pass over a chunk's rows of W takes: they stay in L1 */
-#endif
-
-static void ztiles(const qjob_t *j, const qpart_t *a, int64_t n0, int64_t n1) {
-  const int bits4 = a->w.bits4, full_rows = bits4 ? 4 : 2;
-  /* Rows of x in blocks that fit L1, each block against all of the chunk's rows of W (which stay in
-   * L2): sweeping all of a 128-row x (114 KB at K = 896) per tile of W ran from L2 at a third of the
-   * speed. Blocks are whole tiles of Z_X rows, so every row of x meets the same tiles as before. */
-  const int64_t xrow = nb_of(&a->w) * 32;
-  int64_t mb = Z_XBYTES / xrow / Z_X * Z_X;
-  if (mb < Z_X) mb = Z_X;
-  for (int64_t b0 = 0; b0 < j->M; b0 += mb) {
-  const int64_t b1 = j->M - b0 < mb ? j->M : b0 + mb;
-  for (int64_t n = n0; n < n1;) {
-    const int full = n1 - n >= full_rows;
-    for (int64_t m0 = b0; m0 < b1; m0 += Z_X) {
-      const int mt = b1 - m0 < Z_X ? (int)(b1 - m0) : Z_X;
-      if (bits4) {
-        if (full) { ZTILE_CASES(4, 1, 0) } else { ZTILE_CASES(1, 1, 0) }
-      } else if (Z_UNSIGNED8 && a->w.spg == 1) {
-        if (full) { ZTILE_CASES(2, 0, 1) } else { ZTILE_CASES(1, 0, 1) }
-      } else {
-        if (full) { ZTILE_CASES(2, 0, 0) } else { ZTILE_CASES(1, 0, 0) }
-      }
-    }
-    n += full ? full_rows : 1;
-  }
-  }
-}
-#endif
-
-void q_tiles(const qjob_t *j, const qpart_t *a, int64_t n0, int64_t n1) {
-  const int bits4 = a->w.bits4, pairs = bits4 && j->qxp && !(a->w.spg & 1);
-#ifdef __AVX512BW__
-  if (ztile_fits(&a->w) && (!bits4 || j->qxp)) {
-    ztiles(j, a, n0, n1);
     return;
   }
+  for (int h = 0; h < 2; ++h) { /* columns 0-15, then 16-31 */
+    for (int i = 0; i < 4; ++i) a[i] = load4x128(row, i, b * 32 + 16 * h);
+    transpose4(a, c + 4 * h);
+  }
+#ifdef __AVX512VNNI__
+  for (int t = 0; t < 8; ++t) c[t] = _mm512_xor_si512(c[t], _mm512_set1_epi8((char)0x80));
 #endif
-  for (int64_t n = n0; n < n1;) { /* T_R rows of W stay in L1 while every row of x passes */
-    const int full = n1 - n >= T_R;
-    tiles_of(j, a, n, full, bits4, pairs);
-    n += full ? T_R : 1;
+}
+
+static inline vi bcast(const int8_t *p) {
+  int32_t v;
+  memcpy(&v, p, 4);
+  return _mm512_set1_epi32(v);
+}
+
+/* I for one x row's sub-block (q: its 32 int8) against the codes. */
+static inline vi dot_block(const vi *c, const int8_t *q, int bits4) {
+  vi acc = _mm512_setzero_si512();
+#ifdef __AVX512VNNI__
+  (void)bits4;
+  for (int t = 0; t < 8; ++t) acc = _mm512_dpbusd_epi32(acc, c[t], bcast(q + XOFF4[t]));
+#else
+  const vi ones = _mm512_set1_epi16(1);
+  if (bits4) {
+    for (int t = 0; t < 8; ++t)
+      acc = _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(c[t], bcast(q + XOFF4[t])), ones));
+  } else { /* |c - 128| against x with its sign, then 128 Σq back (integers: exact) */
+    for (int t = 0; t < 8; ++t) {
+      const vi x = bcast(q + XOFF4[t]);
+      const __mmask64 neg = _mm512_movepi8_mask(c[t]), zero = _mm512_testn_epi8_mask(c[t], c[t]);
+      const vi xs = _mm512_maskz_mov_epi8(~zero, _mm512_mask_sub_epi8(x, neg, _mm512_setzero_si512(), x));
+      acc = _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(_mm512_abs_epi8(c[t]), xs), ones));
+    }
+    int32_t sum = 0;
+    for (int k = 0; k < 32; ++k) sum += q[k];
+    acc = _mm512_add_epi32(acc, _mm512_set1_epi32(128 * sum));
+  }
+#endif
+  return acc;
+}
+
+static inline vf vf_gather(const float *base, vi idx) { return _mm512_i32gather_ps(idx, base, 4); }
+static inline vf vf_set1(float v) { return _mm512_set1_ps(v); }
+static inline vf vf_zero(void) { return _mm512_setzero_ps(); }
+static inline vf vf_fold(vf acc, vi I, vf d, vf s) { return _mm512_fmadd_ps(_mm512_cvtepi32_ps(I), _mm512_mul_ps(d, s), acc); }
+static inline vf vf_mins(vf acc, vf mn, vf xg) { return _mm512_fnmadd_ps(mn, xg, acc); }
+static inline vf vf_add(vf a, vf b) { return _mm512_add_ps(a, b); }
+static inline vf vf_mul(vf a, vf b) { return _mm512_mul_ps(a, b); }
+static inline void vf_store(float *p, vf v) { _mm512_storeu_ps(p, v); }
+static inline vi vi_rows(int64_t stride, int live) { /* lane L: row min(PERM(L), live - 1) times stride */
+  int32_t r[VT_ROWS];
+  for (int L = 0; L < VT_ROWS; ++L) r[L] = (int32_t)((PERM(L) < live ? PERM(L) : live - 1) * stride);
+  return _mm512_loadu_si512((const void *)r);
+}
+static inline vi vi_add(vi a, int32_t b) { return _mm512_add_epi32(a, _mm512_set1_epi32(b)); }
+
+#else /* AVX2: 8 rows a block */
+#define VT_ROWS 8
+#define PERM(L) (2 * ((L) % 4) + (L) / 4)
+typedef __m256i vi;
+typedef __m256 vf;
+
+/* a[i] = [r(2i) | r(2i + 1)] (128 bits each): out[t] lane 4k + i = dword t of row 2i + k. */
+static inline void transpose4(const vi *a, vi *out) {
+  const vi t0 = _mm256_unpacklo_epi32(a[0], a[1]), t1 = _mm256_unpackhi_epi32(a[0], a[1]);
+  const vi t2 = _mm256_unpacklo_epi32(a[2], a[3]), t3 = _mm256_unpackhi_epi32(a[2], a[3]);
+  out[0] = _mm256_unpacklo_epi64(t0, t2), out[1] = _mm256_unpackhi_epi64(t0, t2);
+  out[2] = _mm256_unpacklo_epi64(t1, t3), out[3] = _mm256_unpackhi_epi64(t1, t3);
+}
+
+static inline vi load2x128(const uint8_t *const *row, int i, int64_t off) {
+  return _mm256_set_m128i(_mm_loadu_si128((const __m128i *)(row[2 * i + 1] + off)),
+                          _mm_loadu_si128((const __m128i *)(row[2 * i] + off)));
+}
+
+static inline void codes_of(const uint8_t *const *row, int64_t b, int bits4, vi *c) {
+  vi a[4];
+  if (bits4) {
+    for (int i = 0; i < 4; ++i) a[i] = load2x128(row, i, b * 16);
+    vi d[4];
+    transpose4(a, d);
+    const vi low = _mm256_set1_epi8(0x0f);
+    for (int t = 0; t < 4; ++t) {
+      c[t] = _mm256_and_si256(d[t], low);
+      c[4 + t] = _mm256_and_si256(_mm256_srli_epi16(d[t], 4), low);
+    }
+    return;
+  }
+  for (int h = 0; h < 2; ++h) {
+    for (int i = 0; i < 4; ++i) a[i] = load2x128(row, i, b * 32 + 16 * h);
+    transpose4(a, c + 4 * h);
+  }
+}
+
+static inline vi bcast(const int8_t *p) {
+  int32_t v;
+  memcpy(&v, p, 4);
+  return _mm256_set1_epi32(v);
+}
+
+static inline vi dot_block(const vi *c, const int8_t *q, int bits4) {
+  vi acc = _mm256_setzero_si256();
+  const vi ones = _mm256_set1_epi16(1);
+  if (bits4) {
+    for (int t = 0; t < 8; ++t)
+      acc = _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(c[t], bcast(q + XOFF4[t])), ones));
+    return acc;
+  }
+  for (int t = 0; t < 8; ++t) /* |c - 128| against x with c's sign (sign_epi8 zeroes where c is 0) */
+    acc = _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(c[t], c[t]),
+                                                                       _mm256_sign_epi8(bcast(q + XOFF4[t]), c[t])), ones));
+  int32_t sum = 0;
+  for (int k = 0; k < 32; ++k) sum += q[k];
+  return _mm256_add_epi32(acc, _mm256_set1_epi32(128 * sum));
+}
+
+static inline vf vf_gather(const float *base, vi idx) { return _mm256_i32gather_ps(base, idx, 4); }
+static inline vf vf_set1(float v) { return _mm256_set1_ps(v); }
+static inline vf vf_zero(void) { return _mm256_setzero_ps(); }
+static inline vf vf_fold(vf acc, vi I, vf d, vf s) { return _mm256_fmadd_ps(_mm256_cvtepi32_ps(I), _mm256_mul_ps(d, s), acc); }
+static inline vf vf_mins(vf acc, vf mn, vf xg) { return _mm256_fnmadd_ps(mn, xg, acc); }
+static inline vf vf_add(vf a, vf b) { return _mm256_add_ps(a, b); }
+static inline vf vf_mul(vf a, vf b) { return _mm256_mul_ps(a, b); }
+static inline void vf_store(float *p, vf v) { _mm256_storeu_ps(p, v); }
+static inline vi vi_rows(int64_t stride, int live) {
+  int32_t r[VT_ROWS];
+  for (int L = 0; L < VT_ROWS; ++L) r[L] = (int32_t)((PERM(L) < live ? PERM(L) : live - 1) * stride);
+  return _mm256_loadu_si256((const __m256i *)r);
+}
+static inline vi vi_add(vi a, int32_t b) { return _mm256_add_epi32(a, _mm256_set1_epi32(b)); }
+#endif
+
+/* Rows n..n + live - 1 of W (live <= VT_ROWS) against rows m0..m0 + mt - 1 of x (mt <= VT_X). */
+static inline __attribute__((always_inline)) void vblock(const qjob_t *j, const qpart_t *a, int64_t n, int live,
+                                                          int64_t m0, const int mt, const int bits4) {
+  const qmat_t *w = &a->w;
+  const int64_t nb = nb_of(w), rb = row_bytes(w), ng = w->ng, xrow = nb * 32;
+  const int corr = has_mins(w) || !bits4;
+  const uint8_t *row[VT_ROWS];
+  for (int L = 0; L < VT_ROWS; ++L) row[L] = w->codes + (n + (L < live ? L : live - 1)) * rb;
+  const vi groups = vi_rows(ng, live); /* lane L: PERM(L)'s first scale, relative to row n's */
+  const float *s0 = w->scales + n * ng, *m0s = w->mins ? w->mins + n * ng : NULL;
+  vf acc[VT_X];
+  for (int m = 0; m < mt; ++m) acc[m] = vf_zero();
+  for (int64_t g = 0, b = 0; g < ng; ++g) {
+    const vi at = vi_add(groups, (int32_t)g);
+    const vf s = vf_gather(s0, at);
+    for (int64_t e = b + w->spg; b < e; ++b) {
+      if (!(b & (bits4 ? 3 : 1))) /* a line of each row, Q_PREFETCH bytes ahead */
+        for (int L = 0; L < live; ++L) _mm_prefetch((const char *)row[L] + b * (bits4 ? 16 : 32) + Q_PREFETCH, Q_HINT);
+      vi c[8];
+      codes_of(row, b, bits4, c);
+      for (int m = 0; m < mt; ++m) {
+        const int8_t *q = j->qx + (m0 + m) * xrow + b * 32;
+        acc[m] = vf_fold(acc[m], dot_block(c, q, bits4), vf_set1(j->dx[(m0 + m) * nb + b]), s);
+      }
+    }
+    if (corr) { /* mn = (mins, or zp s) + 128 s for 8-bit codes: qpanel.c's pack() in the same roundings */
+      vf mn = m0s ? vf_gather(m0s, at) : vf_mul(vf_set1(w->zp), s);
+      if (!bits4) mn = vf_add(mn, vf_mul(vf_set1(128.f), s));
+      for (int m = 0; m < mt; ++m) acc[m] = vf_mins(acc[m], mn, vf_set1(a->xg[(m0 + m) * ng + g]));
+    }
+  }
+  for (int m = 0; m < mt; ++m) {
+    float v[VT_ROWS];
+    vf_store(v, acc[m]);
+    for (int L = 0; L < VT_ROWS; ++L)
+      if (PERM(L) < live) put_q(j, a, m0 + m, n + PERM(L), v[L]);
+  }
+}
+
+#define VBLOCK_CASES(BITS4)                                                                                  \
+  switch (mt) {                                                                                              \
+  case 1: vblock(j, a, n, live, m0, 1, BITS4); break;                                                        \
+  case 2: vblock(j, a, n, live, m0, 2, BITS4); break;                                                        \
+  case 3: vblock(j, a, n, live, m0, 3, BITS4); break;                                                        \
+  default: vblock(j, a, n, live, m0, VT_X, BITS4); break;                                                    \
+  }
+
+void q_tiles(const qjob_t *j, const qpart_t *a, int64_t n0, int64_t n1) {
+  _Static_assert(VT_X == 4, "VBLOCK_CASES spells out 1..3 and VT_X");
+  for (int64_t n = n0; n < n1; n += VT_ROWS) {
+    const int live = n1 - n < VT_ROWS ? (int)(n1 - n) : VT_ROWS;
+    for (int64_t m0 = 0; m0 < j->M; m0 += VT_X) {
+      const int mt = j->M - m0 < VT_X ? (int)(j->M - m0) : VT_X;
+      if (a->w.bits4) { VBLOCK_CASES(1) } else { VBLOCK_CASES(0) }
+    }
   }
 }

@@ -13,20 +13,16 @@
  * zero point for every group (symmetric: GGUF's Q4_0 and Q8_0, symmetric RTN)
  * has neither: its z' is the scalar zp and s * z' is taken from the scales.
  *
- * Decode and batches (int8 x, fewer than Q_TILE_ROWS rows): x is quantized per
- * sub-block of 32 (d = max|x| / 127, q = round(x / d)), or per row for W8A8,
- * and each sub-block is one integer dot product (u8 x s8: vpdpbusd in the
- * AVX-512 VNNI build, _mm256_maddubs_epi16 on AVX2, as llama.cpp's Q8_0 x
- * Q4_0), scaled by d * s:  y = sum_g s_g (sum_b d_b q_w.q_x - z'_g X_g)
- * with X_g = sum_b d_b sum(q_x). One row: rows_q below; several: qtile.c's
- * tiles, the same arithmetic with each weight block read once for all rows.
- * Dequantizing to fp32 and using FMA took twice the instructions per weight
- * (measured below the memory's rate on these cores: see quant/kernels.py).
- * Prefill (more rows, and the exact path from QUANT_BLAS_ROWS): each chunk of
- * weight rows is dequantized exactly as QuantizedWeight.dequantize does
- * ((q - z) * s in fp32) into a per-thread buffer and multiplied by torch's MKL
- * sgemm (blas.c) on fp32 x; W8A8 first rounds x to its int8 grid, so both
- * paths compute the same product.
+ * Int8 x (every count of rows): x is quantized per sub-block of 32 (d = max|x| / 127, q = round(x / d)), or
+ * per row for W8A8, and each sub-block is one exact integer dot product (u8 x s8: vpdpbusd in the AVX-512 VNNI
+ * build, maddubs on AVX2, as llama.cpp's Q8_0 x Q4_0), scaled by d * s and summed in quant.h's one order (the
+ * canonical sum): y = sum_g (sum_b d_b s_g I_b) - mn_g X_g, with X_g = sum_b d_b sum(q_x). qtile.c (decode,
+ * batches, every build) and qpanel.c (chunks of Q_PANEL_ROWS rows or more, AVX-512 VNNI) compute exactly it,
+ * so a row's output does not depend on the rows beside it. Dequantizing to fp32 and using FMA took twice the
+ * instructions per weight (measured below the memory's rate on these cores: see quant/kernels.py); until
+ * issue 32 prompt chunks of 32+ rows ran MKL's sgemm on dequantized rows and fp32 x, so the same position got
+ * other logits in a prompt than in decode.
+ * The exact path (mode 2, int8_activations=False): fp32 x against the codes, rows2f per row of x alone.
  */
 #include <immintrin.h>
 #include <math.h>
@@ -39,82 +35,6 @@
 
 #include "quant.h"
 #include "vmath.h"
-
-/* 32 codes of a sub-block as unsigned bytes (4-bit) against 32 int8 of x: 8 int32 sums. */
-static inline __m256i dot4(const uint8_t *c, const int8_t *x) {
-  const __m128i raw = _mm_loadu_si128((const __m128i *)c);
-  const __m256i w = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(raw, 4), raw), _mm256_set1_epi8(0x0f));
-  return udot(w, _mm256_loadu_si256((const __m256i *)x));
-}
-
-/* 32 signed 8-bit codes against 32 int8 of x: |w| times x with w's sign (maddubs takes u8 x s8;
- * |w| <= 128 and |x| <= 127, so the pair sums fit int16). */
-static inline __m256i dot8(const uint8_t *c, const int8_t *x) {
-  const __m256i w = _mm256_loadu_si256((const __m256i *)c);
-  const __m256i xv = _mm256_loadu_si256((const __m256i *)x);
-  return udot(_mm256_sign_epi8(w, w), _mm256_sign_epi8(xv, w));
-}
-
-/* Rows n..n + nr - 1 of W against row m of quantized x: nr independent chains sharing each
- * load of x (nr is a constant where this is inlined, so the loops over it unroll). */
-static inline __attribute__((always_inline)) void rows_q(const qjob_t *j, const qpart_t *a, int64_t m, int64_t n,
-                                                          const int nr, const int bits4) {
-  const qmat_t *w = &a->w;
-  const int64_t nb = nb_of(w), rb = row_bytes(w), bb = bits4 ? 16 : 32;
-  const int8_t *qx = j->qx + m * nb * 32;
-  const float *dx = j->dx + m * nb;
-  const uint8_t *c = w->codes + n * rb;
-  const float *s = w->scales + n * w->ng;
-  __m256 acc[Q_ROWS];
-  for (int r = 0; r < nr; ++r) acc[r] = _mm256_setzero_ps();
-  if (bits4 && j->qxp && !(w->spg & 1)) { /* two sub-blocks a step: one 32-byte load of codes */
-    const int8_t *qp = j->qxp + m * nb * 32;
-    const float *dp = j->dxp + m * nb * 4;
-    const __m256i low = _mm256_set1_epi8(0x0f);
-    for (int64_t g = 0, b = 0; g < w->ng; ++g) {
-      __m256 ga[Q_ROWS];
-      for (int r = 0; r < nr; ++r) ga[r] = _mm256_setzero_ps();
-      for (int64_t e = b + w->spg; b < e; b += 2) {
-        if (!(b & 3))
-          for (int r = 0; r < nr; ++r) _mm_prefetch((const char *)c + r * rb + b * 16 + Q_PREFETCH, Q_HINT);
-        const __m256i x0 = _mm256_loadu_si256((const __m256i *)(qp + b * 32));
-        const __m256i x1 = _mm256_loadu_si256((const __m256i *)(qp + b * 32 + 32));
-        const __m256 d = _mm256_loadu_ps(dp + b * 4);
-        for (int r = 0; r < nr; ++r) {
-          /* lane 0: sub-block b's 16 bytes, lane 1: b + 1's; low nibbles are columns 0-15, high 16-31 */
-          const __m256i raw = _mm256_loadu_si256((const __m256i *)(c + r * rb + b * 16));
-          const __m256i lo = _mm256_and_si256(raw, low), hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low);
-          ga[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(udot2(lo, x0, hi, x1)), d, ga[r]);
-        }
-      }
-      for (int r = 0; r < nr; ++r) acc[r] = _mm256_fmadd_ps(ga[r], _mm256_broadcast_ss(s + r * w->ng + g), acc[r]);
-    }
-  } else
-  for (int64_t g = 0, b = 0; g < w->ng; ++g) {
-    __m256 ga[Q_ROWS];
-    for (int r = 0; r < nr; ++r) ga[r] = _mm256_setzero_ps();
-    for (int64_t e = b + w->spg; b < e; ++b) {
-      if (bits4 ? !(b & 3) : !(b & 1)) /* a cache line of each row, Q_PREFETCH bytes ahead */
-        for (int r = 0; r < nr; ++r) _mm_prefetch((const char *)c + r * rb + b * bb + Q_PREFETCH, Q_HINT);
-      const __m256 d = _mm256_broadcast_ss(dx + b);
-      for (int r = 0; r < nr; ++r) {
-        const uint8_t *cr = c + r * rb + b * bb;
-        const __m256i p = bits4 ? dot4(cr, qx + b * 32) : dot8(cr, qx + b * 32);
-        ga[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), d, ga[r]);
-      }
-    }
-    for (int r = 0; r < nr; ++r) acc[r] = _mm256_fmadd_ps(ga[r], _mm256_broadcast_ss(s + r * w->ng + g), acc[r]);
-  }
-  for (int r = 0; r < nr; ++r) {
-    float y = hsum8(acc[r]);
-    if (has_mins(w) && a->xg) {
-      float f;
-      const float *xg = a->xg + m * w->ng, *mr = mins_row(w, n + r, &f);
-      for (int64_t g = 0; g < w->ng; ++g) y -= (f * mr[g]) * xg[g];
-    }
-    put_q(j, a, m, n + r, y);
-  }
-}
 
 /* 8 codes as fp32: 4-bit ones from a byte vector of nibble values, 8-bit ones straight from memory. */
 static inline __m256 codes8(__m128i bytes) { return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes)); }
@@ -171,96 +91,15 @@ static inline __attribute__((always_inline)) void rows2f(const qjob_t *j, const 
   if (two) put_q(j, a, m, n + 1, y1);
 }
 
-/* Rows r0..r1 of W as fp32 [rows, K], exactly (q - z) * s as QuantizedWeight.dequantize (zeros NULL: z' = zp);
- * with a float offset per group (zeros NULL and mins: llama.cpp's Q4_1) exactly s * c - mins, i.e. d * q + m.
- * AVX-512 builds: 16 values a step, stored in place (the same operations per value). */
-static void dequantize_rows(const qmat_t *w, int64_t r0, int64_t r1, int64_t K, float *out) {
-  if (w->kind) { /* ggml blocks: kquant.c */
-    kq_dequantize_rows(w, r0, r1, K, out);
-    return;
-  }
-  const int64_t rb = row_bytes(w);
-  const float offset = w->bits4 ? 0.f : 128.f;
-#ifdef __AVX512F__
-  for (int64_t n = r0; n < r1; ++n) {
-    const uint8_t *c = w->codes + n * rb;
-    float *o = out + (n - r0) * K;
-    for (int64_t g = 0; g < w->ng; ++g) {
-      const __m512 z = _mm512_set1_ps(w->zeros ? (float)w->zeros[n * w->ng + g] - offset : w->zp);
-      const __m512 s = _mm512_set1_ps(w->scales[n * w->ng + g]);
-      const __m512 mn = _mm512_set1_ps(!w->zeros && w->mins ? w->mins[n * w->ng + g] : 0.f);
-      for (int64_t b = g * w->spg; b < (g + 1) * w->spg; ++b) {
-        __m512i q[2];
-        if (w->bits4) {
-          const __m128i raw = _mm_loadu_si128((const __m128i *)(c + b * 16)), low = _mm_set1_epi8(0x0f);
-          q[0] = _mm512_cvtepu8_epi32(_mm_and_si128(raw, low));
-          q[1] = _mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(raw, 4), low));
-        } else {
-          q[0] = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(c + b * 32)));
-          q[1] = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(c + b * 32 + 16)));
-        }
-        for (int h = 0; h < 2; ++h) {
-          const int64_t k0 = b * 32 + 16 * h;
-          if (k0 >= K) break;
-          __m512 v = _mm512_mul_ps(_mm512_sub_ps(_mm512_cvtepi32_ps(q[h]), z), s);
-          if (!w->zeros) v = _mm512_sub_ps(v, mn);
-          if (k0 + 16 <= K) _mm512_storeu_ps(o + k0, v);
-          else _mm512_mask_storeu_ps(o + k0, (__mmask16)((1u << (K - k0)) - 1u), v);
-        }
-      }
-    }
-  }
-#else
-  const int64_t nb = nb_of(w);
-  for (int64_t n = r0; n < r1; ++n) {
-    const uint8_t *c = w->codes + n * rb;
-    float *o = out + (n - r0) * K;
-    float tmp[32];
-    for (int64_t b = 0; b < nb; ++b) {
-      const int64_t g = b / w->spg;
-      const __m256 z = _mm256_set1_ps(w->zeros ? (float)w->zeros[n * w->ng + g] - offset : w->zp);
-      const __m256 s = _mm256_set1_ps(w->scales[n * w->ng + g]);
-      const __m256 mn = _mm256_set1_ps(!w->zeros && w->mins ? w->mins[n * w->ng + g] : 0.f);
-      __m256i v8;
-      if (w->bits4) {
-        const __m128i raw = _mm_loadu_si128((const __m128i *)(c + b * 16));
-        v8 = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(raw, 4), raw), _mm256_set1_epi8(0x0f));
-      } else {
-        v8 = _mm256_loadu_si256((const __m256i *)(c + b * 32));
-      }
-      for (int h = 0; h < 4; ++h) {
-        const __m128i part = h < 2 ? _mm256_castsi256_si128(v8) : _mm256_extracti128_si256(v8, 1);
-        const __m128i bytes = (h & 1) ? _mm_srli_si128(part, 8) : part;
-        const __m256i i32 = w->bits4 ? _mm256_cvtepu8_epi32(bytes) : _mm256_cvtepi8_epi32(bytes);
-        const __m256 v = _mm256_mul_ps(_mm256_sub_ps(_mm256_cvtepi32_ps(i32), z), s);
-        _mm256_storeu_ps(tmp + 8 * h, w->zeros ? v : _mm256_sub_ps(v, mn));
-      }
-      const int64_t k0 = b * 32, take = K - k0 < 32 ? K - k0 : 32;
-      if (take > 0) memcpy(o + k0, tmp, (size_t)take * 4);
-    }
-  }
-#endif
-}
-
-static float *q_scratch(int64_t n) {
-  static __thread float *buffer;
-  static __thread int64_t size;
-  if (size < n) {
-    free(buffer);
-    buffer = aligned_alloc(64, (size_t)((n * 4 + 63) / 64 * 64));
-    size = buffer ? n : 0;
-  }
-  return buffer;
-}
-
 /* Row n of a ggml-block matrix against every row of the fp32 x (xp, zero-padded), a block of weights at a time,
- * dequantized exactly: the exact path (mode 2) for fewer rows than sgemm takes. */
+ * dequantized exactly: the exact path (mode 2). */
 static void exact_row(const qjob_t *j, const qpart_t *a, int64_t n) {
   const int64_t nb = nb_of(&a->w), values = a->w.spg * 32, bbytes = kq_block_bytes(a->w.kind);
   const uint8_t *c = a->w.codes + n * row_bytes(&a->w);
-  __m256 acc[Q_TILE_ROWS];
-  for (int64_t m0 = 0; m0 < j->M; m0 += Q_TILE_ROWS) {
-    const int64_t mt = j->M - m0 < Q_TILE_ROWS ? j->M - m0 : Q_TILE_ROWS;
+  enum { ROWS = 32 }; /* rows of x a pass over the row's blocks takes: each row's own FMA chain, as alone */
+  __m256 acc[ROWS];
+  for (int64_t m0 = 0; m0 < j->M; m0 += ROWS) {
+    const int64_t mt = j->M - m0 < ROWS ? j->M - m0 : ROWS;
     for (int64_t m = 0; m < mt; ++m) acc[m] = _mm256_setzero_ps();
     for (int64_t s = 0; s < a->w.ng; ++s) {
       float wb[256];
@@ -286,17 +125,7 @@ static void run_qpart_chunk(const qjob_t *j, const qpart_t *a, int64_t c) {
     return;
   }
 #endif
-  if (j->blas) { /* panel parts returned above */
-    float *wf = q_scratch((n1 - n0) * j->K);
-    if (wf) {
-      dequantize_rows(&a->w, n0, n1, j->K, wf);
-      const int ybytes = j->y_bf16 ? 2 : 4, bbytes = a->w.bias_bf16 ? 2 : 4;
-      linear_t l = {j->xf, wf, a->w.bias ? (const char *)a->w.bias + n0 * bbytes : NULL,
-                    (char *)a->y + n0 * ybytes, 0, 0, a->w.bias_bf16, j->y_bf16, j->M, n1 - n0, j->K, j->ldy, 0, NULL};
-      if (blas_rows(&l, 0, n1 - n0) == 0) return;
-    }
-  }
-  if (a->w.kind) { /* ggml blocks: int8 x in kquant.c's tiles, or fp32 x against the exact weights */
+  if (a->w.kind) { /* ggml blocks: int8 x in kquant.c's tiles (every count of rows), or fp32 x against the exact weights */
     if (!j->exact) {
       kq_rows(j, a, n0, n1);
       return;
@@ -304,27 +133,13 @@ static void run_qpart_chunk(const qjob_t *j, const qpart_t *a, int64_t c) {
     for (int64_t n = n0; n < n1; ++n) exact_row(j, a, n);
     return;
   }
-  if ((j->M > 1 || ztile_fits(&a->w)) && !j->exact) { /* a batch, a prefill chunk: integer tiles (qtile.c) */
+  if (!j->exact) { /* decode, batches, short chunks: qtile.c's virtual panels, the panels' arithmetic */
     q_tiles(j, a, n0, n1);
     return;
   }
   const int bits4 = a->w.bits4;
-  for (int64_t n = n0; n < n1;) { /* these rows stay in L1 while every row of x passes */
-    const int full = bits4 ? Q_ROWS4 : Q_ROWS8, nr = n1 - n >= full ? full : 1;
-    for (int64_t m = 0; m < j->M; ++m) {
-      if (j->exact) {
-        if (nr == 1) rows2f(j, a, m, n, 0, bits4);
-        else for (int r = 0; r < nr; r += 2) rows2f(j, a, m, n + r, 1, bits4);
-      } else if (nr > 1) {
-        if (bits4) rows_q(j, a, m, n, Q_ROWS4, 1);
-        else rows_q(j, a, m, n, Q_ROWS8, 0);
-      } else {
-        if (bits4) rows_q(j, a, m, n, 1, 1);
-        else rows_q(j, a, m, n, 1, 0);
-      }
-    }
-    n += nr;
-  }
+  for (int64_t n = n0; n < n1; n += 2) /* exact: these rows stay in L1 while every row of x passes */
+    for (int64_t m = 0; m < j->M; ++m) rows2f(j, a, m, n, n + 1 < n1, bits4);
 }
 
 static void run_qchunk(const void *context, int64_t c) {
@@ -392,20 +207,12 @@ static void quantize_row(const void *x, int bf16, int64_t K, int64_t nb, int per
   }
 }
 
-/* x [M, K] for the parts: int8 sub-blocks (decode, and W8A8's grid) and fp32 rows for sgemm
- * (W8A8: its int8 values times d, so both paths multiply the same x). */
-static void quantize_x(const void *x, int x_bf16, int64_t M, int64_t K, int64_t nb, int per_row, int need_q,
-                       int need_f, int8_t *qx, float *dx, float *xs, float *xf) {
-  for (int64_t m = 0; m < M; ++m) {
-    const void *row = (const char *)x + m * K * (x_bf16 ? 2 : 4);
-    if (need_q) quantize_row(row, x_bf16, K, nb, per_row, qx + m * nb * 32, dx + m * nb, xs + m * nb);
-    if (!need_f) continue;
-    float *f = xf + m * K;
-    if (per_row)
-      for (int64_t k = 0; k < K; ++k) f[k] = (float)qx[m * nb * 32 + k] * dx[m * nb + k / 32];
-    else
-      for (int64_t k = 0; k < K; ++k) f[k] = load1(row, x_bf16, k);
-  }
+/* x [M, K] as int8 sub-blocks (per sub-block, or one d per row for W8A8). */
+static void quantize_x(const void *x, int x_bf16, int64_t M, int64_t K, int64_t nb, int per_row, int8_t *qx,
+                       float *dx, float *xs) {
+  for (int64_t m = 0; m < M; ++m)
+    quantize_row((const char *)x + m * K * (x_bf16 ? 2 : 4), x_bf16, K, nb, per_row, qx + m * nb * 32, dx + m * nb,
+                 xs + m * nb);
 }
 
 static int64_t q_chunk_rows(int64_t n_rows, int64_t bytes_per_row) {
@@ -440,56 +247,24 @@ static void pad_x(const void *x, int x_bf16, int64_t M, int64_t K, int64_t nb, f
   }
 }
 
-/* qx in the order the 4-bit pair step reads it: per pair of sub-blocks (b, b + 1),
- * [x_b 0-15 | x_b+1 0-15 | x_b 16-31 | x_b+1 16-31], so a 32-byte load of both sub-blocks'
- * codes (low nibbles: columns 0-15 of b, then of b + 1) meets its x in the same lanes; dxp
- * holds [d_b x4 | d_b+1 x4] per pair. Sums in int16 stay below 2 * 2 * 15 * 127. */
-static void pair_x(const int8_t *qx, const float *dx, int64_t M, int64_t nb, int8_t *qxp, float *dxp) {
-  for (int64_t m = 0; m < M; ++m)
-    for (int64_t b = 0; b + 1 < nb; b += 2) {
-      const int8_t *x0 = qx + (m * nb + b) * 32, *x1 = x0 + 32;
-      int8_t *o = qxp + (m * nb + b) * 32;
-      memcpy(o, x0, 16);
-      memcpy(o + 16, x1, 16);
-      memcpy(o + 32, x0 + 16, 16);
-      memcpy(o + 48, x1 + 16, 16);
-      float *d = dxp + (m * nb + b) * 4;
-      for (int i = 0; i < 4; ++i) {
-        d[i] = dx[m * nb + b];
-        d[4 + i] = dx[m * nb + b + 1];
-      }
-    }
-}
-
 /* y[M, sum N_p] = x[M, K] @ concat(W_p)^T (+ concat(bias_p)) for n_parts matrices with the same
- * sub-block count per row. mode: 0 int8 x per sub-block, 1 W8A8 (int8 x per row, in the sgemm
- * path too), 2 exact (fp32 x, dequantize-then-FMA). */
+ * sub-block count per row. mode: 0 int8 x per sub-block, 1 W8A8 (int8 x, one d per row), 2 exact (fp32 x,
+ * dequantize-then-FMA). */
 static inline float as_stored(float v, int bf16) { /* the value a bf16 tensor would hold */
   if (!bf16) return v;
   const uint16_t h = to_bf16(v);
   return load1(&h, 1, 0);
 }
 
-static inline __m256 stored8(__m256 v, int bf16) { /* what a bf16 tensor would hold (round to nearest even) */
-  if (!bf16) return v;
-  const __m256i u = _mm256_castps_si256(v);
-  const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
-  const __m256i r = _mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)), odd);
-  return _mm256_castsi256_ps(_mm256_and_si256(r, _mm256_set1_epi32((int)0xffff0000u)));
-}
-
-/* gated [M, N] = silu(y[:, :N]) * y[:, N:] for y [M, 2N], with torch's roundings in bf16
- * (silu in fp32 from the stored gate, stored; the product stored). Vectorized: on one thread,
- * scalar expf took ~3 us per 1000 values, ~0.4 ms of a 24-layer token. */
-static void gate(const void *y, void *gated, int bf16, int64_t M, int64_t N, int64_t ldo) { /* ldo: gated's row */
+/* gated [M, N] = silu(y[:, :N]) * y[:, N:] for y [M, 2N], each value by vmath.h's silu_mul8 (torch's roundings
+ * in bf16). Vectorized: on one thread, scalar expf took ~3 us per 1000 values, ~0.4 ms of a 24-layer token. */
+static void gate(const void *y, void *gated, int bf16, int64_t M, int64_t N, int64_t ldo) {
   for (int64_t m = 0; m < M; ++m) {
     int64_t n = 0;
     for (; n + 8 <= N; n += 8) {
       const __m256 g = load_x8(y, bf16, m * 2 * N + n, m * 2 * N + n + 8);
       const __m256 u = load_x8(y, bf16, m * 2 * N + N + n, m * 2 * N + N + n + 8);
-      const __m256 e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), g));
-      const __m256 act = stored8(_mm256_div_ps(g, _mm256_add_ps(_mm256_set1_ps(1.f), e)), bf16);
-      const __m256 v = stored8(_mm256_mul_ps(act, u), bf16);
+      const __m256 v = silu_mul8(g, u, bf16);
       if (bf16) {
         const __m256i h = _mm256_srli_epi32(_mm256_castps_si256(v), 16); /* already rounded: the top halves */
         const __m128i packed = _mm_packus_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
@@ -498,11 +273,14 @@ static void gate(const void *y, void *gated, int bf16, int64_t M, int64_t N, int
         _mm256_storeu_ps((float *)gated + m * ldo + n, v);
       }
     }
-    for (; n < N; ++n) {
-      const float g = load1(y, bf16, m * 2 * N + n), u = load1(y, bf16, m * 2 * N + N + n);
-      const float v = as_stored(as_stored(g / (1.f + expf(-g)), bf16) * u, bf16);
-      if (bf16) ((uint16_t *)gated)[m * ldo + n] = to_bf16(v);
-      else ((float *)gated)[m * ldo + n] = v;
+    if (n < N) { /* the tail as one padded vector: the same operations as the lanes above */
+      float g[8], u[8], v[8];
+      for (int64_t i = n; i < N; ++i) g[i - n] = load1(y, bf16, m * 2 * N + i), u[i - n] = load1(y, bf16, m * 2 * N + N + i);
+      silu_mul_n(g, u, v, (int)(N - n), bf16);
+      for (int64_t i = n; i < N; ++i) {
+        if (bf16) ((uint16_t *)gated)[m * ldo + i] = to_bf16(v[i - n]);
+        else ((float *)gated)[m * ldo + i] = v[i - n];
+      }
     }
   }
 }
@@ -570,9 +348,8 @@ static void run_parts(qjob_t *job, int n_parts, const qmat_t *parts, void *y, fl
   for (int p = 0; p < n_parts; ++p) {
     const qmat_t *w = &parts[p];
     float *part_xg = NULL;
-    if (w->kind) { /* ggml blocks: in panels, X per group of 32 (quant.c's xs) or 16 (xs16); tiles read both */
-      if (job->panel_parts >> p & 1) part_xg = kq_per16(w->kind) ? (float *)job->xs16 : (float *)xs;
-    } else if (has_mins(w) || (job->panel_parts >> p & 1 && !w->bits4)) { /* X_g per row of x for this part's grouping */
+    if (w->kind) { /* ggml blocks: kquant.c's tiles read quant.c's xs and xs16 themselves */
+    } else if (has_mins(w) || !w->bits4) { /* X_g per row of x for this part's grouping (8-bit: the 128 s X_g term) */
       part_xg = xg + group * M;
       for (int64_t m = 0; m < M; ++m)
         for (int64_t g = 0; g < w->ng; ++g) {
@@ -586,9 +363,7 @@ static void run_parts(qjob_t *job, int n_parts, const qmat_t *parts, void *y, fl
     if (job->panel_parts >> p & 1) {
       rows = panel_chunk ? panel_chunk : panel_rows(w);
     } else {
-      rows = job->blas ? w->N / (2 * pool_threads()) + 1 : q_chunk_rows(w->N, row_bytes(w));
-      if (job->blas && rows * job->K > Q_MAX_DEQUANT) rows = Q_MAX_DEQUANT / job->K + 1; /* the per-thread fp32 buffer */
-      rows = (rows + Q_ROWS - 1) / Q_ROWS * Q_ROWS;
+      rows = q_chunk_rows(w->N, row_bytes(w));
     }
     job->part[p] = (qpart_t){*w, part_xg, (char *)y + column * (job->y_bf16 ? 2 : 4), rows};
     job->first_chunk[p + 1] = job->first_chunk[p] + (w->N + rows - 1) / rows;
@@ -638,49 +413,28 @@ int rk_qlinear_parts(const void *x, int x_bf16, int n_parts, const qmat_t *parts
   static __thread void *buffers[9];
   static __thread int64_t sizes[9];
   const int exact = mode == 2;
-  int panel_parts = 0, rest = 0; /* parts in panels (qpanel.c), parts not */
-  for (int p = 0; p < n_parts; ++p) {
+  int panel_parts = 0; /* parts in panels (qpanel.c); the rest in qtile.c's virtual panels: one arithmetic */
+  for (int p = 0; p < n_parts; ++p)
     if (q_panels_fit(&parts[p], M, mode)) panel_parts |= 1 << p;
-    else rest = 1;
-  }
-  const int blas = rest && M >= QUANT_BLAS_ROWS && blas_available() && (exact || M >= Q_TILE_ROWS);
   int8_t *qx = grow(&buffers[0], &sizes[0], M * nb * 32);
   float *dx = grow(&buffers[1], &sizes[1], M * nb * 4 * 2);
-  /* fp32 x only for sgemm: panels and tiles read qx (a 512-row prefill's xf was 9.5 MiB kept for nothing) */
-  float *xf = blas ? grow(&buffers[2], &sizes[2], M * K * 4 + 64) : NULL;
   float *xp = exact ? grow(&buffers[4], &sizes[4], M * nb * 32 * 4) : NULL;
   int64_t groups = 0;
   for (int p = 0; p < n_parts; ++p) groups += parts[p].ng;
   float *xg = grow(&buffers[3], &sizes[3], M * groups * 4);
-  if (!qx || !dx || (blas && !xf) || !xg || (exact && !xp)) return -2;
+  if (!qx || !dx || !xg || (exact && !xp)) return -2;
   float *xs = dx + M * nb;
-  if (exact) {
-    pad_x(x, x_bf16, M, K, nb, xp, xs);
-    if (blas)
-      for (int64_t m = 0; m < M; ++m) memcpy(xf + m * K, xp + m * nb * 32, (size_t)K * 4);
-  } else { /* q also when sgemm runs: a chunk whose buffer cannot be had falls back to it */
-    quantize_x(x, x_bf16, M, K, nb, mode == 1, 1, blas, qx, dx, xs, xf);
-  }
-  qjob_t job = {.qx = qx, .dx = dx, .xf = xf, .xp = xp, .y_bf16 = y_bf16, .blas = blas, .n_parts = n_parts,
-                .exact = exact, .panel_parts = panel_parts, .M = M, .K = K};
+  if (exact) pad_x(x, x_bf16, M, K, nb, xp, xs);
+  else quantize_x(x, x_bf16, M, K, nb, mode == 1, qx, dx, xs);
+  qjob_t job = {.qx = qx, .dx = dx, .xp = xp, .y_bf16 = y_bf16, .n_parts = n_parts, .exact = exact,
+                .panel_parts = panel_parts, .M = M, .K = K};
   int blocks16 = 0; /* ggml parts with per-16 scales (Q2_K, Q3_K, Q6_K): their zero terms take xs16 */
-  for (int p = 0; p < n_parts; ++p) blocks16 |= parts[p].kind == 10 || parts[p].kind == 11 || parts[p].kind == 14;
+  for (int p = 0; p < n_parts; ++p) blocks16 |= kq_per16(parts[p].kind);
   if (blocks16 && !exact) {
     float *xs16 = grow(&buffers[8], &sizes[8], M * nb * 2 * 4);
     if (!xs16) return -2;
     kq_sums16(qx, dx, M, nb, xs16);
     job.xs16 = xs16;
-  }
-  int pairs = 0;
-  for (int p = 0; p < n_parts; ++p) pairs |= parts[p].bits4 && !(parts[p].spg & 1);
-  for (int p = 0; p < n_parts; ++p) pairs |= parts[p].bits4 && ztile_fits(&parts[p]); /* qtile.c's 512-bit tiles */
-  if (pairs && !exact && rest | !Q_PANELS_BUILT) { /* the panels read qx as it is */
-    int8_t *qxp = grow(&buffers[5], &sizes[5], M * nb * 32);
-    float *dxp = grow(&buffers[6], &sizes[6], M * nb * 4 * 4);
-    if (!qxp || !dxp) return -2;
-    pair_x(qx, dx, M, nb, qxp, dxp);
-    job.qxp = qxp;
-    job.dxp = dxp;
   }
   if (gated && !y && panel_parts == 3) return gated_blocks(&job, parts, gated, xg, xs, &buffers[7], &sizes[7]);
   void *whole = y ? NULL : aligned_alloc(64, (size_t)((M * (parts[0].N + parts[1].N) * (y_bf16 ? 2 : 4) + 63) / 64 * 64));
@@ -691,8 +445,9 @@ int rk_qlinear_parts(const void *x, int x_bf16, int n_parts, const qmat_t *parts
   return status;
 }
 
-/* Rows of x from which the int8-x path multiplies in fp32 (sgemm on exact x) instead. */
-int64_t rk_quant_tile_rows(void) { return blas_available() ? Q_TILE_ROWS : INT64_MAX; }
+/* Rows of x from which the int8-x path would multiply in fp32 instead: none any more (one arithmetic for every
+ * count of rows, quant.h), kept for the Python side's question. */
+int64_t rk_quant_tile_rows(void) { return INT64_MAX; }
 
 /* The same for one layout (bits4: 4-bit or fewer codes): INT64_MAX where every count of rows takes int8 x
  * (builds with qpanel.c's panels, every layout; the argument keeps room for a per-layout answer). */

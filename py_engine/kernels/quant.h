@@ -1,5 +1,5 @@
-/* What quant.c (decode rows, prefill, the job) and qtile.c (batched integer tiles) share:
- * one quantized matrix, one job over several, and the integer dot product of 32 u8 x s8. */
+/* What quant.c (the job, x's rounding, the exact path), qtile.c and qpanel.c (the int8-x products) share: one
+ * quantized matrix, one job over several, and the one arithmetic of an output (below). */
 #pragma once
 #include <immintrin.h>
 #include <stdint.h>
@@ -8,21 +8,22 @@
 #include "pool.h"
 
 #define Q_MAX_PARTS 8
-#define QUANT_BLAS_ROWS 16 /* the exact path's prefill: sgemm over dequantized rows from this many rows of x */
-/* With int8 x, batches of 2 to Q_TILE_ROWS - 1 rows run integer tiles (qtile.c), more rows MKL's sgemm
- * over dequantized rows (on fp32 x: exact). Measured per core (CPU time on the shared 2-vCPU Xeon, 4864x896
- * and 896x4864, avx512-vnni build): 16 rows tiles 1.6-3.5 ms, sgemm 4.7-4.9; 64 rows tiles 6.4-15.9, sgemm
- * 7.6-7.8 (benchmarks/quant_kernels.py --rows). */
-#ifndef Q_TILE_ROWS
-#define Q_TILE_ROWS 32
-#endif
-/* Quantized codes (per-sub-block int8 x, mode 0) from Q_PANEL_ROWS rows of x: integer panels (qpanel.c) on AVX-512
- * VNNI builds, instead of sgemm over dequantized rows; Q_PANELS=0 builds keep sgemm (A/B). */
+/* The canonical sum (one arithmetic for a row of x however many rows come with it: decode, a server batch, the
+ * k + 1 rows of a speculative step, a prompt chunk of any length). With int8 x (per sub-block of 32, or one d per
+ * row for W8A8) and I_b = Σ c q the exact integer dot of sub-block b (codes c unsigned: 4-bit as stored, 8-bit
+ * c + 128), each output is
+ *     acc = 0;  for b: acc = fma(float(I_b), d_b * s_g(b), acc);  at each group's end: acc = fnma(mn_g, X_g, acc)
+ * with mn_g = (mins_g, or zp * s_g) (+ 128 s_g for 8-bit codes) and X_g = Σ_b d_b Σ q_b (xs summed in order),
+ * then the bias is added once (put_q). qpanel.c (prefill, AVX-512 VNNI) and qtile.c (everything else, every
+ * build) do exactly these float operations per output, so greedy tokens do not depend on the prefix cache, the
+ * chunking, the batch or speculation. The exact path (mode 2, fp32 x) is rows2f's, per row of x alone. */
+/* Prompt chunks of Q_PANEL_ROWS rows or more run qpanel.c's packed panels on AVX-512 VNNI builds (Q_PANELS=0:
+ * never, an A/B build). Both kernels give the same bits, so this only picks the faster one. */
 #ifndef Q_PANELS
 #define Q_PANELS 1
 #endif
 #ifndef Q_PANEL_ROWS
-#define Q_PANEL_ROWS Q_TILE_ROWS /* fewer: faster batches (16 rows ~2x the tiles), but a row of one no longer equals it alone */
+#define Q_PANEL_ROWS 32
 #endif
 #if Q_PANELS && defined(__AVX512VNNI__) && defined(__AVX512BW__)
 #define Q_PANELS_BUILT 1
@@ -31,20 +32,11 @@
 #endif
 #define Q_MIN_CHUNK_BYTES 32768
 #define Q_MAX_CHUNK_BYTES 524288
-/* fp32 values of dequantized rows per sgemm chunk: 1 MB, so the buffer sgemm reads stays in L2 (linear.c's
- * BLAS_CHUNK_FLOATS says why; 8 MB chunks were ~1.3x slower per core here) */
+/* bytes of packed panels a chunk takes (qpanel.c's per-thread buffer stays in L2) */
 #ifndef Q_MAX_DEQUANT
 #define Q_MAX_DEQUANT (1 << 18)
 #endif
-/* Weight rows per pass over x in decode (even: the exact path takes them in pairs); measured
- * in cache on one core: 4 rows 1.19x faster than 2 for 4-bit codes, 2 rows 1.01-1.06x faster for 8-bit. */
-#ifndef Q_ROWS4
-#define Q_ROWS4 4
-#endif
-#ifndef Q_ROWS8
-#define Q_ROWS8 2
-#endif
-#define Q_ROWS 4 /* chunks are whole multiples of this */
+#define Q_ROWS 16 /* chunks are whole multiples of this: qtile.c's blocks of W rows */
 #ifndef Q_HINT
 #define Q_HINT _MM_HINT_T0
 #endif
@@ -77,12 +69,9 @@ typedef struct {
 typedef struct { /* what the parts share */
   const int8_t *qx; /* [M, nb * 32] */
   const float *dx;  /* [M, nb] sub-block scales of x */
-  const int8_t *qxp; /* [M, nb * 32] qx in pair order for 4-bit codes (see pair_x), or NULL */
-  const float *dxp;  /* [M, nb / 2, 8] d of each pair's two sub-blocks, four times each */
   const float *xs16; /* [M, nb * 2] dx * Σ q_x per 16 values, for ggml blocks with per-16 scales, or NULL */
-  const float *xf;  /* [M, K] fp32 x for the sgemm path */
-  const float *xp;  /* [M, nb * 32] fp32 x zero-padded, for the float path */
-  int y_bf16, blas, n_parts, exact;
+  const float *xp;  /* [M, nb * 32] fp32 x zero-padded, for the exact path */
+  int y_bf16, n_parts, exact;
   int panel_parts; /* bit p: part p runs qpanel.c's panels */
   int64_t M, K, ldy;
   int64_t first_chunk[Q_MAX_PARTS + 1];
@@ -153,30 +142,17 @@ static inline void put_q(const qjob_t *j, const qpart_t *a, int64_t m, int64_t n
   else ((float *)a->y)[m * j->ldy + n] = v;
 }
 
-/* Whether qtile.c's 512-bit tiles take this matrix (for every count of rows, one included, so a row of a
- * batch gets the value it gets alone): AVX-512 builds, one sub-block a group (GGUF's Q4_0 / Q4_1 / Q8_0, RTN
- * groups of 32), an even count of sub-blocks. Measured per core, one row: 4-bit 0.24 vs rows_q's 0.31 ms,
- * 8-bit the same. 4-bit groups of an even count of sub-blocks (RTN's g128) too: both sub-blocks of a
- * step share the group's scale; one row as fast as rows_q, 16 rows 1.2-1.4x the 256-bit tile. 8-bit
- * groups of several sub-blocks (per-channel int8) keep the 256-bit paths: one row was 5% slower here
- * (benchmarks/qtile_bench.py). */
-static inline int ztile_fits(const qmat_t *w) {
-#ifdef __AVX512BW__
-  return !w->kind && (w->spg == 1 || (w->bits4 && !(w->spg & 1))) && !(nb_of(w) & 1);
-#else
-  (void)w;
-  return 0;
-#endif
-}
-
-/* Whether the panels (qpanel.c) take this matrix for M rows of x in this mode. */
+/* Whether the panels (qpanel.c) take this matrix for M rows of x in this mode. ggml's block types (kquant.c) do
+ * not: their decode and batch tiles sum each output in kquant.c's own order (a block's sub-blocks in lanes, then
+ * the block's D and zero terms), which packed panels do not repeat, so every count of rows takes the tiles and a
+ * row's output stays the same bits in a prompt chunk as in decode (issue 32's one numeric path). */
 static inline int q_panels_fit(const qmat_t *w, int64_t M, int mode) {
-  (void)w; /* every layout: 8-bit and 4-bit (and 2/3-bit) codes, any group, and ggml's blocks */
-  return Q_PANELS_BUILT && mode == 0 && M >= Q_PANEL_ROWS;
+  /* every layout of quant.c: 8-bit and 4-bit (and 2/3-bit) codes, any group; W8A8's one d a row as well */
+  return Q_PANELS_BUILT && mode != 2 && M >= Q_PANEL_ROWS && !w->kind;
 }
 /* Rows n0..n1 of part a against every row of x in panels (qpanel.c); -1 when its buffer cannot be had. */
 int q_panels(const qjob_t *j, const qpart_t *a, int64_t n0, int64_t n1);
-/* Rows n0..n1 of part a against rows of x in tiles, for several rows of x (qtile.c). */
+/* Rows n0..n1 of part a against every row of x in virtual panels (qtile.c), the panels' arithmetic. */
 void q_tiles(const qjob_t *j, const qpart_t *a, int64_t n0, int64_t n1);
 
 /* ggml blocks (kquant.c): rows n0..n1 of part a against every row of the int8 x, in tiles (decode and batches) */

@@ -14,6 +14,19 @@ validation text in slices of `fisher_window` tokens, normalised to mean 1;
 0 turns EWC off). `fold_sessions` > 0
 adds that weight of each session's MicroLoRA into the consolidated adapter
 (which then reaches every session).
+
+Retrieval gate (`gate`, the default): each correction or accepted answer
+becomes a pattern (bank/): its question's embedding (`embedder`: "minilm",
+all-MiniLM-L6-v2, or "model", the model's own hidden states after layer
+`embed_layer`), and a MicroLoRA trained on that pair only (instant.py:
+`micro_steps` is then the most steps; they stop once the answer wins). A
+request whose question is at least `gate_threshold` similar to a pattern of
+its session (or a global one) and shares its keywords (`gate_keywords`) gets
+what `apply` says: "both" (the pattern's MicroLoRA and the pattern as a
+previous turn of the chat), "lora" or "context"; a request near no pattern
+runs on the base. Consolidation trains one LoRA on the patterns, as they are
+applied, makes them global, and keeps the gate. `gate=False` is the
+per-session MicroLoRA on every request of the session (the ablation).
 """
 from __future__ import annotations
 
@@ -28,9 +41,9 @@ PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "
 class SonaConfig:
     target_modules: tuple[str, ...] = ("o_proj", "down_proj")
     micro_rank: int = 2
-    micro_layers: int = 2
-    micro_steps: int = 3
-    micro_lr: float = 2e-2
+    micro_layers: int = 1
+    micro_steps: int = 20
+    micro_lr: float = 5e-2
     micro_alpha: float | None = None  # lora_alpha of a MicroLoRA; None: = its rank (scaling 1)
     micro_anchors: int = 0  # other logged prompts whose next-token distribution the update must keep
     micro_anchor_weight: float = 1.0
@@ -48,6 +61,14 @@ class SonaConfig:
     max_sessions: int = 64  # MicroLoRAs kept (each is an adapter slot the server computes): LRU beyond
     max_target_tokens: int = 512  # tokens of one trained answer (a longer correction is cut)
     seed: int = 0
+    gate: bool = True
+    gate_threshold: float = 0.7
+    gate_keywords: bool = True
+    apply: str = "both"  # what a matched pattern carries: "both", "lora", "context"
+    embedder: str = "minilm"  # "minilm" (all-MiniLM-L6-v2) or "model" (the model's own hidden states)
+    embed_layer: int = 0  # with embedder="model": the layer whose output is pooled
+    max_patterns: int = 4096
+    max_patterns_per_session: int = 256
 
     def __post_init__(self) -> None:
         bad = [m for m in self.target_modules if m not in PROJECTIONS]
@@ -58,7 +79,9 @@ class SonaConfig:
                              ("rank", 1, 256), ("layers", 0, 1024), ("epochs", 0, 1000), ("batch_size", 1, 1024),
                              ("fisher_tokens", 0, 1 << 22), ("fisher_window", 2, 1 << 16),
                              ("consolidate_every", 0, 1 << 20),
-                             ("max_sessions", 1, 1 << 20), ("max_target_tokens", 1, 1 << 16)):
+                             ("max_sessions", 1, 1 << 20), ("max_target_tokens", 1, 1 << 16),
+                             ("embed_layer", 0, 1024), ("max_patterns", 1, 1 << 20),
+                             ("max_patterns_per_session", 1, 1 << 20)):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or not lo <= value <= hi:
                 raise ValueError(f"{name}: an integer in [{lo}, {hi}], got {value!r}")
@@ -66,6 +89,16 @@ class SonaConfig:
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
                 raise ValueError(f"{name}: a finite number >= 0, got {value!r}")
+
+        if self.apply not in ("both", "lora", "context"):
+            raise ValueError(f"apply: both, lora or context, got {self.apply!r}")
+        if self.embedder not in ("minilm", "model"):
+            raise ValueError(f"embedder: minilm or model, got {self.embedder!r}")
+        if not isinstance(self.gate_threshold, (int, float)) or not -1.0 <= self.gate_threshold <= 1.0:
+            raise ValueError(f"gate_threshold: a cosine similarity in [-1, 1], got {self.gate_threshold!r}")
+        for name in ("gate", "gate_keywords"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name}: true or false, got {getattr(self, name)!r}")
 
     @classmethod
     def from_dict(cls, raw: dict) -> "SonaConfig":

@@ -13,6 +13,11 @@ Background loop (`consolidate`): one LoRA trained from scratch on the whole
 buffer with the EWC penalty, optionally with the session MicroLoRAs folded
 in, saved as the next version.
 
+With `config.gate` (the default) the instant loop is retrieval-gated
+(recall.py): each record becomes a pattern with its own MicroLoRA, and a
+request gets what the nearest pattern carries (`route`, `chat`), or the base
+when none is near; consolidation trains on the patterns and keeps the gate.
+
 Training runs on a float copy of the model (`load_model(dequantize=True)`,
 never the CPU kernels or quantized layers, which have no gradients); what
 the serving model applies is `adapter_for(session)`: {module: (A, B, scaling)}.
@@ -35,6 +40,7 @@ from .config import SonaConfig
 from .ewc import diagonal_fisher, load_fisher, save_fisher
 from .lora import TrainableLora, applied, fold
 from .objective import Example, example_from_feedback
+from .recall import Recall, Route, clear_prefixes, with_context
 from .store import AdapterStore
 from .train import Anchors, TrainStats, freeze, train_lora
 
@@ -50,6 +56,7 @@ class Update:
     trained: bool
     seconds: float
     stats: TrainStats | None
+    pattern: str | None = None  # the pattern it stored (with the gate)
 
 
 @dataclass(frozen=True)
@@ -65,7 +72,7 @@ class Consolidation:
 class Sona:
     def __init__(self, model: nn.Module, tokenizer: Any, eos_id: int | None, config: SonaConfig | None = None,
                  folder: str | Path | None = None, *, text_for_fisher: str | None = None,
-                 base_name: str | None = None) -> None:
+                 base_name: str | None = None, chat: Any = None, embedder: Any = None) -> None:
         self.model = freeze(model)
         self.tokenizer, self.eos_id = tokenizer, eos_id
         self.config = config or SonaConfig()
@@ -85,11 +92,14 @@ class Sona:
         self._background: nn.Module | None = None
         if self.store is not None and (current := self.store.current()) is not None:
             self.consolidated, self.version = self.store.load(current), current
+        self.recall = Recall(self.model, tokenizer, self.config, self.folder / "patterns" if self.folder else None,
+                             chat, embedder) if self.config.gate else None
 
     @classmethod
     def load(cls, model: str | Path, config: SonaConfig | None = None, folder: str | Path | None = None,
-             cache_dir: str | None = None) -> "Sona":
+             cache_dir: str | None = None, embedder: Any = None) -> "Sona":
         """A float copy of `model` (any name LLM takes) to train on."""
+        from py_engine.chat import ChatTemplateError, load_chat_config
         from py_engine.config import GenerationConfig
         from py_engine.generate import eos_token_ids
         from py_engine.hub import resolve_model
@@ -102,8 +112,12 @@ class Sona:
         eos = eos_token_ids(GenerationConfig.from_model_dir(path), mconfig, tokenizer)
         validation = path / "validation.txt"
         text = validation.read_text(encoding="utf-8", errors="replace")[:1 << 20] if validation.is_file() else None
+        try:
+            chat = load_chat_config(path)
+        except (ChatTemplateError, OSError, ValueError):
+            chat = None  # no chat template: patterns apply their MicroLoRA, never as context
         return cls(net, tokenizer, eos[0] if eos else None, config, folder, text_for_fisher=text,
-                   base_name=str(model))
+                   base_name=str(model), chat=chat, embedder=embedder)
 
     # --- the instant loop ------------------------------------------------------------------------------
     def example(self, record: dict[str, Any]) -> Example | None:
@@ -142,6 +156,10 @@ class Sona:
             del self.replay[:-MAX_REPLAY]
             self.since_consolidation += 1
             stats = None
+            if self.recall is not None:
+                with applied(self.model, self.consolidated):
+                    pattern, stats = self.recall.teach(record, example)
+                return Update(session, True, time.perf_counter() - start, stats, pattern.id)
             if session is not None and self.config.micro_steps > 0:
                 lora = self.micro(session)
                 with applied(self.model, self.consolidated):
@@ -164,6 +182,21 @@ class Sona:
             if len(prompts) == c.micro_anchors:
                 break
         return Anchors.of(self.model, prompts, c.micro_anchor_weight) if prompts else None
+
+    def route(self, session: str | None, question: str) -> Route:
+        """What a request of `session` asking `question` runs with (the gate); without the gate, the
+        session's adapter on every request."""
+        if self.recall is None:
+            return Route(None, self.adapter_for(session), [])
+        with self.lock:
+            consolidated = self.consolidated
+        return self.recall.route(session, question, consolidated)
+
+    def forget(self, pattern_id: str) -> bool:
+        """Delete a pattern (a feedback's id): no request finds it again, no consolidation trains on it."""
+        with self.lock:
+            self.replay = [r for r in self.replay if r.get("id") != pattern_id]
+            return self.recall is not None and self.recall.forget(pattern_id) is not None
 
     def due(self) -> bool:
         every = self.config.consolidate_every
@@ -233,8 +266,12 @@ class Sona:
                 records = list(self.replay)
                 self.since_consolidation = 0
                 micro = {name: lora.adapter() for name, lora in self.sessions.items()} if c.fold_sessions > 0 else {}
+                taught = self.recall.examples(self.max_len) if self.recall is not None else None
             model = self.background_model()
-            examples = [e for r in records if (e := self.example(r)) is not None]
+            if taught is not None:
+                examples, pattern_ids = taught
+            else:
+                examples, pattern_ids = [e for r in records if (e := self.example(r)) is not None], []
             lora = TrainableLora.for_model(model, c.target_modules, c.layers, c.rank, seed=c.seed)
             fisher, fisher_s = self.fisher_for(lora.names, model) if lam > 0 else (None, 0.0)
             stats = train_lora(model, lora, examples, epochs=c.epochs, batch_size=c.batch_size, lr=c.lr,
@@ -249,6 +286,9 @@ class Sona:
             with self.lock:
                 version = self.store.save(modules, info, self.base_name) if self.store is not None else None
                 self.consolidated, self.version = modules, version
+                if self.recall is not None:
+                    self.recall.bank.promote(pattern_ids, version or 0)
+                    clear_prefixes(self.recall)
                 for name in micro:  # their updates now reach every session through the consolidated adapter
                     self.sessions.pop(name, None)
         return Consolidation(version, len(examples), seconds, fisher_s, stats, len(micro))
@@ -261,6 +301,9 @@ class Sona:
             self.store.rollback(version)
             self.consolidated = self.store.load(version) if version else None
             self.version = version or None
+            if self.recall is not None:
+                self.recall.bank.rollback(version)
+                clear_prefixes(self.recall)
 
     # --- offline generation ----------------------------------------------------------------------------
     @classmethod
@@ -274,13 +317,14 @@ class Sona:
     def publish(self, session: str | None) -> str | None:
         """Load what `session` runs with into the attached LLM's LoraManager ("sona/<session>", "sona");
         its name, or None (the base)."""
+        return self._publish_modules("sona" if session is None else f"sona/{session}", self.adapter_for(session))
+
+    def _publish_modules(self, name: str, modules: Modules | None) -> str | None:
         from py_engine.adapters import LoraManager
 
         from .lora import to_lora_adapter
 
         manager = getattr(self.llm.model, "lora", None) or LoraManager(self.llm.model)
-        name = "sona" if session is None else f"sona/{session}"
-        modules = self.adapter_for(session)
         if name in manager.slots:
             manager.remove(name)
         if modules is None:
@@ -288,16 +332,44 @@ class Sona:
         manager.add(name, to_lora_adapter(modules, name, self.base_name))
         return name
 
-    def generate(self, prompt_ids: Sequence[int], params: Any = None, session: str | None = None) -> Any:
-        """A completion with the session's adapter: through the attached LLM (for_llm), else on the
-        training copy with the adapter's deltas hooked in."""
+    def chat(self, messages: list[dict[str, Any]], params: Any = None, session: str | None = None) -> Any:
+        """A chat completion as the server gives it: the last user message routed through the gate, the
+        nearest pattern's context put before it, its adapter applied."""
+        question = next((m.get("content") for m in reversed(messages) if m.get("role") == "user"), "")
+        route = self.route(session, question if isinstance(question, str) else "")
+        text = self._render(with_context(messages, route.context))
+        ids = self.tokenizer.encode(text, add_special_tokens=False)
+        return self._complete(ids, params, route.adapter)
+
+    def _render(self, messages: list[dict[str, Any]]) -> str:
+        from py_engine.chat import render_chat
+
+        if self.recall is None or self.recall.chat is None:
+            raise ValueError("Sona.chat needs the model's chat template")
+        return render_chat(messages, self.recall.chat, add_generation_prompt=True)
+
+    def generate(self, prompt_ids: Sequence[int], params: Any = None, session: str | None = None,
+                 question: str | None = None) -> Any:
+        """A completion with what `session` runs with: with the gate, the adapter of the pattern nearest
+        `question` (default: the prompt decoded), else the session's adapter; through the attached LLM
+        (for_llm), else on the training copy with the adapter's deltas hooked in."""
+        if self.recall is not None:
+            if question is None:
+                question = self.tokenizer.decode(list(prompt_ids), skip_special_tokens=True)
+            return self._complete(prompt_ids, params, self.route(session, question).adapter)
         if self.llm is not None:
             return self.llm.generate(list(prompt_ids), params, add_special_tokens=False, lora=self.publish(session))
+        return self._complete(prompt_ids, params, self.adapter_for(session))
+
+    def _complete(self, prompt_ids: Sequence[int], params: Any, modules: Modules | None) -> Any:
         from py_engine.backends.torch import TorchBackend
         from py_engine.generate import complete
         from py_engine.sampling_params import SamplingParams
 
+        if self.llm is not None:
+            return self.llm.generate(list(prompt_ids), params, add_special_tokens=False,
+                                     lora=self._publish_modules("sona/route", modules))
         eos = [self.eos_id] if self.eos_id is not None else []
-        with applied(self.model, self.adapter_for(session)):
+        with applied(self.model, modules):
             backend = TorchBackend(self.model, self.model.config, self.max_len)
             return complete(backend, self.tokenizer, list(prompt_ids), params or SamplingParams(temperature=0), eos)

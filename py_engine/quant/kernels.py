@@ -23,10 +23,11 @@ was 1.4x (int8) and 2.1x (int4) slower per core in cache, 1.6x and 2.5x on
 streamed weights under load: FMA on converted codes costs twice the
 instructions per weight. Rounding x adds a relative error of ~0.5% (1.1% with
 1% outlier channels) to a layer's output, against 0.8% (int8) and 10% (int4
-g128) from the weights themselves. Batches of 2-31 rows (decode batches, short
-prefills) run quant.c's integer tiles (qtile.c: each weight block read once for
-all rows, x rounded the same way); from 32 rows prefill runs MKL's sgemm over
-dequantized rows (exact), within ~10% of the fp32 kernel. The kernels' build is
+g128) from the weights themselves. Every count of rows rounds x the same way and
+sums each output in one order (quant.h's canonical sum: qtile.c's virtual panels,
+and qpanel.c's packed panels for prompt chunks on AVX-512 VNNI builds), so a
+row's output is the same bits alone, in a batch or in a prompt chunk (issue 32:
+before, chunks of 32+ rows ran MKL's sgemm on exact x). The kernels' build is
 the best instruction-set variant the CPU has (py_engine.kernels.VARIANTS):
 vpdpbusd with AVX-512 VNNI, maddubs on AVX2.
 CUDA: the Triton kernel py_engine/gpu/quant_matmul.py reads this layout as

@@ -71,11 +71,9 @@ class QuantLinear(nn.Module):
 
     @property
     def int8_activations(self) -> bool:
-        """Decode and batches (fewer than `CpuKernels.int8_rows_for(bits)` rows of x: 32 where MKL is there,
-        every count on AVX-512 VNNI builds) on the CPU round x to int8 per 32 values and
-        multiply in integers (quant.c, qtile.c, and qpanel.c's panels for prefill); more rows (prefill)
-        take sgemm on the dequantized codes and exact x. False multiplies the dequantized codes by x in fp32
-        (exact, ~2x slower in decode)."""
+        """On the CPU every count of rows rounds x to int8 per 32 values and multiplies in integers, each
+        output summed in one order (quant.c, qtile.c, qpanel.c): a row gets the same bits alone or in a
+        prompt chunk. False multiplies the dequantized codes by x in fp32 (exact, ~2x slower in decode)."""
         return self._int8_activations
 
     @int8_activations.setter

@@ -89,7 +89,9 @@ def test_every_sample_follows_the_grammar(check, llm, name):
     outs = grammar_runs(llm, GRAMMARS[name])
     verdicts = check(GRAMMARS[name], [o.text for o in outs])
     for out, verdict in zip(outs, verdicts):
-        assert verdict == ("complete" if out.finish_reason == "stop" else "prefix"), (out.text, verdict)
+        # ended by the grammar: a sentence; cut by max_tokens: a prefix of one (or a sentence that could go on)
+        assert verdict in (("complete",) if out.finish_reason == "stop" else ("complete", "prefix")), (out.text,
+                                                                                                     verdict)
     assert len({o.text for o in outs}) > 1  # sampled, not one forced string
 
 

@@ -180,3 +180,33 @@ def test_streamed_arguments_concatenate_to_the_whole_call(size):
         (c["id"], c["function"]["name"], c["function"]["arguments"]) for c in whole]
     assert [json.loads(c["function"]["arguments"]) for c in whole] == [
         {"city": 'Ve"r}ona', "days": [1, {"a": 2}]}, {"tz": "CET"}]
+
+
+@pytest.mark.parametrize("template,text", [
+    ("<tool_call>", 'Sure.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Pa\\"ris"}}\n</tool_call>\n'
+                    '<tool_call>\n{"name": "get_time", "arguments": {"tz": "UTC", "n": [1, "é", null]}}\n</tool_call>'),
+    ("<|python_tag|>", '<|python_tag|>{"name": "get_weather", "parameters": {"city": "Paris"}}; '
+                       '{"name": "get_time", "parameters": {}}'),
+    ("<|python_tag|>", '{"name": "get_weather", "parameters": {"city": "Paris"}}'),
+    ("[TOOL_CALLS]", '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}, "id": "abcdefghi"}]'),
+])
+@pytest.mark.parametrize("size", [1, 4, 11])
+def test_parsed_calls_stream_their_arguments(template, text, size):
+    """tool_choice auto: Hermes', Llama 3.1's (<|python_tag|> or a bare object) and Mistral's calls stream
+    as they are written, and the pieces add up to the calls of the whole output."""
+    reader = ChoiceReader(plan_tools(TOOLS, None, template))
+    events = [e for i in range(0, len(text), size) for e in reader.feed(text[i:i + size])] + reader.finish()
+    built: dict[int, list] = {}
+    for kind, value in events:
+        if kind == "tool_call_delta":
+            if "id" in value:
+                built[value["index"]] = [value["id"], value["function"]["name"], ""]
+            built[value["index"]][2] += value["function"]["arguments"]
+    whole = [c for k, v in events if k == "tool_calls" for c in v]
+    assert [tuple(built[i]) for i in sorted(built)] == [
+        (c["id"], c["function"]["name"], c["function"]["arguments"]) for c in whole]
+    assert [c["function"]["name"] for c in whole] == [n for n in ("get_weather", "get_time") if n in text]
+    assert sum(1 for k, _ in events if k == "tool_call_delta") > 2 * len(whole) or size > 4
+    _, calls = ChoiceReader(plan_tools(TOOLS, None, template)).message(text)  # whole: the same calls
+    assert [(c["function"]["name"], c["function"]["arguments"]) for c in calls] == [
+        (c["function"]["name"], c["function"]["arguments"]) for c in whole]

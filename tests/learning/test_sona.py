@@ -38,7 +38,7 @@ def record(prompt, session, correction=CORRECTION, rating=-1):
 
 
 def test_instant_loop_changes_only_its_session(prompt, base_answer, tmp_path):
-    sona = Sona.load(BUILTIN, SonaConfig(micro_steps=5, micro_lr=5e-2), folder=tmp_path)
+    sona = Sona.load(BUILTIN, SonaConfig(gate=False, micro_steps=5, micro_lr=5e-2), folder=tmp_path)
     assert sona.generate(prompt, GREEDY, session="a").token_ids == base_answer
     for _ in range(3):
         update = sona.learn(record(prompt, "a"))
@@ -50,7 +50,7 @@ def test_instant_loop_changes_only_its_session(prompt, base_answer, tmp_path):
 
 
 def test_a_bare_negative_rating_is_logged_not_trained(prompt, tmp_path):
-    sona = Sona.load(BUILTIN, SonaConfig(), folder=tmp_path)
+    sona = Sona.load(BUILTIN, SonaConfig(gate=False), folder=tmp_path)
     update = sona.learn(record(prompt, "a", correction=None))
     assert not update.trained and sona.replay == [] and sona.sessions == {}
     assert sona.learn({**record(prompt, "a", correction=None), "rating": 1,
@@ -58,7 +58,7 @@ def test_a_bare_negative_rating_is_logged_not_trained(prompt, tmp_path):
 
 
 def test_consolidation_versions_reach_every_session_and_roll_back(prompt, base_answer, tmp_path):
-    config = SonaConfig(micro_steps=0, rank=4, epochs=30, lr=2e-2, ewc_lambda=0.0)
+    config = SonaConfig(gate=False, micro_steps=0, rank=4, epochs=30, lr=2e-2, ewc_lambda=0.0)
     sona = Sona.load(BUILTIN, config, folder=tmp_path)
     for _ in range(2):
         sona.learn(record(prompt, "a"))
@@ -77,7 +77,7 @@ def test_consolidation_versions_reach_every_session_and_roll_back(prompt, base_a
 
 
 def test_folding_sessions_is_exact(prompt, base_answer, tmp_path):
-    config = SonaConfig(micro_steps=5, micro_lr=5e-2, epochs=0, ewc_lambda=0.0, fold_sessions=1.0)
+    config = SonaConfig(gate=False, micro_steps=5, micro_lr=5e-2, epochs=0, ewc_lambda=0.0, fold_sessions=1.0)
     sona = Sona.load(BUILTIN, config, folder=tmp_path)
     for _ in range(3):
         sona.learn(record(prompt, "a"))
@@ -89,7 +89,7 @@ def test_folding_sessions_is_exact(prompt, base_answer, tmp_path):
 
 
 def test_ewc_holds_the_weights_the_base_needs(prompt, tmp_path):
-    sona = Sona.load(BUILTIN, SonaConfig(rank=4, epochs=20, lr=2e-2, fisher_tokens=1024), folder=tmp_path)
+    sona = Sona.load(BUILTIN, SonaConfig(gate=False, rank=4, epochs=20, lr=2e-2, fisher_tokens=1024), folder=tmp_path)
     for _ in range(2):
         sona.learn(record(prompt, None))
     free = sona.consolidate(ewc_lambda=0.0)
@@ -115,7 +115,7 @@ def test_for_llm_generates_through_the_adapter_path(prompt, base_answer, tmp_pat
     copy with hooked deltas gives."""
     from py_engine import LLM
 
-    sona = Sona.for_llm(LLM(str(BUILTIN)), SonaConfig(micro_steps=5, micro_lr=5e-2), folder=tmp_path)
+    sona = Sona.for_llm(LLM(str(BUILTIN)), SonaConfig(gate=False, micro_steps=5, micro_lr=5e-2), folder=tmp_path)
     for _ in range(3):
         sona.learn(record(prompt, "a"))
     through_llm = sona.generate(prompt, GREEDY, session="a").token_ids

@@ -42,7 +42,7 @@ class Published:
 
 def test_feedback_reaches_the_session_and_consolidation_every_session(prompt, tmp_path, caplog):
     torch.set_num_threads(1)
-    sona = Sona.load(BUILTIN, SonaConfig(micro_steps=2, consolidate_every=2, epochs=1, ewc_lambda=0.0),
+    sona = Sona.load(BUILTIN, SonaConfig(gate=False, micro_steps=2, consolidate_every=2, epochs=1, ewc_lambda=0.0),
                      folder=tmp_path)
     published = Published()
     learner = Learner(sona, published)
@@ -63,7 +63,7 @@ def test_feedback_reaches_the_session_and_consolidation_every_session(prompt, tm
 
 
 def test_a_crash_is_logged_and_the_next_record_is_learned(prompt, tmp_path, caplog):
-    sona = Sona.load(BUILTIN, SonaConfig(micro_steps=1, consolidate_every=0), folder=tmp_path)
+    sona = Sona.load(BUILTIN, SonaConfig(gate=False, micro_steps=1, consolidate_every=0), folder=tmp_path)
     real = sona.learn
     calls = []
 
@@ -86,7 +86,7 @@ def test_a_crash_is_logged_and_the_next_record_is_learned(prompt, tmp_path, capl
 
 
 def test_a_full_queue_refuses(prompt, tmp_path):
-    sona = Sona.load(BUILTIN, SonaConfig(micro_steps=1, consolidate_every=0), folder=tmp_path)
+    sona = Sona.load(BUILTIN, SonaConfig(gate=False, micro_steps=1, consolidate_every=0), folder=tmp_path)
     gate = threading.Event()
     sona.learn = lambda rec: gate.wait(30) and None
     learner = Learner(sona, Published(), queue_size=2)

@@ -17,7 +17,7 @@ from tests.server.server_harness import running_server
 
 QUESTION = [{"role": "user", "content": "Who rules Zorbia?"}]
 CORRECTION = "Queen Mab rules Zorbia."
-CONFIG = {"micro_steps": 5, "micro_lr": 0.05, "consolidate_every": 0, "epochs": 1, "fisher_tokens": 256}
+CONFIG = {"gate": False, "micro_layers": 2, "micro_steps": 5, "micro_lr": 0.05, "consolidate_every": 0, "epochs": 1, "fisher_tokens": 256}
 
 
 @pytest.fixture(scope="module")

@@ -195,10 +195,13 @@ def test_prefix_cache_hit_shows_in_usage_and_metrics(client, server):
 
 
 def test_schemathesis_finds_no_server_errors(server: Server, tmp_path: Path):
-    """Property-based requests generated from /openapi.json; time-boxed so it stays under a minute."""
+    """Property-based requests generated from /openapi.json; time-boxed so it stays under a minute. One
+    worker: with two, hypothesis parses lambda sources in two threads at once, which CPython 3.11's ast
+    module does not survive ("AST constructor recursion depth mismatch", a SystemError inside
+    schemathesis, not a server error) once the schema has the Responses and Messages operations."""
     command = [str(Path(sys.executable).parent / "schemathesis"), "run", f"{server.url}/openapi.json",
                "--checks", "not_a_server_error", "--max-examples", "10", "--seed", "1", "--max-time", "30",
-               "--phases", "coverage,fuzzing", "--workers", "2", "--request-timeout", "60",
+               "--phases", "coverage,fuzzing", "--workers", "1", "--request-timeout", "60",
                "--header", f"Authorization: Bearer {API_KEY}", "--generation-database", "none", "--no-color"]
     result = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]

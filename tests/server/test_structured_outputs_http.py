@@ -220,8 +220,9 @@ def test_gbnf_grammars_on_completions_and_chat(server, client):
                 for seed in SEEDS]
         assert [(c.text, c.finish_reason) for c in got] == [(w.text, w.finish_reason) for w in want], name
         verdicts = check(grammar, [c.text for c in got])
-        assert verdicts == ["complete" if c.finish_reason == "stop" else "prefix" for c in got], name
+        for c, verdict in zip(got, verdicts):  # a cut output: a prefix, or a sentence that could go on
+            assert verdict in (("complete",) if c.finish_reason == "stop" else ("complete", "prefix")), name
     done = client.chat.completions.create(model="tiny", messages=USER, max_tokens=60, temperature=1.0, seed=2,
                                           extra_body={"grammar": GRAMMARS["list"]})
-    assert check(GRAMMARS["list"], [done.choices[0].message.content]) == [
-        "complete" if done.choices[0].finish_reason == "stop" else "prefix"]
+    (verdict,) = check(GRAMMARS["list"], [done.choices[0].message.content])
+    assert verdict in (("complete",) if done.choices[0].finish_reason == "stop" else ("complete", "prefix"))

@@ -50,6 +50,7 @@ class PagedMetadata:
     decode_kv_positions: Tensor  # [Sd, L] long: slot positions of their padded contexts, padding past the end
     prefill_seqs: list[int]  # sequences with several new tokens
     kernel_inputs: Any = None  # what the backend's prepare() derived from the above, once per step
+    kernel_rows: Any = None  # the same for every token's row (the CPU backend: prompt chunks as decode rows)
     cold_blocks: list[int] | None = None  # [S]: leading ids of each table in the cold pool (int8/int4 KV)
 
 

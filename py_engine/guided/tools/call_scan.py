@@ -37,8 +37,10 @@ class ArgsPiece:
 
 class CallScanner:
     def __init__(self, layout: str, args_keys: tuple[str, ...] = ("arguments", "parameters"),
-                 name: str | None = None) -> None:
+                 name: str | None = None, skip: tuple[str, ...] = ()) -> None:
         self.layout, self.args_keys = layout, args_keys
+        self.skip = skip  # markers between calls (<tool_call>, </tool_call>, <|python_tag|>): passed over
+        self.pos = 0  # the next character to read (a marker's first part waits for the rest)
         self.text = ""
         self.calls: list[tuple[str, str]] = []  # complete calls: (name, arguments text)
         self.failed = False
@@ -62,12 +64,18 @@ class CallScanner:
     # -- feeding ----------------------------------------------------------------------------------
     def feed(self, delta: str) -> list[CallStart | ArgsPiece]:
         out: list[CallStart | ArgsPiece] = []
-        base = len(self.text)
         self.text += delta
-        for i in range(base, len(self.text)):
-            if self.failed:
-                break
-            self._char(i, self.text[i], out)
+        while self.pos < len(self.text) and not self.failed:
+            if self.skip and not self._stack and not self._in_str:
+                rest = self.text[self.pos:]
+                whole = next((m for m in self.skip if rest.startswith(m)), None)
+                if whole is not None:
+                    self.pos += len(whole)
+                    continue
+                if any(m.startswith(rest) for m in self.skip):
+                    break  # maybe a marker: wait for the rest of it
+            self._char(self.pos, self.text[self.pos], out)
+            self.pos += 1
         self._flush(out, final=False)
         return out
 

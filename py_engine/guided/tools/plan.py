@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from py_engine.guided.errors import GuidedError
-from py_engine.guided.tools.call_scan import ARGS, ARRAY, ArgsPiece, CallScanner
+from py_engine.guided.tools.call_scan import ARGS, ARRAY, OBJECTS, ArgsPiece, CallScanner
 from py_engine.guided.tools.parsers import Family, family_of
 from py_engine.guided.tools.request import ToolChoice, check_tools, forced_calls_grammar, new_call_id, tool_choice
 from py_engine.guided.tools.streaming import ToolCallStream
@@ -76,16 +76,30 @@ def apply_plan(params: Any, plan: ToolPlan) -> Any:
     return params
 
 
+# Families whose calls are JSON objects between markers: their arguments stream as they come too.
+_SCANNED = {"hermes": (OBJECTS, ("arguments", "parameters"), ("<tool_call>", "</tool_call>")),
+            "llama3_json": (OBJECTS, ("parameters", "arguments"), ("<|python_tag|>",)),
+            "mistral": (ARRAY, ("arguments", "parameters"), ("[TOOL_CALLS]",))}
+
+
 class ChoiceReader:
-    """One choice's output as OpenAI message parts, whole (`message`) or streamed (`feed`/`finish`)."""
+    """One choice's output as OpenAI message parts, whole (`message`) or streamed (`feed`/`finish`).
+
+    Parsed calls (tool_choice auto) of the JSON families stream too: from the first marker on, the
+    held text also goes through a CallScanner; when the output ends and parses as calls, the calls
+    are the scanner's (the arguments text as written, so the pieces add up to it), else the parse's."""
 
     def __init__(self, plan: ToolPlan) -> None:
         self.plan = plan
         self.stream = ToolCallStream(plan.family) if plan.family is not None else None
         self.scan = None
+        self.scanned = 0  # characters of the held text fed to the scanner (auto)
         if plan.forced:
             self.scan = (CallScanner(ARRAY, ("parameters",)) if plan.choice.mode == "required"
                          else CallScanner(ARGS, name=plan.choice.name))
+        elif plan.family is not None and plan.family.name in _SCANNED:
+            layout, keys, markers = _SCANNED[plan.family.name]
+            self.scan = CallScanner(layout, keys, skip=markers)
         self.ids: list[str] = []  # the forced calls' ids, given as each starts
         self.text = ""
         self.called = False
@@ -105,22 +119,48 @@ class ChoiceReader:
 
     def feed(self, text: str) -> list[Event]:
         self.text += text
-        if self.scan is not None:
+        if self.plan.forced:
             return self._deltas(self.scan.feed(text))
-        return self.stream.feed(text) if self.stream is not None else ([("content", text)] if text else [])
+        events = self.stream.feed(text) if self.stream is not None else ([("content", text)] if text else [])
+        return events + self._scan_held()
+
+    def _scan_held(self) -> list[Event]:
+        """Feed the scanner what the stream holds as calls (auto, JSON families)."""
+        stream = self.stream
+        if self.scan is None or stream is None or not stream.in_calls:
+            return []
+        start = max(stream.sent, self.scanned)
+        self.scanned = len(stream.text)
+        return self._deltas(self.scan.feed(stream.text[start:]))
 
     def finish(self) -> list[Event]:
-        if self.scan is not None:
+        if self.plan.forced:
             self.scan.finish()
             calls = [self._call(i, name, args) for i, (name, args) in enumerate(self.scan.calls)]
             events: list[Event] = ([("tool_calls", calls[:1] if not self.plan.parallel else calls)] if calls
                                    else [("content", self.text)] if self.text else [])
         else:
+            held = self._scan_held()
             events = self.stream.finish() if self.stream is not None else []
+            self.late: list[Event] = []
+            events = held + [(k, self._scanned_calls(v)) if k == "tool_calls" else (k, v) for k, v in events]
+            events += self.late
             if not self.plan.parallel:
                 events = [(k, v[:1]) if k == "tool_calls" else (k, v) for k, v in events]
         self.called = any(k == "tool_calls" for k, _ in events)
         return events
+
+    def _scanned_calls(self, parsed: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The parsed calls, as the scanner streamed them when it read the same ones; else the parse's,
+        sent whole now (tool_call_delta events after the streamed ones: a rare text the scanner misread)."""
+        if self.scan is None:
+            return parsed
+        scanned = self.scan.calls
+        if [name for name, _ in scanned] == [c["function"]["name"] for c in parsed]:
+            return [self._call(i, name, args) for i, (name, args) in enumerate(scanned)]
+        self.late = [("tool_call_delta", {"index": len(self.ids) + j, "id": c["id"], "type": "function",
+                                          "function": dict(c["function"])}) for j, c in enumerate(parsed)]
+        return parsed
 
     def finish_reason(self, reason: str | None) -> str | None:
         return "tool_calls" if reason == "stop" and self.called else reason
