@@ -34,7 +34,8 @@ def test_frozen_and_checked_once():
 def test_serve_and_benchmark_take_the_same_engine_flags():
     argv = ["--device", "cpu", "--dtype", "float32", "--block-size", "32", "--kv-cache-memory", "64M",
             "--max-num-batched-tokens", "256", "--no-prefix-caching", "--attention-backend", "torch",
-            "--kv-cache-dtype", "int8", "--kv-hot-tokens", "64", "--quantization", "int4", "--max-context", "128"]
+            "--kv-cache-dtype", "int8", "--kv-hot-tokens", "64", "--quantization", "int4", "--max-context", "128",
+            "--speculative-config", '{"method": "ngram", "num_speculative_tokens": 3}']
     served = EngineConfig.from_cli_args(_parse(add_serve_parser, ["serve", "tiny-shakespeare", *argv,
                                                                   "--max-concurrent", "4"]))
     benched = EngineConfig.from_cli_args(_parse(add_benchmark_parser, ["benchmark", "tiny-shakespeare", *argv]),
@@ -43,6 +44,18 @@ def test_serve_and_benchmark_take_the_same_engine_flags():
     assert (served.block_size, served.kv_cache_memory, served.max_model_len, served.enable_prefix_caching) == (
         32, 64 << 20, 128, False)
     assert served.quantization.method == "int4" and served.kv_cache_dtype == "int8"
+    assert served.speculative_config.method == "ngram" and served.speculative_config.num_speculative_tokens == 3
+
+
+def test_the_speculative_config_is_parsed_once_and_checked():
+    """vLLM's --speculative-config as JSON, a mapping, "ngram" or a draft model's name; a bad field fails here."""
+    assert EngineConfig().speculative_config is None
+    assert EngineConfig(speculative_config="ngram") == EngineConfig(speculative_config={"method": "ngram"})
+    assert EngineConfig(speculative_config="draft-model").speculative_config.model == "draft-model"
+    with pytest.raises(ValueError, match="num_speculative_tokens"):
+        EngineConfig(speculative_config='{"num_speculative_tokens": 99}')
+    with pytest.raises(ValueError, match="lookahead"):
+        EngineConfig(speculative_config={"lookahead": 2})
 
 
 def test_serve_flags_reach_the_lora_fields():
