@@ -31,6 +31,7 @@ class PlannedSeq:
     num_tokens: int
     new_ids: tuple[int, ...]  # the tokens this step computes, from num_computed_tokens on
     lora: str | None
+    spec_token_ids: tuple[int, ...] = ()  # speculative drafts riding on this step (their rows follow new_ids')
 
     def token_ids(self, start: int, end: int) -> list[int]:
         if start != self.num_computed_tokens or end - start > len(self.new_ids):
@@ -54,7 +55,8 @@ class StepPlan:
     @classmethod
     def of(cls, out: SchedulerOutput, block_tables: list[list[int]], cold_blocks: list[int] | None) -> "StepPlan":
         seqs = [PlannedSeq(s.num_computed_tokens, s.num_tokens,
-                           tuple(s.token_ids(s.num_computed_tokens, s.num_computed_tokens + n)), s.lora)
+                           tuple(s.token_ids(s.num_computed_tokens, s.num_computed_tokens + n)), s.lora,
+                           tuple(s.spec_token_ids))
                 for s, n in zip(out.seqs, out.num_new_tokens)]
         return cls(seqs, list(out.num_new_tokens), block_tables, cold_blocks, list(out.block_copies),
                    list(out.demotions))
