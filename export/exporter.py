@@ -147,3 +147,9 @@ def _copy_shared_files(model_dir: Path, out_dir: Path, config: ModelConfig, opti
     text = json.dumps(io.to_dict() | {"files": files, "runtimes": runtimes}, indent=1)
     (out_dir / C.CONTRACT_FILE).write_text(text + "\n", encoding="utf-8")
     write_genai_config(out_dir, config, options, runtimes["onnxruntime-genai"][options.precision])
+
+
+def read_metadata(path: str | Path) -> dict[str, str]:
+    """An exported graph's metadata_props (e.g. ruvllm.ggml_weights), without loading its weights."""
+    model = onnx.load(str(path), load_external_data=False)
+    return {p.key: p.value for p in model.metadata_props}
