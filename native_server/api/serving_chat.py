@@ -20,7 +20,7 @@ from starlette.responses import JSONResponse, Response
 from native_server.api.context import ServerContext
 from native_server.api.errors import APIError
 from native_server.api.generation import Delta, Generation, Job
-from native_server.api.guided import prepare, tool_plan, with_tools
+from native_server.api.guided import client_of, prepare, tool_plan, with_tools
 from native_server.api.logprobs import chat_logprobs
 from native_server.api.prompts import chat_render_args, check_choices, fit_to_context, sampling_params
 from native_server.api.protocol import (ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionRequest,
@@ -45,11 +45,12 @@ class ChatRun:
     model: str
 
 
-async def start_chat(ctx: ServerContext, request: ChatCompletionRequest, endpoint: str = "chat.completions",
-                     id_prefix: str = "chatcmpl-") -> ChatRun:
+async def start_chat(ctx: ServerContext, request: ChatCompletionRequest, raw: Request | None = None,
+                     endpoint: str = "chat.completions", id_prefix: str = "chatcmpl-") -> ChatRun:
     """Render the conversation, check the request and start it on the engine (not yet read).
     /v1/responses and /v1/messages convert their requests to this one, so the same conversation
-    gives the same tokens on every endpoint."""
+    gives the same tokens on every endpoint. `raw` (the HTTP request) names the client whose
+    grammar compiles queue together when the request has no `user`."""
     ctx.check_accepting()
     adapter = ctx.adapter_for(request.model)
     chat_config = ctx.check_chat()
@@ -70,7 +71,7 @@ async def start_chat(ctx: ServerContext, request: ChatCompletionRequest, endpoin
         raise APIError(400, f"messages: the chat template could not render them: {exc}", "messages") from None
     # A long conversation takes a while to tokenize in pure Python: keep it off the event loop.
     prompt_ids = await asyncio.to_thread(start_ids, ctx.tokenizer, text, add_special_tokens=False)
-    await prepare(params, ctx.tokenizer, getattr(ctx.engine, "eos_token_ids", ()))  # a grammar: in a worker
+    await prepare(ctx, params, client_of(request, raw))  # a grammar: cached, or in a worker process
     explicit = request.max_tokens is not None or request.max_completion_tokens is not None
     params = fit_to_context(params, len(prompt_ids), ctx.max_model_len, explicit_max_tokens=explicit,
                             prompt_param="messages")
@@ -85,7 +86,7 @@ async def start_chat(ctx: ServerContext, request: ChatCompletionRequest, endpoin
 
 
 async def create_chat_completion(ctx: ServerContext, request: ChatCompletionRequest, raw: Request) -> Response:
-    run = await start_chat(ctx, request)
+    run = await start_chat(ctx, request, raw)
     generation, plan, request_id, params = run.generation, run.plan, run.request_id, run.generation.jobs[0].params
     want_logprobs = params.logprobs is not None
     if request.stream:

@@ -19,7 +19,7 @@ from starlette.responses import JSONResponse, Response
 from native_server.api.context import ServerContext
 from native_server.api.errors import APIError
 from native_server.api.generation import Delta, Generation, Job
-from native_server.api.guided import prepare
+from native_server.api.guided import client_of, prepare
 from native_server.api.logprobs import completion_logprobs
 from native_server.api.prompts import (check_best_of, check_choices, completion_prompts, fit_to_context,
                                    sampling_params)
@@ -60,7 +60,7 @@ async def create_completion(ctx: ServerContext, request: CompletionRequest, raw:
     learned = None if adapter else (await gated_route(ctx, session_of(request),
                                                       completion_question(ctx, request.prompt)))[0]
     jobs = _jobs(ctx, request, prompts, request_id, adapter or learned)
-    await prepare(jobs[0].params, ctx.tokenizer, getattr(ctx.engine, "eos_token_ids", ()))  # a grammar: in a worker
+    await prepare(ctx, jobs[0].params, client_of(request, raw))  # a grammar: cached, or in a worker process
     n = jobs[0].params.n
     texts = [_prompt_text(ctx, request, p, ids) for p, ids in enumerate(prompts)] if ctx.witness or request.echo \
         else [""] * len(prompts)
