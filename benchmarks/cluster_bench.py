@@ -17,7 +17,7 @@ tp        single-sequence decode tok/s of LLM(model) with 2 threads against LLM(
           tensor_parallel_size=2) (1 thread each, gloo on loopback), alternating, on the built-in model
           and SmolLM2-135M's Q4_1 GGUF; and each rank's memory (benchmarks/cluster_tp.py).
 On 2 cores nothing here can scale past 2x, and 2 replicas or 2 ranks compete with the load generator.
-Take /work/notes/bench.lock on a shared machine. Writes benchmarks/results/cluster_bench.json with the CPU
+Take a lock (flock) on a shared machine. Writes benchmarks/results/cluster_bench.json with the CPU
 flags and the load average at start and end, and prints one table per part.
 """
 from __future__ import annotations
@@ -32,12 +32,9 @@ import subprocess
 import sys
 import time
 from datetime import datetime, timezone
-from pathlib import Path
 from typing import Iterator
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "benchmarks"))
+from common import REPO, machine  # noqa: E402  (also puts the clone's root on sys.path)
 
 from native_server.bench.loadgen import run_level_sync  # noqa: E402
 from native_server.bench.report import format_table  # noqa: E402
@@ -254,7 +251,6 @@ def main() -> None:
     parser.add_argument("--tp-models", default="tiny-shakespeare,smollm2-135m-instruct")
     parser.add_argument("--tp-tokens", type=int, default=128)
     args = parser.parse_args()
-    from decode_speed import machine
 
     parts = args.parts.split(",")
     uptime = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
