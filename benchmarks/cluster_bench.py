@@ -17,7 +17,7 @@ tp        single-sequence decode tok/s of LLM(model) with 2 threads against LLM(
           tensor_parallel_size=2) (1 thread each, gloo on loopback), alternating, on the built-in model
           and SmolLM2-135M's Q4_1 GGUF; and each rank's memory (benchmarks/cluster_tp.py).
 On 2 cores nothing here can scale past 2x, and 2 replicas or 2 ranks compete with the load generator.
-Take /work/notes/bench.lock on a shared machine. Writes benchmarks/results/cluster_bench.json with the CPU
+Take a lock (flock) on a shared machine. Writes benchmarks/results/cluster_bench.json with the CPU
 flags and the load average at start and end, and prints one table per part.
 """
 from __future__ import annotations
@@ -32,12 +32,9 @@ import subprocess
 import sys
 import time
 from datetime import datetime, timezone
-from pathlib import Path
 from typing import Iterator
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "benchmarks"))
+from common import REPO, machine  # noqa: E402  (also puts the clone's root on sys.path)
 
 from native_server.bench.loadgen import run_level_sync  # noqa: E402
 from native_server.bench.report import format_table  # noqa: E402
@@ -232,6 +229,16 @@ def metric(url: str, name: str) -> float:
     return 0.0
 
 
+def merged(out: dict) -> dict:
+    """This run's parts over the file's; the meta of an earlier run whose parts are still there is kept in
+    `earlier_runs` (each part's numbers stay beside the load they were measured under)."""
+    previous = json.loads(RESULTS.read_text()) if RESULTS.is_file() else {}
+    runs = previous.pop("earlier_runs", []) + ([previous.pop("meta")] if "meta" in previous else [])
+    kept = {k: v for k, v in previous.items() if k not in out}
+    earlier = [m for m in runs if any(p in kept or p + "_memory" in kept for p in m.get("parts", ["tp", "routing"]))]
+    return {**out, **kept, **({"earlier_runs": earlier} if earlier else {})}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="tiny-shakespeare")
@@ -244,12 +251,12 @@ def main() -> None:
     parser.add_argument("--tp-models", default="tiny-shakespeare,smollm2-135m-instruct")
     parser.add_argument("--tp-tokens", type=int, default=128)
     args = parser.parse_args()
-    from decode_speed import machine
 
     parts = args.parts.split(",")
     uptime = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
-    meta = {"uptime_start": uptime, "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), **machine(), "model": args.model,
-            "rounds": args.rounds, "note": "shared 2-core machine; load average at start and end"}
+    meta = {"uptime_start": uptime, "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), **machine(),
+            "model": args.model, "rounds": args.rounds, "parts": parts,
+            "note": "shared 2-core machine; load average at start and end"}
     out: dict = {"meta": meta}
     if "tp" in parts:
         out["tp"], out["tp_memory"] = part_tp(args.tp_models.split(","), args.rounds + 1, args.tp_tokens)
@@ -266,8 +273,7 @@ def main() -> None:
     for part in ("tp", "tp_memory", "replicas", "routing", "kill"):
         if part in out:
             print(f"\n{part}:\n" + format_table(out[part], [(k, k) for k in out[part][0]]))
-    previous = json.loads(RESULTS.read_text()) if RESULTS.is_file() else {}
-    RESULTS.write_text(json.dumps({**previous, **out}, indent=2) + "\n")
+    RESULTS.write_text(json.dumps(merged(out), indent=2) + "\n")
     print(f"wrote {RESULTS.relative_to(REPO)}")
 
 

@@ -37,11 +37,7 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "benchmarks"))
-
-from decode_speed import machine  # noqa: E402
+from common import REPO, machine  # noqa: E402  (benchmarks/common.py: also puts the clone on sys.path)
 from sona_gate_plot import draw, to_png  # noqa: E402
 from sona_task import Fact, facts  # noqa: E402
 
