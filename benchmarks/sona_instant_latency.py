@@ -1,6 +1,6 @@
 """The instant update's latency alone: correction received -> the next request can use it.
 
-    flock /work/notes/bench.lock python benchmarks/sona_instant_latency.py --model smollm2-135m-instruct
+    python benchmarks/sona_instant_latency.py --model smollm2-135m-instruct   # under the machine's bench lock
 
 For `--facts` invented facts (sona_task.py), one correction each in a fresh session:
 Sona.learn (embed the question, the frozen pass, the MicroLoRA's steps, store) and
@@ -15,16 +15,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "benchmarks"))
-
-from decode_speed import machine  # noqa: E402
+from common import REPO, machine  # noqa: E402  (benchmarks/common.py: also puts the clone on sys.path)
 from sona_gate_bench import percentiles, user  # noqa: E402
 from sona_task import facts  # noqa: E402
 
