@@ -1,7 +1,7 @@
 """Paged decode attention in C (kernels/paged.c): the server's decode rows over block tables.
 
     args = PagedDecode.for_rows(tables, seqs, tokens, lens, n_cold)   # once per step
-    out = paged_decode(kernels, args, q, key_cache, value_cache, spec, cold=(codes..., bits))  # per layer
+    out = paged_decode(kernels, args, q, key_cache, value_cache, scale, window, softcap, cold_codes, bits)  # per layer
 
 `PagedDecode` is paged.c's paged_t; the step's int64 arrays are laid out once
 and each layer only sets its tensors' addresses. `supported` says which
