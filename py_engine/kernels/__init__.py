@@ -45,10 +45,9 @@ from torch import Tensor
 from ..hub.resolve import cache_root
 
 HERE = Path(__file__).parent
-SOURCES = [HERE / "linear.c", HERE / "decode.c", HERE / "pool.c", HERE / "quant.c", HERE / "qtile.c", HERE / "qpanel.c", HERE / "kquant.c", HERE / "step.c",
-           HERE / "paged.c"]
-HEADERS = [HERE / "attend.h", HERE / "decode.h", HERE / "linear.h", HERE / "paged.h", HERE / "pool.h", HERE / "quant.h",
-           HERE / "vmath.h"]
+SOURCES = [HERE / f"{name}.c" for name in ("linear", "decode", "pool", "quant", "gate", "rtn", "qtile", "qpanel",
+                                          "kquant", "step", "paged")]
+HEADERS = [HERE / f"{name}.h" for name in ("attend", "decode", "gate", "linear", "paged", "pool", "quant", "vmath")]
 FLAGS = ["-O3", "-ffp-contract=off", "-shared", "-fPIC", "-pthread"]  # no contraction: torch rounds each op
 # Macros for an A/B build of the kernels (benchmarks: `ruvllm:int8+DQ_ROWS8=4`), e.g. "Q_ROWS8=4 Q_PREFETCH=1024"
 FLAGS += [f"-D{d}" for d in os.environ.get("RUVLLM_KERNEL_DEFINES", "").split()]
@@ -94,7 +93,7 @@ class CpuKernels:
         lib.rk_argmax.restype = i64
         self.threads = 0
         self._scratch = threading.local()  # float32 work space of rk_attend_one, per calling thread
-        # quant.c (driven by py_engine.quant.kernels): quantized linears and one-pass RTN
+        # quant.c (driven by py_engine.quant.kernels): quantized linears; gate.c: the SiLU gate; rtn.c: one-pass RTN
         lib.rk_qlinear_parts.argtypes = [p, i, i, p, p, i, i64, i64, i, p]
         lib.rk_qlinear_parts.restype = i
         lib.rk_quant_tile_rows.restype = i64
