@@ -25,6 +25,7 @@ error event), then exits with status 0. A second SIGINT exits at once.
 from __future__ import annotations
 
 import argparse
+import gc
 import logging
 import os
 from pathlib import Path
@@ -70,9 +71,9 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
                          help="CPUs Ray reserves for each replica, and its torch threads (default 1)")
     cluster.add_argument("--gpus-per-replica", type=float, default=0.0, metavar="G",
                          help="GPUs Ray reserves for each replica (default 0)")
-    cluster.add_argument("--routing", default="affinity", choices=["affinity", "random", "least-loaded"],
+    cluster.add_argument("--routing", default="affinity", choices=["affinity", "random", "round-robin", "least-loaded"],
                          help="affinity: the user's replica, else the one holding the prompt's prefix, else the least "
-                              "loaded (default); random and least-loaded alone are for A/B measurements")
+                              "loaded (default); random, round-robin and least-loaded alone are for A/B measurements")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     p.add_argument("--metrics-compat", default="none", choices=["none", "vllm"],
                    help="vllm: /metrics also carries vLLM's metric names (vllm:num_requests_running, "
@@ -255,6 +256,11 @@ def run_serve(args: argparse.Namespace) -> int:
                             timeout_graceful_shutdown=int(args.shutdown_timeout) + 5, lifespan="on")
     server = GracefulServer(config, ctx, args.shutdown_timeout)
     ctx.engine.on_fatal = server.fail
+    # The model, tokenizer and app live as long as the server: out of the collector's sight, a full
+    # collection (the periodic one, or after a large body: api/request_body.py) scans only what requests
+    # made, ~3 ms instead of ~350 ms of a held GIL.
+    gc.collect()
+    gc.freeze()
     server.run()
     return server.exit_code
 

@@ -1,6 +1,7 @@
 """The hostile probe, long version: `ruvllm serve` against a client that means harm, measured.
 
     .venv/bin/python scripts/hostile_probe.py [--rounds 3] [--storms 3] [--storm-streams 64] [--uploads 100]
+                                              [--grammar-storm 6] [--only grammars,grammar_storm,lora,feedback]
 
 Against one server (the built-in model with hostile named chat templates, an API key, a web dir with
 dotfiles), in phases:
@@ -11,8 +12,13 @@ dotfiles), in phases:
   templates  six spinning templates at once while a completion is timed
   uploads    --uploads connections stalled just short of 4 MiB
   storms     --storms disconnect storms of --storm-streams streams each; KV blocks in use after each
+  grammars   every hostile grammar of GRAMMAR_CASES once (status, param, seconds, CPU seconds of the server
+             and its compile workers), then again (remembered), RSS of the server and its workers
+  grammar_storm  --grammar-storm hostile grammars at once; a cached guided_choice, a new grammar from another
+             client and a plain completion timed during it and on the idle server
   sigterm    SIGTERM under load: what new connections get while it drains, the exit status, the drain time
-then a second server whose forward pass fails (it must exit 1), and the broken model folders of
+then servers for runtime LoRA loading (hostile adapter folders) and feedback ownership
+(tests/server/hostile_probe_phases.py), a second server whose forward pass fails (it must exit 1), and the broken model folders of
 tests/models/broken_models.py through `ruvllm generate` (one `error:` line naming the file each).
 
 Prints a table and writes JSON (default benchmarks/results/hostile_probe.json) with the counts of
@@ -43,6 +49,7 @@ from tests.models.broken_models import BROKEN, broken_model  # noqa: E402
 from tests.server.hostile_requests import (BUILTIN, CASES, FAULTY_FORWARD, OK_COMPLETION, USER, error_shape,  # noqa: E402
                               hostile_model, open_and_drop, send, stalled_upload, web_dir_with_dotfiles)
 from tests.server.server_harness import API_KEY, metric, rss_mb, running_server, wait_until  # noqa: E402
+from tests.server import hostile_probe_phases as new_phases  # noqa: E402
 
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 
@@ -220,6 +227,9 @@ def main() -> int:
     parser.add_argument("--storms", type=int, default=3)
     parser.add_argument("--storm-streams", type=int, default=64)
     parser.add_argument("--uploads", type=int, default=100)
+    parser.add_argument("--grammar-storm", type=int, default=6)
+    parser.add_argument("--only", default=None, help="comma-separated phases (e.g. grammars,grammar_storm,lora,"
+                                                    "feedback); default: all")
     parser.add_argument("--skip-broken-folders", action="store_true")
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "hostile_probe.json")
     args = parser.parse_args()
@@ -237,27 +247,39 @@ def main() -> int:
                 still_serving(http, tally, "warm-up")
             rss_start = rss_mb(server.process.pid)
             phases = [("requests", lambda: phase_requests(http, args.rounds, tally)),
+                      ("grammars", lambda: new_phases.phase_grammars(server, http, tally)),
+                      ("grammar_storm", lambda: new_phases.phase_grammar_storm(server, http, args.grammar_storm, tally)),
                       ("stops", lambda: phase_stops(http, tally)),
                       ("templates", lambda: phase_templates(server.url, tally)),
                       ("uploads", lambda: phase_uploads(port, args.uploads, tally)),
                       ("storms", lambda: phase_storms(server, args.storms, args.storm_streams, tally))]
+            only = set(args.only.split(",")) if args.only else None
             rss = {"start": round(rss_start, 1)}
             for name, run in phases:
+                if only is not None and name not in only:
+                    continue
                 print(f"[{time.monotonic() - started:6.1f}s] {name} ...", flush=True)
                 report.update(run())
                 rss[f"after_{name}"] = round(rss_mb(server.process.pid), 1)
                 still_serving(http, tally, name)
             report["rss_mib"] = rss
             report["rss_growth_mib"] = round(max(rss.values()) - rss_start, 1)
-        print(f"[{time.monotonic() - started:6.1f}s] sigterm ...", flush=True)
-        draining = Tally()  # its 503s are the point: counted apart from the 5xx that must not happen
-        report.update(phase_sigterm(server, draining))
-        tally.unexpected += draining.unexpected
+        if only is None or "sigterm" in only:
+            print(f"[{time.monotonic() - started:6.1f}s] sigterm ...", flush=True)
+            draining = Tally()  # its 503s are the point: counted apart from the 5xx that must not happen
+            report.update(phase_sigterm(server, draining))
+            tally.unexpected += draining.unexpected
         log = server.log()
     report["server_log_tracebacks"] = log.count("Traceback (most recent call last)")
-    print(f"[{time.monotonic() - started:6.1f}s] fatal forward ...", flush=True)
-    report.update(phase_fatal(tmp))
-    if not args.skip_broken_folders:
+    for name, run in (("lora", lambda: new_phases.phase_lora(tmp / "lora", tally)),
+                      ("feedback", lambda: new_phases.phase_feedback(tmp / "feedback", tally))):
+        if only is None or name in only:
+            print(f"[{time.monotonic() - started:6.1f}s] {name} ...", flush=True)
+            report.update(run())
+    if only is None or "fatal" in only:
+        print(f"[{time.monotonic() - started:6.1f}s] fatal forward ...", flush=True)
+        report.update(phase_fatal(tmp))
+    if not args.skip_broken_folders and (only is None or "broken" in only):
         print(f"[{time.monotonic() - started:6.1f}s] broken folders ...", flush=True)
         report.update(phase_broken_folders(tmp / "broken"))
     report.update({"responses_5xx": tally.server_errors, "statuses": dict(sorted(tally.statuses.items())),
@@ -269,32 +291,51 @@ def main() -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")
     print(f"wrote {args.out}")
-    expected_fatal = report.get("fatal_forward_exit_status") == 1
-    clean = (not tally.unexpected and report["sigterm_exit_status"] == 0 and expected_fatal
-             and not any(report["kv_blocks_in_use_after_each"]) and report["rss_growth_mib"] < 300
+    expected_fatal = report.get("fatal_forward_exit_status", 1) == 1
+    clean = (not tally.unexpected and report.get("sigterm_exit_status", 0) == 0 and expected_fatal
+             and not any(report.get("kv_blocks_in_use_after_each", [])) and report["rss_growth_mib"] < 300
              and not report.get("broken_folders_failed"))
     return 0 if clean else 1
 
 
 def _print_table(report: dict[str, Any]) -> None:
     rows = [
-        ("hostile requests", f"{report['hostile_requests']} ({report['cases']} cases)"),
+        ("hostile requests", f"{report.get('hostile_requests', '-')} ({report.get('cases', '-')} cases)"),
         ("responses 5xx (all but the drain's 503s)", report["responses_5xx"]),
         ("unexpected statuses", len(report["unexpected"])),
-        ("stalled uploads", f"{report['stalled_uploads']}: {report['upload_statuses']}"),
-        ("completion beside 6 spinning templates", f"{report['completion_latency_beside_them_s']} s"),
-        ("KV blocks in use after each storm", report["kv_blocks_in_use_after_each"]),
+        ("stalled uploads", f"{report.get('stalled_uploads', '-')}: {report.get('upload_statuses', '-')}"),
+        ("completion beside 6 spinning templates", f"{report.get('completion_latency_beside_them_s', '-')} s"),
+        ("KV blocks in use after each storm", report.get("kv_blocks_in_use_after_each", "-")),
         ("RSS start / growth (MiB)", f"{report['rss_mib']['start']} / {report['rss_growth_mib']}"),
-        ("SIGTERM: new requests while draining", report["sigterm_new_requests"]),
-        ("SIGTERM: exit status, seconds", f"{report['sigterm_exit_status']}, {report['sigterm_exit_s']}"),
-        ("failed forward: exit status", report["fatal_forward_exit_status"]),
+        ("SIGTERM: new requests while draining", report.get("sigterm_new_requests", "-")),
+        ("SIGTERM: exit status, seconds", f"{report.get('sigterm_exit_status', '-')}, {report.get('sigterm_exit_s', '-')}"),
+        ("failed forward: exit status", report.get("fatal_forward_exit_status", "-")),
         ("broken folders with one error line", f"{report.get('broken_folders_one_error_line', '-')} / "
                                                f"{report.get('broken_folders', '-')}"),
         ("tracebacks in the server log", report["server_log_tracebacks"]),
     ]
+    if "grammar_rss_mib" in report:
+        g = report["grammar_rss_mib"]
+        rows += [("grammar cases again (remembered), s", report["grammar_cases_again_s"]),
+                 ("RSS server/workers before -> after grammars", f"{g['before']} -> {g['after']}")]
+    if "storm_statuses" in report:
+        rows += [(f"grammar storm ({report['storm_grammars']}): statuses, last 400, CPU s",
+                  f"{report['storm_statuses']}, {report['storm_last_400_s']} s, {report['storm_cpu_seconds']}"),
+                 ("normal requests idle (s)", report["normal_idle_s"]),
+                 ("normal requests during the storm (s)", report["normal_during_storm_s"]),
+                 ("RSS server/workers before -> after storm", f"{report['storm_rss_mib']['before']} -> "
+                                                              f"{report['storm_rss_mib']['after']}")]
+    if "feedback_statuses" in report:
+        rows.append(("feedback on alice's completion as", report["feedback_statuses"]))
     width = max(len(r[0]) for r in rows)
     for label, value in rows:
         print(f"{label:<{width}}  {value}")
+    for table in ("grammar_cases", "lora_cases"):
+        if table in report:
+            print(f"\n{'case':<42} {'status':>6} {'s':>7} {'CPU s':>6}  message")
+            for r in report[table]:
+                print(f"{r['case']:<42} {r['status']:>6} {r['seconds']:>7} {r.get('cpu_seconds', ''):>6}  "
+                      f"{r['message'][:70]}")
     for line in report["unexpected"][:20]:
         print("  unexpected:", line)
 

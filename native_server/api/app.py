@@ -6,6 +6,7 @@
     POST /v1/feedback           a rating / correction of a logged completion feedback.py
                                 (with --witness-log; the log: witness.py)
     GET  /v1/learning           the learning loops' state (with --learning)   learner.py
+    DELETE /v1/feedback/{id}    forget a feedback: its pattern, its adapter; the log marks it deleted
     POST /v1/learning/consolidate   start a consolidation now (202)
     POST /v1/learning/rollback  {"version": N}: serve consolidated sona-vN again (0: none)
     GET  /v1/models             the served model and its LoRA adapters (`parent`)
@@ -45,7 +46,7 @@ from native_server.learning.learner import learning_metrics
 from native_server.engine.lora import confined_path
 from native_server.engine.outputs import EngineError
 from native_server.api.middleware import AllowedHosts, APIKey, IsolationHeaders
-from native_server.api.request_body import DEFAULT_BODY_TIMEOUT, DEFAULT_MAX_BODY_BYTES, RequestBody
+from native_server.api.request_body import DEFAULT_BODY_TIMEOUT, DEFAULT_MAX_BODY_BYTES, OffLoopJSONRoute, RequestBody
 from native_server.api.protocol import (ChatCompletionRequest, ChatCompletionResponse, CompletionRequest,
                                     CompletionResponse, ErrorResponse, Int, LoadLoraAdapterRequest, ModelCard,
                                     ModelList, UnloadLoraAdapterRequest)
@@ -125,6 +126,7 @@ def create_app(ctx: ServerContext, *, api_key: str | None = None, max_body_bytes
             await ctx.drain(shutdown_timeout)
         finally:
             await ctx.templates.close()
+            await ctx.grammars.close()
             if ctx.learner is not None:
                 ctx.learner.close()
             if ctx.witness is not None:
@@ -132,6 +134,7 @@ def create_app(ctx: ServerContext, *, api_key: str | None = None, max_body_bytes
 
     app = FastAPI(title="ruvllm", summary="OpenAI-compatible server of the ruvllm engine", lifespan=lifespan)
     app.state.ctx = ctx
+    app.router.route_class = OffLoopJSONRoute  # large bodies parsed in a thread, not on the event loop
     install_error_handlers(app)
     app.add_exception_handler(ClientDisconnected, _on_client_gone)
     _add_routes(app, ctx)
@@ -156,7 +159,7 @@ def _add_lora_routes(app: FastAPI, ctx: ServerContext) -> None:
             raise APIError(400, f"lora_name {body.lora_name!r} is the served model's name", "lora_name")
         try:  # reading the files happens here, off the engine's thread; placing them, on it
             path = confined_path(ctx.lora_dir, body.lora_path)
-            adapter = await asyncio.to_thread(load_lora, path, ctx.max_lora_rank)
+            adapter = await asyncio.to_thread(load_lora, path, ctx.max_lora_rank, ctx.lora_dir)
             await ctx.engine.load_lora(body.lora_name, adapter)
         except AdapterError as exc:
             raise APIError(400, str(exc).replace(str(ctx.lora_dir.resolve()), "<lora-dir>"), "lora_path") from None
@@ -226,6 +229,20 @@ def _add_routes(app: FastAPI, ctx: ServerContext) -> None:
             raise APIError(404, "this server keeps no witness log, so it takes no feedback (start it with "
                                 "--witness-log DIR)", "id", "not_found")
         return ctx.feedback.accept(body)
+
+    @app.delete("/v1/feedback/{feedback_id}", tags=["learning"],
+                responses={400: {"model": ErrorResponse}, 404: {"model": ErrorResponse}})
+    async def feedback_delete(feedback_id: str) -> Response:
+        """Forget a feedback: its pattern leaves the bank (no request finds it again), its adapter the
+        engine, and the log marks it deleted (no later consolidation trains on it)."""
+        if ctx.feedback is None:
+            raise APIError(404, "this server keeps no witness log, so it holds no feedback", "id", "not_found")
+        feedback_id = feedback_id[:1024]
+        learned = False
+        if ctx.learner is not None and 0 < len(feedback_id) <= 128:
+            learned = await asyncio.to_thread(ctx.learner.forget, feedback_id)
+        ctx.feedback.forget(feedback_id, learned)
+        return JSONResponse({"id": feedback_id, "object": "feedback.deleted", "deleted": True})
 
     @app.get("/v1/learning", tags=["learning"], responses={404: {"model": ErrorResponse}})
     async def learning() -> Response:

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from native_server.api.errors import APIError
+from native_server.api.grammars import GrammarCompiler
 from native_server.api.logprobs import TokenTexts
 from native_server.api.metrics import ServerMetrics
 from native_server.engine.outputs import (AdapterNotFoundError, EngineError, EngineShutdownError, PromptTooLongError, QueueFullError,
@@ -36,6 +37,7 @@ class ServerContext:
     created: int = field(default_factory=lambda: int(time.time()))
     draining: bool = False  # set on SIGTERM: new requests get a 503 while running ones finish
     templates: TemplateRenderer = field(default_factory=TemplateRenderer)  # renders in killable workers
+    grammars: GrammarCompiler = field(default_factory=GrammarCompiler)  # compiles in killable workers, fairly
     allow_client_chat_template: bool = False  # run templates sent in requests (a documented risk)
     witness: Any = None  # native_server.learning.witness.WitnessLog with --witness-log
     feedback: Any = None  # native_server.learning.feedback.FeedbackDesk, with the witness log

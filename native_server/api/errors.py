@@ -6,6 +6,7 @@ handler invents its own status:
 
     400 invalid_request_error   bad JSON, wrong types, bad values, prompt too long
     401 authentication_error    missing or wrong API key
+    403 permission_error        feedback on another session's completion
     404 not_found_error         unknown model or path
     413 invalid_request_error   body over the size limit
     503 service_unavailable     waiting queue full, or the server is shutting down
@@ -24,7 +25,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 logger = logging.getLogger("ruvllm.server")
 
-_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
+_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error", 404: "not_found_error",
           405: "invalid_request_error", 413: "invalid_request_error", 422: "invalid_request_error",
           503: "service_unavailable", 500: "internal_server_error"}
 

@@ -1,28 +1,22 @@
-"""Structured outputs and tool calls on the server: plan the tools, compile off the engine thread.
+"""Structured outputs and tool calls on the server: plan the tools, compile the grammar off the server.
 
 `tool_plan` / `with_tools` apply py_engine.guided.tools' rules (vLLM's: `required` and a named
 function constrain the output to the calls' JSON; `auto` parses the template family's syntax)
-and turn a bad tool into a 400. `prepare` compiles whatever grammar the request carries in a
-worker thread, bounded in states and seconds and at most COMPILE_CONCURRENCY at a time, then
-precomputes the token masks of the states nearest the start for up to PRECOMPUTE_SECONDS: the
-engine thread then mostly looks masks up (a state past those walks the vocabulary once, in a
-few milliseconds). A bad or unsupported schema, regex or tool is a 400 naming the field.
+and turn a bad tool into a 400. `prepare` has the context's GrammarCompiler (grammars.py) compile
+whatever grammar the request carries: cached grammars at once, new ones in worker processes,
+bounded in tree nodes, states and seconds, a few at a time and fairly between clients (the
+request's `user`, else its address). A bad, unsupported or too large schema, regex or tool is a
+400 naming the field the client sent; a client with too many grammars waiting gets a 429.
 """
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 from native_server.api.errors import APIError
-from py_engine.guided import Budget, GuidedError, token_grammar
+from native_server.api.grammars import GrammarQueueFull
+from py_engine.guided import GuidedError
 from py_engine.guided.tools import ToolPlan, apply_plan, plan_tools
 from py_engine.sampling_params import SamplingParams
-
-COMPILE_SECONDS = 10.0
-COMPILE_STATES = 50_000
-PRECOMPUTE_SECONDS = 2.0
-COMPILE_CONCURRENCY = 2
-_compiling: asyncio.Semaphore | None = None
 
 
 def tool_plan(request: Any, chat_config: Any) -> ToolPlan:
@@ -41,23 +35,26 @@ def with_tools(params: SamplingParams, plan: ToolPlan) -> SamplingParams:
         raise APIError(400, str(exc), exc.param) from None
 
 
-async def prepare(params: SamplingParams, tokenizer: Any, eos_token_ids: Any) -> None:
-    """Compile the request's grammar (if any) in a worker thread; a 400 when it cannot be."""
-    if params.structured_outputs is None:
+def client_of(request: Any, raw: Any) -> str:
+    """Who a request comes from, for the compile queue's fairness: its `user`, else its peer address."""
+    user = getattr(request, "user", None)
+    if user:
+        return f"user:{user[:256]}"
+    peer = getattr(raw, "client", None)
+    return f"peer:{peer.host if peer is not None else '?'}"
+
+
+async def prepare(ctx: Any, params: SamplingParams, client: str) -> None:
+    """Compile the request's grammar (if any) for the engine; a 400 (429) when it cannot be (yet)."""
+    spec = params.structured_outputs
+    if spec is None:
         return
-    global _compiling
-    if _compiling is None:
-        _compiling = asyncio.Semaphore(COMPILE_CONCURRENCY)
-    async with _compiling:
-        try:
-            await asyncio.to_thread(_compile, params, tokenizer, tuple(eos_token_ids))
-        except GuidedError as exc:
-            param = params.structured_outputs.origin or exc.param or "structured_outputs"
-            raise APIError(400, str(exc), param.split(".")[0]) from None
-
-
-def _compile(params: SamplingParams, tokenizer: Any, eos_token_ids: tuple[int, ...]) -> None:
-    # The same EOS ids the engine's guide_for will ask for, so it finds this on params.structured_outputs.
-    grammar = token_grammar(params.structured_outputs, tokenizer, () if params.ignore_eos else eos_token_ids,
-                            Budget(max_states=COMPILE_STATES, seconds=COMPILE_SECONDS))
-    grammar.precompute(PRECOMPUTE_SECONDS)
+    # The same EOS ids the engine's guide_for will ask for, so it finds the grammar on spec.compiled.
+    eos = () if params.ignore_eos else tuple(getattr(ctx.engine, "eos_token_ids", ()))
+    try:
+        await ctx.grammars.compile(spec, ctx.tokenizer, eos, client)
+    except GrammarQueueFull as exc:
+        raise APIError(429, str(exc), code="rate_limited") from None
+    except GuidedError as exc:
+        param = spec.origin or exc.param or "structured_outputs"
+        raise APIError(400, str(exc), param.split(".")[0]) from None

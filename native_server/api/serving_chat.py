@@ -20,14 +20,16 @@ from starlette.responses import JSONResponse, Response
 from native_server.api.context import ServerContext
 from native_server.api.errors import APIError
 from native_server.api.generation import Delta, Generation, Job
-from native_server.api.guided import prepare, tool_plan, with_tools
+from native_server.api.guided import client_of, prepare, tool_plan, with_tools
 from native_server.api.logprobs import chat_logprobs
 from native_server.api.prompts import chat_render_args, check_choices, fit_to_context, sampling_params
 from native_server.api.protocol import (ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionRequest,
                                     ChatCompletionResponse, ChatDelta, ChatResponseMessage, DeltaToolCall, DeltaToolCallPiece, Usage)
 from native_server.api.serving import event_stream, run_to_end, usage_of
 from native_server.api.streaming import event
-from native_server.learning.witness_record import route, start_trace
+from native_server.api.context import LEARNED_PREFIX
+from native_server.learning.gated import chat_question, gated_route, log_adapter
+from native_server.learning.witness_record import session_of, start_trace
 from py_engine.chat import ChatTemplateError
 from py_engine.generate import start_ids
 from py_engine.guided.tools import ChoiceReader, ToolPlan, split_events
@@ -43,11 +45,12 @@ class ChatRun:
     model: str
 
 
-async def start_chat(ctx: ServerContext, request: ChatCompletionRequest, endpoint: str = "chat.completions",
-                     id_prefix: str = "chatcmpl-") -> ChatRun:
+async def start_chat(ctx: ServerContext, request: ChatCompletionRequest, raw: Request | None = None,
+                     endpoint: str = "chat.completions", id_prefix: str = "chatcmpl-") -> ChatRun:
     """Render the conversation, check the request and start it on the engine (not yet read).
     /v1/responses and /v1/messages convert their requests to this one, so the same conversation
-    gives the same tokens on every endpoint."""
+    gives the same tokens on every endpoint. `raw` (the HTTP request) names the client whose
+    grammar compiles queue together when the request has no `user`."""
     ctx.check_accepting()
     adapter = ctx.adapter_for(request.model)
     chat_config = ctx.check_chat()
@@ -56,13 +59,19 @@ async def start_chat(ctx: ServerContext, request: ChatCompletionRequest, endpoin
     plan = tool_plan(request, chat_config)
     params = with_tools(params, plan)
     messages, options = chat_render_args(request, chat_config, ctx.allow_client_chat_template)
+    learned, context = (None, []) if adapter else await gated_route(ctx, session_of(request),
+                                                                     chat_question(request.messages))
+    if context:  # the nearest pattern as a previous exchange, before the last user message
+        from py_engine.learning.recall import with_context
+
+        messages = with_context(messages, context)
     try:  # in a worker process, bounded in time and size (templates.py)
         text = await ctx.templates.render(messages, chat_config, **options)
     except ChatTemplateError as exc:
         raise APIError(400, f"messages: the chat template could not render them: {exc}", "messages") from None
     # A long conversation takes a while to tokenize in pure Python: keep it off the event loop.
     prompt_ids = await asyncio.to_thread(start_ids, ctx.tokenizer, text, add_special_tokens=False)
-    await prepare(params, ctx.tokenizer, getattr(ctx.engine, "eos_token_ids", ()))  # a grammar: in a worker
+    await prepare(ctx, params, client_of(request, raw))  # a grammar: cached, or in a worker process
     explicit = request.max_tokens is not None or request.max_completion_tokens is not None
     params = fit_to_context(params, len(prompt_ids), ctx.max_model_len, explicit_max_tokens=explicit,
                             prompt_param="messages")
@@ -70,13 +79,14 @@ async def start_chat(ctx: ServerContext, request: ChatCompletionRequest, endpoin
     trace = start_trace(ctx, request_id, endpoint, request, [
         {"messages": [m.model_dump(exclude_none=True) for m in request.messages], "text": text,
          "token_ids": prompt_ids}], params)
-    job = Job(request_id, prompt_ids, params, 0, adapter or route(ctx, request))
+    log_adapter(ctx, trace, learned)
+    job = Job(request_id, prompt_ids, params, 0, adapter or learned)
     generation = Generation(ctx.engine, [job], ctx.metrics, trace=trace)
     return ChatRun(generation, plan, request_id, adapter or ctx.model_name)
 
 
 async def create_chat_completion(ctx: ServerContext, request: ChatCompletionRequest, raw: Request) -> Response:
-    run = await start_chat(ctx, request)
+    run = await start_chat(ctx, request, raw)
     generation, plan, request_id, params = run.generation, run.plan, run.request_id, run.generation.jobs[0].params
     want_logprobs = params.logprobs is not None
     if request.stream:
@@ -99,7 +109,8 @@ async def create_chat_completion(ctx: ServerContext, request: ChatCompletionRequ
 async def _stream(ctx: ServerContext, generation: Generation, raw: Request, request_id: str,
                   want_logprobs: bool, include_usage: bool, plan: ToolPlan) -> Response:
     created = int(time.time())
-    model = generation.jobs[0].lora or ctx.model_name
+    lora = generation.jobs[0].lora
+    model = lora if lora and not lora.startswith(LEARNED_PREFIX) else ctx.model_name  # a learned one is no model
     readers = [ChoiceReader(plan) for _ in range(generation.num_choices)] if plan.active else None
 
     def chunk(choices: list[ChatChunkChoice], usage: Usage | None = None) -> str:

@@ -19,14 +19,16 @@ from starlette.responses import JSONResponse, Response
 from native_server.api.context import ServerContext
 from native_server.api.errors import APIError
 from native_server.api.generation import Delta, Generation, Job
-from native_server.api.guided import prepare
+from native_server.api.guided import client_of, prepare
 from native_server.api.logprobs import completion_logprobs
 from native_server.api.prompts import (check_best_of, check_choices, completion_prompts, fit_to_context,
                                    sampling_params)
 from native_server.api.protocol import CompletionChoice, CompletionRequest, CompletionResponse, Usage
 from native_server.api.serving import event_stream, run_to_end, usage_of
 from native_server.api.streaming import event
-from native_server.learning.witness_record import route, start_trace
+from native_server.api.context import LEARNED_PREFIX
+from native_server.learning.gated import completion_question, gated_route, log_adapter
+from native_server.learning.witness_record import session_of, start_trace
 
 
 DEFAULT_MAX_TOKENS = 16  # OpenAI's (and vLLM's) default for legacy completions, `null` included
@@ -42,7 +44,7 @@ def _jobs(ctx: ServerContext, request: CompletionRequest, prompts: list[list[int
     explicit = "max_tokens" in request.model_fields_set and request.max_tokens is not None
     if not explicit:  # omitted or null: OpenAI's default of 16 (then clamped to the room left)
         params = dataclasses.replace(params, max_tokens=DEFAULT_MAX_TOKENS)
-    jobs, adapter = [], adapter or route(ctx, request)
+    jobs = []
     for p, ids in enumerate(prompts):
         fitted = fit_to_context(params, len(ids), ctx.max_model_len, explicit_max_tokens=explicit,
                                 prompt_param="prompt")
@@ -55,13 +57,16 @@ async def create_completion(ctx: ServerContext, request: CompletionRequest, raw:
     adapter = ctx.adapter_for(request.model)
     prompts = await asyncio.to_thread(completion_prompts, request, ctx.tokenizer, ctx.vocab_size)
     request_id = f"cmpl-{uuid.uuid4().hex}"
-    jobs = _jobs(ctx, request, prompts, request_id, adapter)
-    await prepare(jobs[0].params, ctx.tokenizer, getattr(ctx.engine, "eos_token_ids", ()))  # a grammar: in a worker
+    learned = None if adapter else (await gated_route(ctx, session_of(request),
+                                                      completion_question(ctx, request.prompt)))[0]
+    jobs = _jobs(ctx, request, prompts, request_id, adapter or learned)
+    await prepare(ctx, jobs[0].params, client_of(request, raw))  # a grammar: cached, or in a worker process
     n = jobs[0].params.n
     texts = [_prompt_text(ctx, request, p, ids) for p, ids in enumerate(prompts)] if ctx.witness or request.echo \
         else [""] * len(prompts)
     trace = start_trace(ctx, request_id, "completions", request,
                         [{"text": t, "token_ids": ids} for t, ids in zip(texts, prompts)], jobs[0].params)
+    log_adapter(ctx, trace, learned)
     generation = Generation(ctx.engine, jobs, ctx.metrics, trace=trace)
     echoes = [t if request.echo else "" for t in texts]
     echo_of = [echoes[c // n] for c in range(generation.num_choices)]  # the prompt text of each choice
@@ -90,7 +95,8 @@ def _prompt_text(ctx: ServerContext, request: CompletionRequest, index: int, ids
 async def _stream(ctx: ServerContext, generation: Generation, raw: Request, request_id: str, echo_of: list[str],
                   want_logprobs: bool, include_usage: bool) -> Response:
     created = int(time.time())
-    model = generation.jobs[0].lora or ctx.model_name
+    lora = generation.jobs[0].lora
+    model = lora if lora and not lora.startswith(LEARNED_PREFIX) else ctx.model_name  # a learned one is no model
     offsets = [0] * generation.num_choices  # text offset of each choice's next token, for legacy logprobs
 
     def chunk(choices: list[CompletionChoice], usage: Usage | None = None) -> str:

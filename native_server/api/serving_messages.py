@@ -39,7 +39,7 @@ from py_engine.guided.tools import ChoiceReader, split_events
 
 
 async def create_message(ctx: ServerContext, body: MessagesRequest, raw: Request) -> Response:
-    run = await start_chat(ctx, chat_request(body), endpoint="messages", id_prefix="msg_")
+    run = await start_chat(ctx, chat_request(body), raw, endpoint="messages", id_prefix="msg_")
     stops = tuple(body.stop_sequences or ())
     if body.stream:
         return await _stream(ctx, run, raw, stops)

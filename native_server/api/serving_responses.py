@@ -58,7 +58,7 @@ def _history(ctx: ServerContext, previous: str | None) -> list[dict[str, Any]]:
 async def create_response(ctx: ServerContext, body: ResponsesRequest, raw: Request) -> Response:
     check_request(body)
     request, conversation = chat_request(body, _history(ctx, body.previous_response_id))
-    run = await start_chat(ctx, request, endpoint="responses", id_prefix="resp_")
+    run = await start_chat(ctx, request, raw, endpoint="responses", id_prefix="resp_")
     if body.stream:
         return await _stream(ctx, body, run, raw, conversation)
     (result,) = await run_to_end(raw, run.generation)

@@ -7,25 +7,19 @@ So renders run in `python -m native_server.api.templates` workers (stdlib +
 jinja2 only, no torch), each with an address-space limit, a few at a time;
 a render past its deadline has its worker killed and replaced, and the
 request gets a 400. The event loop only awaits pipes: no thread of the
-default pool is ever held by a template.
-
-Protocol on the worker's stdin/stdout: the worker writes one byte, READY,
-once it has imported what it needs (its start-up never counts against a
-render's deadline); then an 8-byte big-endian length and that many bytes of
-JSON; one request, one reply, in order.
+default pool is ever held by a template. The process and its framing are
+workers.py's; each request and reply is one JSON message.
 """
 from __future__ import annotations
 
 import asyncio
 import json
 import logging
-import os
-import struct
 import sys
 from dataclasses import asdict
-from pathlib import Path
 from typing import Any
 
+from native_server.api.workers import WorkerProcess, limit_memory, serve
 from py_engine.chat import ChatConfig, ChatTemplateError, RenderLimits, render_chat
 
 logger = logging.getLogger("ruvllm.server")
@@ -33,48 +27,6 @@ logger = logging.getLogger("ruvllm.server")
 DEFAULT_TIMEOUT = 10.0
 DEFAULT_WORKERS = 2
 WORKER_MEMORY_BYTES = 512 << 20  # address space of a worker (~30 MiB idle): a template gets no more
-_HEADER = struct.Struct(">Q")
-READY = b"R"
-START_TIMEOUT = 60.0  # a worker's interpreter and jinja2 import; a loaded machine takes seconds
-_ROOT = Path(__file__).resolve().parent.parent  # where native_server and py_engine are importable from
-
-
-class _Worker:
-    """One worker process and its pipes."""
-
-    def __init__(self, process: asyncio.subprocess.Process) -> None:
-        self.process = process
-
-    @classmethod
-    async def start(cls) -> _Worker:
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (str(_ROOT), os.environ.get("PYTHONPATH"))))}
-        process = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "native_server.api.templates", stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE, env=env)
-        worker = cls(process)
-        try:
-            assert process.stdout is not None
-            if await asyncio.wait_for(process.stdout.readexactly(len(READY)), START_TIMEOUT) != READY:
-                raise EOFError("the template worker did not start")
-        except asyncio.TimeoutError:
-            worker.kill()
-            raise EOFError(f"the template worker did not start within {START_TIMEOUT:g} s") from None
-        except BaseException:
-            worker.kill()
-            raise
-        return worker
-
-    async def call(self, request: dict[str, Any]) -> dict[str, Any]:
-        assert self.process.stdin is not None and self.process.stdout is not None
-        data = json.dumps(request, ensure_ascii=False).encode("utf-8", "surrogatepass")
-        self.process.stdin.write(_HEADER.pack(len(data)) + data)
-        await self.process.stdin.drain()
-        (size,) = _HEADER.unpack(await self.process.stdout.readexactly(_HEADER.size))
-        return json.loads(await self.process.stdout.readexactly(size))
-
-    def kill(self) -> None:
-        if self.process.returncode is None:
-            self.process.kill()
 
 
 class TemplateRenderer:
@@ -84,8 +36,8 @@ class TemplateRenderer:
     def __init__(self, timeout: float = DEFAULT_TIMEOUT, max_chars: int = RenderLimits().max_chars,
                  workers: int = DEFAULT_WORKERS) -> None:
         self.timeout, self.max_chars, self.size = timeout, max_chars, workers
-        self._idle: asyncio.Queue[_Worker | None] | None = None
-        self._all: set[_Worker] = set()
+        self._idle: asyncio.Queue[WorkerProcess | None] | None = None
+        self._all: set[WorkerProcess] = set()
 
     async def render(self, messages: list[dict[str, Any]], config: ChatConfig, **options: Any) -> str:
         """render_chat(messages, config, **options) in a worker; ChatTemplateError when it fails or overruns."""
@@ -104,10 +56,11 @@ class TemplateRenderer:
         try:
             if worker is None:  # a new worker's start-up is not the template's time
                 started = loop.time()
-                worker = await _Worker.start()
+                worker = await WorkerProcess.start("native_server.api.templates")
                 self._all.add(worker)
                 deadline += loop.time() - started
-            reply = await asyncio.wait_for(worker.call(request), max(deadline - loop.time(), 0.01))
+            data = json.dumps(request, ensure_ascii=False).encode("utf-8", "surrogatepass")
+            reply = json.loads(await asyncio.wait_for(worker.call(data), max(deadline - loop.time(), 0.01)))
         except asyncio.TimeoutError:
             worker = self._discard(worker)
             raise ChatTemplateError(f"the chat template took longer than {self.timeout:g} s to render") from None
@@ -124,7 +77,7 @@ class TemplateRenderer:
             raise ChatTemplateError(reply["error"])
         return reply["text"]
 
-    def _discard(self, worker: _Worker | None) -> None:  # noqa: returns the slot's new (empty) worker
+    def _discard(self, worker: WorkerProcess | None) -> None:  # noqa: returns the slot's new (empty) worker
         if worker is not None:
             worker.kill()
             self._all.discard(worker)
@@ -136,22 +89,12 @@ class TemplateRenderer:
         for worker in workers:
             worker.kill()
         for worker in workers:
-            await worker.process.wait()
+            await worker.reap()
 
 
 # --- the worker process ---------------------------------------------------------------------------------
-def _serve(stdin: Any, stdout: Any) -> None:
-    stdout.write(READY)
-    stdout.flush()
-    while True:
-        header = stdin.read(_HEADER.size)
-        if len(header) < _HEADER.size:
-            return  # the server closed the pipe (or died): nothing left to do
-        (size,) = _HEADER.unpack(header)
-        reply = _handle(stdin.read(size))
-        data = json.dumps(reply, ensure_ascii=False).encode("utf-8", "surrogatepass")
-        stdout.write(_HEADER.pack(len(data)) + data)
-        stdout.flush()
+def _reply(data: bytes) -> bytes:
+    return json.dumps(_handle(data), ensure_ascii=False).encode("utf-8", "surrogatepass")
 
 
 def _handle(data: bytes) -> dict[str, Any]:
@@ -170,17 +113,6 @@ def _handle(data: bytes) -> dict[str, Any]:
         return {"error": "the chat template recursed too deeply"}
 
 
-def _limit_memory() -> None:
-    try:
-        import resource
-    except ImportError:  # not on POSIX: the deadline still holds
-        return
-    try:
-        resource.setrlimit(resource.RLIMIT_AS, (WORKER_MEMORY_BYTES, WORKER_MEMORY_BYTES))
-    except (ValueError, OSError):  # e.g. a lower hard limit already
-        pass
-
-
 if __name__ == "__main__":
-    _limit_memory()
-    _serve(sys.stdin.buffer, sys.stdout.buffer)
+    limit_memory(WORKER_MEMORY_BYTES)
+    serve(_reply, sys.stdin.buffer, sys.stdout.buffer)

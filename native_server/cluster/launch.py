@@ -16,6 +16,7 @@ import argparse
 import logging
 import os
 import signal
+import sys
 import threading
 
 from native_server.cluster import require_ray
@@ -28,19 +29,24 @@ CLUSTER_FLAGS = {"--replicas", "--ray-address", "--cpus-per-replica", "--gpus-pe
 
 
 def loopback_ray_env() -> dict[str, str]:
-    """Environment for a Ray that stays on 127.0.0.1 and reports nothing."""
+    """Environment for a Ray that stays on 127.0.0.1, reports nothing, and tolerates a loaded machine."""
+    # Serve's proxy must answer its readiness check in 5 s (3 misses and it is killed, and serve.start fails):
+    # on a busy small machine (the tests' 2 shared cores) a minute is allowed
     return {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0",
-            "RAY_DISABLE_IMPORT_WARNING": "1"}
+            "RAY_DISABLE_IMPORT_WARNING": "1", "RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": "60",
+            "RAY_SERVE_PROXY_HEALTH_CHECK_TIMEOUT_S": "60"}
 
 
-def start_local_ray(num_cpus: int | None = None, num_gpus: int | None = None) -> None:
+def start_local_ray(num_cpus: int | None = None, num_gpus: int | None = None) -> str:
+    """Start Ray here on loopback; returns its GCS address (ray.init(address=...) joins it)."""
     os.environ.update(loopback_ray_env())  # before ray starts its processes: they inherit it
     import ray
     from ray._private import ray_constants
 
     ray_constants.ENABLE_RAY_CLUSTER = False  # read when ray was imported, if it was before this
-    ray.init(_node_ip_address="127.0.0.1", include_dashboard=False, num_cpus=num_cpus, num_gpus=num_gpus,
-             log_to_driver=True, configure_logging=False)
+    context = ray.init(_node_ip_address="127.0.0.1", include_dashboard=False, num_cpus=num_cpus,
+                       num_gpus=num_gpus, log_to_driver=True, configure_logging=False)
+    return context.address_info["gcs_address"]
 
 
 def replica_argv(argv: list[str]) -> list[str]:
@@ -68,7 +74,8 @@ def serve_replicas(args: argparse.Namespace) -> int:
 
     local = args.ray_address is None
     if local:
-        start_local_ray(int(os.environ["RAY_NUM_CPUS"]) if os.environ.get("RAY_NUM_CPUS") else None)
+        address = start_local_ray(int(os.environ["RAY_NUM_CPUS"]) if os.environ.get("RAY_NUM_CPUS") else None)
+        print(f"ray cluster: {address} (ray status --address {address})", file=sys.stderr, flush=True)
     else:
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
         ray.init(address=args.ray_address)

@@ -1,13 +1,20 @@
 """POST /v1/feedback: a rating (and maybe a better answer) for a logged completion.
 
-    {"id": "chatcmpl-...", "rating": 1 | -1, "correction": "preferred assistant text", "choice": 0}
+    {"id": "chatcmpl-...", "rating": 1 | -1, "correction": "preferred assistant text", "choice": 0,
+     "user": "the completion's user"}
 
 The id must name a completion in the witness log (404 otherwise); the
 feedback is joined to it (its prompt, its output, its session: the request's
 OpenAI `user` field), written to the log's feedback stream, and handed to the
-learner when the server learns (`--learning`). Refusals, each OpenAI-shaped:
+learner when the server learns (`--learning`). The rater's `user` must be the
+completion's (both absent for a completion made without one): feedback trains
+that session's adapter, so one session must not steer another's with an id it
+saw. `user` is what the client says, not a credential (the API key is the
+server's only one): the check keeps sessions apart, it does not authenticate
+them. Refusals, each OpenAI-shaped:
 
     400  a bad shape: unknown fields, wrong types, rating not 1 or -1, empty correction, bad choice
+    403  `user` is not the completion's
     404  the id is unknown (never logged, or rotated out of the log)
     409  the completion was rated already (one feedback per choice: training twice on one is a flood)
     413  the correction is longer than `max_correction_chars`
@@ -28,6 +35,7 @@ from pydantic import BaseModel, ConfigDict
 
 from native_server.api.errors import APIError
 from native_server.api.protocol import Int, Str
+from native_server.learning.witness_record import MAX_SESSION_CHARS
 
 MAX_ID_CHARS = 128
 DEFAULT_MAX_CORRECTION_CHARS = 8192
@@ -41,6 +49,7 @@ class FeedbackRequest(BaseModel):
     rating: Int
     correction: Optional[Str] = None
     choice: Int = 0
+    user: Optional[Str] = None  # must be the completion's `user` (its session)
 
 
 class FeedbackResponse(BaseModel):
@@ -90,6 +99,7 @@ class FeedbackDesk:
         self.server_bucket = TokenBucket(self.limits.rate, self.limits.burst)
         self.session_buckets: OrderedDict[str, TokenBucket] = OrderedDict()
         self.rated: OrderedDict[tuple[str, int], None] = OrderedDict()
+        self.accepted: OrderedDict[str, None] = OrderedDict()  # feedback ids taken (for DELETE), newest last
 
     def check_shape(self, body: FeedbackRequest) -> None:
         if not body.id or len(body.id) > MAX_ID_CHARS:
@@ -102,6 +112,8 @@ class FeedbackDesk:
                                     f"{self.limits.max_correction_chars} allowed", "correction")
             if not body.correction.strip():
                 raise APIError(400, "correction: must not be empty (leave it out to only rate)", "correction")
+        if body.user is not None and not 0 < len(body.user) <= MAX_SESSION_CHARS:
+            raise APIError(400, f"user: must be 1 to {MAX_SESSION_CHARS} characters (the completion's `user`)", "user")
         if not 0 <= body.choice < 128:
             raise APIError(400, f"choice: must be a choice index in [0, 128), got {body.choice}", "choice")
 
@@ -127,6 +139,11 @@ class FeedbackDesk:
         if body.choice >= len(outputs):
             raise APIError(400, f"choice: the completion has {len(outputs)} choice(s)", "choice")
         session = completion.get("session")
+        if body.user != session:
+            raise APIError(403, "user: the completion was made for another session; feedback must come with the "
+                                "`user` the completion was requested with" if session is not None else
+                                "user: the completion was made without a `user`; send feedback without one", "user",
+                           "permission_denied")
         if session is not None and not self._session_bucket(session).take():
             raise APIError(429, "too many feedback requests for this session; retry later", code="rate_limited")
         key = (body.id, body.choice)
@@ -142,8 +159,22 @@ class FeedbackDesk:
         while len(self.rated) > MAX_TRACKED:
             self.rated.popitem(last=False)
         self.witness.record_feedback(record)
+        self.accepted[record["id"]] = None
+        while len(self.accepted) > MAX_TRACKED:
+            self.accepted.popitem(last=False)
         return FeedbackResponse(id=record["id"], completion_id=body.id, session=session, rating=body.rating,
                                 status=status)
+
+    def forget(self, feedback_id: str, learned: bool) -> None:
+        """DELETE /v1/feedback/{id}: 404 for an id this server never took (nor its learner holds); else a
+        deletion line in the log, so no later replay trains on it."""
+        if not feedback_id or len(feedback_id) > MAX_ID_CHARS:
+            raise APIError(400, f"id: a feedback id of 1 to {MAX_ID_CHARS} characters", "id")
+        if feedback_id not in self.accepted and not learned:
+            raise APIError(404, f"id: no feedback `{feedback_id}` (unknown, or taken before a restart and not "
+                                "learned from)", "id", "not_found")
+        self.accepted.pop(feedback_id, None)
+        self.witness.record_deletion(feedback_id)
 
     @staticmethod
     def _record(body: FeedbackRequest, completion: dict[str, Any], output: dict[str, Any]) -> dict[str, Any]:

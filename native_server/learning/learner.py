@@ -22,12 +22,15 @@ import os
 import queue
 import threading
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from typing import Any, Callable
+
+from .gated import PATTERN_PREFIX, PatternSlots
 
 logger = logging.getLogger("ruvllm.learning")
 
 QUEUE_SIZE = 256
+DELETED_KEPT = 4096
 THREAD_NICENESS = 10  # the learning threads yield the CPU to the engine thread (Linux: per-thread nice)
 LATENCIES_KEPT = 4096
 
@@ -49,9 +52,12 @@ class EngineSlots:
         self._lock = threading.Lock()
 
     def __call__(self, session: str | None, modules: Any) -> None:
+        self.publish_named(CONSOLIDATED if session is None else SESSION_PREFIX + session, modules)
+
+    def publish_named(self, name: str, modules: Any) -> None:
+        """Load `modules` as adapter `name` (None: retire it), between two engine steps."""
         from py_engine.learning.lora import to_lora_adapter
 
-        name = CONSOLIDATED if session is None else SESSION_PREFIX + session
         adapter = to_lora_adapter(modules, name) if modules else None
         loop = getattr(self.engine, "_loop", None)
         if loop is None or getattr(self.engine, "_thread", None) is None:  # before serving: no engine thread yet
@@ -82,7 +88,10 @@ class Learner:
         self._closed = threading.Event()
         self.instant_seconds: deque[float] = deque(maxlen=LATENCIES_KEPT)  # train + publish, per feedback
         self.consolidation_seconds: deque[float] = deque(maxlen=LATENCIES_KEPT)
-        self.updates = self.consolidations = self.errors = 0
+        self.updates = self.consolidations = self.errors = self.gate_routes = self.forgotten = 0
+        self.patterns = PatternSlots(getattr(publish, "publish_named", lambda name, modules: None),
+                                     sona.config.max_sessions)
+        self.deleted: OrderedDict[str, None] = OrderedDict()  # DELETEd feedback ids, so a queued one is not learned
         self.last_error: str | None = None
         self._threads = [threading.Thread(target=self._guard, args=(self._instant_loop,), name="sona-instant",
                                           daemon=True),
@@ -142,7 +151,9 @@ class Learner:
                      exc_info=error)
 
     def republish(self) -> None:
-        """The consolidated adapter and every session's again (after a consolidation or a rollback)."""
+        """The consolidated adapter and every session's again (after a consolidation or a rollback); the
+        pattern adapters, which hold the old consolidated one, are retired (loaded again when asked for)."""
+        self.patterns.retire_all()
         self.publish(None, self.sona.adapter_for(None))
         for session in list(self.sona.sessions):
             self.publish(session, self.sona.adapter_for(session))
@@ -152,6 +163,16 @@ class Learner:
         for session in list(self.published - set(self.sona.sessions)):
             self.publish(session, None)
             self.published.discard(session)
+
+    def forget(self, pattern_id: str) -> bool:
+        """DELETE /v1/feedback/{id}: the pattern is gone from the bank and its adapter from the engine."""
+        self.deleted[pattern_id] = None
+        while len(self.deleted) > DELETED_KEPT:
+            self.deleted.popitem(last=False)
+        found = self.sona.forget(pattern_id)
+        self.patterns.retire(f"{PATTERN_PREFIX}{pattern_id}")
+        self.forgotten += found
+        return found
 
     def rollback(self, version: int | None) -> None:
         """Serve consolidated `version` again (None or 0: no consolidated adapter); from the event loop's
@@ -170,14 +191,34 @@ class Learner:
                 if self.sona.store is not None else [], "sessions": len(self.sona.sessions),
                 "updates": self.updates, "consolidations": self.consolidations, "errors": self.errors,
                 "last_error": self.last_error, "queued": self._queue.qsize(), "alive": self.alive,
-                "instant_update_ms": ms(self.instant_seconds), "consolidation_ms": ms(self.consolidation_seconds)}
+                "instant_update_ms": ms(self.instant_seconds), "consolidation_ms": ms(self.consolidation_seconds),
+                **self._gate_status()}
+
+    def _gate_status(self) -> dict[str, Any]:
+        recall, c = self.sona.recall, self.sona.config
+        if recall is None:
+            return {"gate": None}
+        return {"gate": {"threshold": c.gate_threshold, "keywords": c.gate_keywords, "apply": c.apply,
+                         "embedder": c.embedder, "opened": recall.gate.opened, "closed": recall.gate.closed,
+                         "routed_requests": self.gate_routes},
+                "patterns": {**recall.bank.stats(), "forgotten": self.forgotten,
+                             "adapters_loaded": len(self.patterns.loaded)}}
 
     def _instant_loop(self) -> None:
         while (record := self._queue.get()) is not None:
             start = time.perf_counter()
             try:
+                if record.get("id") in self.deleted:  # deleted while queued
+                    continue
                 update = self.sona.learn(record)
-                if update.trained and update.session is not None:
+                if record.get("id") in self.deleted:  # deleted while it trained: forget it again
+                    self.forget(record["id"])
+                    continue
+                if update.pattern is not None:  # the gate: the pattern's own adapter, for its next request
+                    self.patterns.publish(update.pattern, self.sona.pattern_adapter(update.pattern))
+                    self.updates += 1
+                    self.instant_seconds.append(time.perf_counter() - start)
+                elif update.trained and update.session is not None:
                     self.publish(update.session, self.sona.adapter_for(update.session))
                     self.published.add(update.session)
                     self.updates += 1
@@ -232,4 +273,15 @@ def learning_metrics(witness: Any, learner: Learner | None) -> str:
                     ("learning_errors_total", "counter", "Failures in the learning threads (logged).", learner.errors),
                     ("learning_adapter_version", "gauge", "The consolidated version served (0: none).",
                      learner.sona.version or 0)]
+        recall = learner.sona.recall if learner is not None else None
+        if recall is not None:
+            stats = recall.bank.stats()
+            samples += [("learning_patterns", "gauge", "Patterns in the bank (session and global).", stats["patterns"]),
+                        ("learning_patterns_global", "gauge", "Patterns a consolidation made global.", stats["global"]),
+                        ("learning_gate_opened_total", "counter", "Requests whose question found a pattern.",
+                         recall.gate.opened),
+                        ("learning_gate_closed_total", "counter", "Requests with patterns to find that found none.",
+                         recall.gate.closed),
+                        ("learning_patterns_forgotten_total", "counter", "Patterns deleted (DELETE /v1/feedback).",
+                         learner.forgotten)]
     return "".join(f"# HELP ruvllm_{n} {h}\n# TYPE ruvllm_{n} {k}\nruvllm_{n} {v}\n" for n, k, h, v in samples)

@@ -108,6 +108,12 @@ class WitnessLog:
     def record_feedback(self, record: dict[str, Any]) -> None:
         self._put("feedback", {"type": "feedback", **record})
 
+    def record_deletion(self, feedback_id: str) -> None:
+        """DELETE /v1/feedback/{id}: a line that takes that feedback out of every later replay (feedback())."""
+        import time
+
+        self._put("feedback", {"type": "feedback_deleted", "id": feedback_id, "created": round(time.time(), 3)})
+
     def _put(self, stream: str, record: dict[str, Any]) -> None:
         if stream == "witness":
             with self._lock:
@@ -173,8 +179,10 @@ class WitnessLog:
                 self._remember(record["id"], (path, offset))
 
     def feedback(self) -> list[dict[str, Any]]:
-        """Every logged feedback record, oldest first."""
-        return [record for _, _, record in read_lines(self.folder, "feedback")]
+        """Every logged feedback record not deleted since, oldest first."""
+        records = [record for _, _, record in read_lines(self.folder, "feedback")]
+        deleted = {r.get("id") for r in records if r.get("type") == "feedback_deleted"}
+        return [r for r in records if r.get("type") != "feedback_deleted" and r.get("id") not in deleted]
 
 
 def read_lines(folder: Path | str, prefix: str) -> Iterator[tuple[Path, int, dict[str, Any]]]:

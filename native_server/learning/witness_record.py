@@ -80,14 +80,6 @@ class Trace:
                         "tokens_per_s": round(n_out / total, 2) if total > 0 and n_out else None}})
 
 
-def route(ctx: Any, request: Any) -> str | None:
-    """The LoRA adapter a request runs with when the server learns: its session's, else the consolidated
-    one, else None (the base)."""
-    if ctx.learner is None or ctx.slots is None:
-        return None
-    return ctx.slots.name_for(session_of(request))
-
-
 def start_trace(ctx: Any, request_id: str, endpoint: str, request: Any, prompts: list[dict[str, Any]],
                 params: SamplingParams) -> Trace | None:
     """The trace of a request when the server keeps a witness log (None otherwise); the session is the

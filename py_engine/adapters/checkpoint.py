@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 
 from ..models.safetensors_io import SafetensorsError, SafetensorsFile
-from .config import DEFAULT_MAX_RANK, WEIGHT_NAMES, AdapterError, LoraConfig
+from .config import DEFAULT_MAX_RANK, WEIGHT_NAMES, AdapterError, LoraConfig, adapter_file
 
 PREFIX = "base_model.model."
 MAX_ADAPTER_BYTES = 8 << 30
@@ -57,11 +57,12 @@ class LoraAdapter:
         return max(m.rank for m in self.modules.values())
 
 
-def load_lora(folder: str | Path, max_rank: int = DEFAULT_MAX_RANK) -> LoraAdapter:
-    """An adapter folder as float32 CPU tensors, every tensor accounted for; AdapterError otherwise."""
+def load_lora(folder: str | Path, max_rank: int = DEFAULT_MAX_RANK, within: Path | None = None) -> LoraAdapter:
+    """An adapter folder as float32 CPU tensors, every tensor accounted for and finite; AdapterError
+    otherwise. within: the only folder its files may resolve into (a server's --lora-dir)."""
     folder = Path(folder)
-    config = LoraConfig.from_dir(folder, max_rank)
-    tensors = _read_tensors(folder)
+    config = LoraConfig.from_dir(folder, max_rank, within)
+    tensors = _read_tensors(folder, within)
     pairs: dict[str, dict[str, Tensor]] = {}
     base_weights = {}
     for key, tensor in tensors.items():
@@ -89,14 +90,18 @@ def load_lora(folder: str | Path, max_rank: int = DEFAULT_MAX_RANK) -> LoraAdapt
         modules[name] = LoraModule(A.float().contiguous(), B.float().contiguous(), config.scaling(name, r))
     if not modules:
         raise AdapterError(f"{folder}: the adapter holds no lora_A/lora_B tensors")
+    broken = [name for name, m in modules.items() if not (torch.isfinite(m.A).all() and torch.isfinite(m.B).all())]
+    if broken:  # NaN or inf once answered every request with "" and finish_reason "stop"
+        more = f" and {len(broken) - 3} more" if len(broken) > 3 else ""
+        raise AdapterError(f"{folder}: non-finite weights (NaN or inf) in {', '.join(broken[:3])}{more}")
     return LoraAdapter(config, modules, base_weights)
 
 
-def _read_tensors(folder: Path) -> dict[str, Tensor]:
+def _read_tensors(folder: Path, within: Path | None = None) -> dict[str, Tensor]:
     for name in WEIGHT_NAMES:
-        path = folder / name
-        if not path.is_file():
+        if not (folder / name).is_file():
             continue
+        path = adapter_file(folder, name, within)
         if path.stat().st_size > MAX_ADAPTER_BYTES:
             raise AdapterError(f"{path}: larger than {MAX_ADAPTER_BYTES >> 30} GiB")
         if name.endswith(".safetensors"):

@@ -41,6 +41,20 @@ class AdapterError(ValueError):
     """An adapter that cannot be applied as it is: one message that names the file and what is wrong."""
 
 
+def adapter_file(folder: Path, name: str, within: Path | None = None) -> Path:
+    """folder/name, resolved; with `within` (a server's --lora-dir) refused unless the file itself,
+    links followed, lies inside it: resolving only the folder let a linked adapter_config.json be
+    read from anywhere."""
+    path = folder / name
+    if within is None:
+        return path
+    root, resolved = within.resolve(), path.resolve()
+    if root not in resolved.parents:
+        raise AdapterError(f"{folder.name}/{name} links outside the folder adapters may be loaded from; "
+                           "refused (copy the file in instead of linking it)")
+    return resolved
+
+
 @dataclass(frozen=True)
 class LoraConfig:
     """The fields of peft's LoraConfig that decide the arithmetic (peft's names)."""
@@ -62,9 +76,11 @@ class LoraConfig:
             raise AdapterError(f"{self.path}: lora_alpha must be a finite number, got {self.lora_alpha!r}")
 
     @classmethod
-    def from_dir(cls, folder: str | Path, max_rank: int = DEFAULT_MAX_RANK) -> "LoraConfig":
+    def from_dir(cls, folder: str | Path, max_rank: int = DEFAULT_MAX_RANK, within: Path | None = None
+                 ) -> "LoraConfig":
+        """within: the only folder the config file may resolve into (see adapter_file)."""
         folder = Path(folder)
-        path = folder / CONFIG_NAME
+        path = adapter_file(folder, CONFIG_NAME, within)
         if not folder.is_dir():
             raise AdapterError(f"{folder}: no such adapter folder")
         if not path.is_file():

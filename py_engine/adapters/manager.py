@@ -20,6 +20,7 @@ order XLoraModel numbers its layers in, for layerwise scalings):
 """
 from __future__ import annotations
 
+import re
 import threading
 from contextlib import contextmanager
 from pathlib import Path
@@ -78,6 +79,7 @@ class LoraManager:
         if sharded is not None:
             adapter = sharded.shard_adapter(adapter)
         places = [(self._place(adapter, module_name), m) for module_name, m in adapter.modules.items()]
+        self._check_targets(adapter)
         self._check_base_weights(adapter)
         slot = min(set(range(len(self.slots) + 1)) - set(self.slots.values()))
         for (parent, attr, segment), m in places:
@@ -205,6 +207,40 @@ class LoraManager:
             raise AdapterError(f"{adapter.path}: {name!r} is [{m.B.shape[0]} x {m.A.shape[1]}] in the adapter but "
                                f"[{shape[0]} x {shape[1]}] in this model: an adapter for another base model{other}")
         return parent, attr, segment
+
+    def _check_targets(self, adapter: LoraAdapter) -> None:
+        """Every target_modules entry must name a projection of this model, as peft matches them (a
+        name: the module or a suffix after a dot; a string: a regex over whole names); peft refuses an
+        adapter whose targets it cannot find, and so do we rather than load a config that lies."""
+        targets = adapter.config.target_modules
+        if not targets or targets == "all-linear":
+            return
+        names = self._projection_names()
+        if isinstance(targets, str):
+            try:
+                found = any(re.fullmatch(targets, n) for n in names)
+            except re.error as e:
+                raise AdapterError(f"{adapter.path}: target_modules {targets!r} is not a valid regex ({e})") from None
+            if not found:
+                raise AdapterError(f"{adapter.path}: target_modules {targets!r} matches no module of this model")
+            return
+        missing = [t for t in targets if not any(n == t or n.endswith("." + t) for n in names)]
+        if missing:
+            raise AdapterError(f"{adapter.path}: target_modules {', '.join(map(repr, missing[:5]))} name no module "
+                               "of this model")
+
+    def _projection_names(self) -> list[str]:
+        """The base model's name of every linear projection (a fused one by the names of its parts)."""
+        out = []
+        for name, module in self.model.named_modules():
+            base = module.base if isinstance(module, LoraLinear) else module
+            splits = projection_splits(base)
+            if splits is None:
+                continue
+            prefix, _, attr = name.rpartition(".")
+            parts = [leaf for leaf, (fused, _) in FUSED.items() if fused == attr] if len(splits) > 1 else [attr]
+            out += [f"{prefix}.{leaf}".lstrip(".") for leaf in parts]
+        return out
 
     def _check_base_weights(self, adapter: LoraAdapter) -> None:
         """Whole embedding/head weights saved with the adapter must be this model's: a LoRA delta is all we add."""

@@ -12,11 +12,13 @@ import importlib
 from typing import Any
 
 _EXPORTS = {
-    "Budget": "py_engine.guided.automaton.nfa", "GrammarTooLargeError": "py_engine.guided.errors",
-    "GuidedError": "py_engine.guided.errors", "Guide": "py_engine.guided.guide",
-    "guide_for": "py_engine.guided.guide", "StructuredOutputsParams": "py_engine.guided.params",
+    "Budget": "py_engine.guided.budget", "GrammarTooLargeError": "py_engine.guided.errors",
+    "GrammarTimeoutError": "py_engine.guided.errors", "GuidedError": "py_engine.guided.errors",
+    "Guide": "py_engine.guided.guide", "guide_for": "py_engine.guided.guide",
+    "StructuredOutputsParams": "py_engine.guided.params",
     "TokenGrammar": "py_engine.guided.tokens.index", "TokenMask": "py_engine.guided.tokens.index",
     "dfa_for": "py_engine.guided.compile", "grammar_node": "py_engine.guided.compile",
+    "cached_grammar": "py_engine.guided.compile", "install_grammar": "py_engine.guided.compile",
     "token_grammar": "py_engine.guided.compile", "vocab_trie": "py_engine.guided.compile",
 }
 __all__ = sorted(_EXPORTS)

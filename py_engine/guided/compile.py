@@ -3,11 +3,14 @@
     grammar = token_grammar(params, tokenizer, eos_token_ids)   # DFA + vocabulary: token masks
     guide = Guide(grammar)                                       # one per sequence
 
-Three caches, each bounded: the vocabulary trie per tokenizer (kept on the tokenizer), the DFA
-per grammar text (`params.key`), and the token grammar per (grammar, vocabulary, EOS ids), also
-kept on the params object itself so that whoever compiled it (a server, off its engine thread)
-hands it to the engine with the request. Every compile runs under a `Budget` (states, seconds):
-a hostile schema fails with GrammarTooLargeError, it does not exhaust the process.
+Three caches: the vocabulary trie per tokenizer (kept on the tokenizer), the DFA per grammar
+(`params.digest`, a hash of its canonical text, which may be megabytes), and the token grammar
+per (grammar, vocabulary, EOS ids), also kept on the params object itself so that whoever
+compiled it (a server, off its engine thread, maybe in another process: `install_grammar`) hands
+it to the engine with the request. The last two are bounded in entries and in DFA cells. Every
+compile runs under a `Budget` (tree nodes, states, seconds; budget.py), active from the schema's
+first node to the DFA's last state: a hostile schema fails with GrammarTooLargeError early, it
+does not exhaust the process.
 """
 from __future__ import annotations
 
@@ -15,8 +18,9 @@ import threading
 from collections import OrderedDict
 from typing import Any, Sequence
 
-from py_engine.guided.automaton import DFA, Budget, compile_dfa, parse_regex
+from py_engine.guided.automaton import DFA, compile_dfa, parse_regex
 from py_engine.guided.automaton.nodes import Node, alt, literal
+from py_engine.guided.budget import Budget
 from py_engine.guided.params import DEFAULT_WHITESPACE, StructuredOutputsParams
 from py_engine.guided.schema import JsonOptions, compile_schema
 from py_engine.guided.schema.values import any_object, any_value
@@ -25,13 +29,47 @@ from py_engine.guided.tokens.vocab import VocabTrie, token_bytes
 
 DFAS_KEPT = 128
 GRAMMARS_KEPT = 64
+CELLS_KEPT = 4_000_000  # DFA table entries a cache holds in all (~32 MB of list slots): big grammars go first
+
+
+class _Cache:
+    """Least recently used first out, bounded in entries and in DFA cells (states x byte classes)."""
+
+    def __init__(self, entries: int) -> None:
+        self.entries, self.items, self.cells = entries, OrderedDict(), 0
+
+    def get(self, key: Any) -> Any:
+        found = self.items.get(key)
+        if found is not None:
+            self.items.move_to_end(key)
+        return found
+
+    def put(self, key: Any, value: Any, dfa: DFA) -> None:
+        if key in self.items:
+            return
+        self.items[key] = (value, _cells(dfa))
+        self.cells += _cells(dfa)
+        while len(self.items) > self.entries or (self.cells > CELLS_KEPT and len(self.items) > 1):
+            _, (_, cells) = self.items.popitem(last=False)
+            self.cells -= cells
+
+
+def _cells(dfa: DFA) -> int:
+    return dfa.num_states * (len(dfa.rows[0]) if dfa.rows else 0)
+
+
 _lock = threading.Lock()
-_dfas: OrderedDict[str, DFA] = OrderedDict()
-_grammars: OrderedDict[tuple, TokenGrammar] = OrderedDict()
+_dfas = _Cache(DFAS_KEPT)
+_grammars = _Cache(GRAMMARS_KEPT)
 
 
-def grammar_node(params: StructuredOutputsParams) -> Node:
-    """The regex tree of what `params` allows."""
+def grammar_node(params: StructuredOutputsParams, budget: Budget | None = None) -> Node:
+    """The regex tree of what `params` allows, built within `budget` (a fresh default one if None)."""
+    with (budget or Budget()).active():
+        return _grammar_node(params)
+
+
+def _grammar_node(params: StructuredOutputsParams) -> Node:
     ws = parse_regex(params.whitespace_pattern if params.whitespace_pattern is not None else DEFAULT_WHITESPACE)
     if params.json is not None:
         return compile_schema(params.json, JsonOptions(ws))
@@ -48,17 +86,15 @@ def grammar_node(params: StructuredOutputsParams) -> Node:
 
 
 def dfa_for(params: StructuredOutputsParams, budget: Budget | None = None) -> DFA:
-    key = params.key
+    key = params.digest
     with _lock:
         found = _dfas.get(key)
-        if found is not None:
-            _dfas.move_to_end(key)
-            return found
-    dfa = compile_dfa(grammar_node(params), budget or Budget())
+    if found is not None:
+        return found[0]
+    budget = budget or Budget()
+    dfa = compile_dfa(grammar_node(params, budget), budget)
     with _lock:
-        _dfas[key] = dfa
-        if len(_dfas) > DFAS_KEPT:
-            _dfas.popitem(last=False)
+        _dfas.put(key, dfa, dfa)
     return dfa
 
 
@@ -77,22 +113,35 @@ def vocab_trie(tokenizer: Any) -> VocabTrie:
 def token_grammar(params: StructuredOutputsParams, tokenizer: Any, eos_token_ids: Sequence[int] = (),
                   budget: Budget | None = None) -> TokenGrammar:
     """The DFA of `params` over the tokenizer's vocabulary (cached; see the module docstring)."""
-    trie = vocab_trie(tokenizer)
-    eos = tuple(eos_token_ids)
-    own = (id(trie), eos)
-    found = params.compiled.get(own)
-    if found is not None:
-        return found
-    key = (params.key, *own)
-    with _lock:
-        found = _grammars.get(key)
-        if found is not None:
-            _grammars.move_to_end(key)
+    found = cached_grammar(params, tokenizer, eos_token_ids)
     if found is None:
-        found = TokenGrammar(dfa_for(params, budget), trie, eos)
-        with _lock:
-            _grammars[key] = found
-            if len(_grammars) > GRAMMARS_KEPT:
-                _grammars.popitem(last=False)
-    params.compiled[own] = found
+        trie = vocab_trie(tokenizer)
+        eos = tuple(eos_token_ids)
+        found = install_grammar(params, TokenGrammar(dfa_for(params, budget), trie, eos), eos)
     return found
+
+
+def cached_grammar(params: StructuredOutputsParams, tokenizer: Any,
+                   eos_token_ids: Sequence[int] = ()) -> TokenGrammar | None:
+    """The token grammar of `params` if it was compiled already (kept on params, or in the cache)."""
+    trie = vocab_trie(tokenizer)
+    own = (id(trie), tuple(eos_token_ids))
+    found = params.compiled.get(own)
+    if found is None:
+        with _lock:
+            found = _grammars.get((params.digest, *own))
+        if found is None:
+            return None
+        found = params.compiled[own] = found[0]
+    return found
+
+
+def install_grammar(params: StructuredOutputsParams, grammar: TokenGrammar,
+                    eos_token_ids: Sequence[int] = ()) -> TokenGrammar:
+    """Keep `grammar` (compiled for params and these EOS ids, here or in a worker process) in the
+    cache and on params."""
+    own = (id(grammar.trie), tuple(eos_token_ids))
+    with _lock:
+        _grammars.put((params.digest, *own), grammar, grammar.dfa)
+    params.compiled[own] = grammar
+    return grammar

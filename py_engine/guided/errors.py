@@ -17,3 +17,8 @@ class GuidedError(ValueError):
 
 class GrammarTooLargeError(GuidedError):
     """Compiling the grammar passed a bound (automaton states, nesting depth or time)."""
+
+
+class GrammarTimeoutError(GrammarTooLargeError):
+    """Compiling the grammar took longer than its time bound (or was cancelled): unlike the size
+    bounds this depends on the machine's load, so a server does not remember it as the grammar's."""

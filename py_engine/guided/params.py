@@ -16,6 +16,8 @@ validated once, like SamplingParams; the compiled automaton is kept beside the p
 """
 from __future__ import annotations
 
+import functools
+import hashlib
 import json
 from dataclasses import dataclass, field
 from typing import Any
@@ -60,6 +62,11 @@ class StructuredOutputsParams:
             raise GuidedError("json_object must be a boolean", "structured_outputs.json_object")
         if self.whitespace_pattern is not None and not isinstance(self.whitespace_pattern, str):
             raise GuidedError("whitespace_pattern must be a string", "structured_outputs.whitespace_pattern")
+
+    @functools.cached_property
+    def digest(self) -> str:
+        """sha256 of `key`: what caches keep (a key may be megabytes of choices; this is 64 characters)."""
+        return hashlib.sha256(self.key.encode("utf-8", "surrogatepass")).hexdigest()
 
     @property
     def key(self) -> str:

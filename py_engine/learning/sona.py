@@ -192,6 +192,15 @@ class Sona:
             consolidated = self.consolidated
         return self.recall.route(session, question, consolidated)
 
+    def pattern_adapter(self, pattern_id: str) -> Modules | None:
+        """What a request that finds this (session) pattern runs with: its MicroLoRA over the consolidated."""
+        pattern = self.recall.bank.get(pattern_id) if self.recall is not None else None
+        if pattern is None:
+            return None
+        with self.lock:
+            parts = [(1.0, m) for m in (self.consolidated, self.recall.lora_of(pattern)) if m]
+        return None if not parts else parts[0][1] if len(parts) == 1 else fold(parts)
+
     def forget(self, pattern_id: str) -> bool:
         """Delete a pattern (a feedback's id): no request finds it again, no consolidation trains on it."""
         with self.lock:

@@ -102,3 +102,55 @@ def test_unknown_adapter_name(llama, tmp_path):
         manager.add("a", tmp_path / "a")
     with pytest.raises(AdapterError, match=r"no adapter named 'b' is loaded \(loaded: \['a'\]\)"):
         manager.set_adapter_mix("b")
+
+
+def _edit_config(folder, **changes):
+    config = json.loads((folder / "adapter_config.json").read_text())
+    (folder / "adapter_config.json").write_text(json.dumps({**config, **changes}))
+
+
+def test_a_config_that_lies_about_its_targets_is_refused(llama, tmp_path):
+    """peft refuses target_modules it cannot find in the model; a lying config once loaded silently."""
+    folder, hf = llama
+    save_peft_adapter(hf, tmp_path / "a", r=4, target_modules=ATTN)
+    _edit_config(tmp_path / "a", target_modules=[*ATTN, "nonexistent_proj"])
+    _refused(folder / "base", tmp_path / "a", r"target_modules 'nonexistent_proj' name no module")
+    _edit_config(tmp_path / "a", target_modules=r".*\.nonexistent_proj")
+    _refused(folder / "base", tmp_path / "a", r"matches no module")
+    _edit_config(tmp_path / "a", target_modules=r".*\.(q|v)_proj")  # peft's regex form, matching: fine
+    model, _ = load_model(folder / "base")
+    LoraManager(model).add("x", tmp_path / "a")
+
+
+def test_non_finite_weights_are_refused_by_module(llama, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    folder, hf = llama
+    save_peft_adapter(hf, tmp_path / "a", r=4, target_modules=ATTN)
+    tensors = load_file(tmp_path / "a" / "adapter_model.safetensors")
+    key = sorted(k for k in tensors if k.endswith("v_proj.lora_A.weight"))[0]
+    tensors[key][0, 0] = float("inf")
+    save_file(tensors, tmp_path / "a" / "adapter_model.safetensors")
+    module = key.removeprefix("base_model.model.").removesuffix(".lora_A.weight")
+    with pytest.raises(AdapterError, match=rf"non-finite weights \(NaN or inf\) in {module}$"):
+        load_lora(tmp_path / "a")
+
+
+def test_files_linked_out_of_the_allowed_folder_are_refused(llama, tmp_path):
+    folder, hf = llama
+    root = tmp_path / "root"
+    save_peft_adapter(hf, tmp_path / "outside", r=4, target_modules=ATTN)
+    save_peft_adapter(hf, root / "a", r=4, target_modules=ATTN)
+    load_lora(root / "a", within=root)
+    for name in ("adapter_config.json", "adapter_model.safetensors"):
+        (root / "a" / name).unlink()
+        (root / "a" / name).symlink_to(tmp_path / "outside" / name)
+        with pytest.raises(AdapterError, match=f"a/{name} links outside"):
+            load_lora(root / "a", within=root)
+        load_lora(root / "a")  # the Python API and --lora take what they are given
+        (root / "a" / name).unlink()
+        (root / "a" / name).symlink_to(root / ".." / "root" / "a" / ".." / ".." / "outside" / name)
+        with pytest.raises(AdapterError, match="links outside"):
+            load_lora(root / "a", within=root)
+        (root / "a" / name).unlink()
+        (root / "a" / name).write_bytes((tmp_path / "outside" / name).read_bytes())

@@ -1,6 +1,7 @@
 """One `ruvllm serve tiny-shakespeare --replicas 2` for the module: a local Ray cluster (2 CPUs, 127.0.0.1 only)
-started by the command itself, with two replicas of the built-in model; the test process joins that cluster as
-a second driver to read Serve's status and kill a replica.
+started by the command itself, with two replicas of the built-in model. The tests read the cluster through its
+HTTP endpoint alone (never joining Ray: another helper's Ray may run on the machine) and kill a replica's
+process as a crash would.
 
 Ray's start-up is the slow part (~15 s, ~25 s more to deploy), so every cluster test shares it."""
 from __future__ import annotations
@@ -42,7 +43,6 @@ def _ray():
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     _ray()
-    from native_server.cluster.launch import loopback_ray_env
 
     port = quiet_port()
     log = tmp_path_factory.mktemp("cluster") / "serve.log"
@@ -52,28 +52,39 @@ def cluster(tmp_path_factory):
     url = f"http://127.0.0.1:{port}"
     with http_process(command, url, "/health", log, what="ruvllm serve --replicas", env=env, startup_s=300,
                       stop_s=60) as process:
-        os.environ.update(loopback_ray_env())
-        import ray
-        from ray._private import ray_constants
-
-        ray_constants.ENABLE_RAY_CLUSTER = False
-        ray.init(address="auto", log_to_driver=False, configure_logging=False)
-        try:
-            yield url, process, log
-        finally:
-            ray.shutdown()
+        wait_for_replicas(url, 2)  # /health answers once one replica lives
+        yield url, process, log
 
 
-def running_replicas() -> int:
-    from ray import serve
+def running_replicas(url: str) -> int:
+    """Live engine replicas as the ingress's router sees them (Serve tells it when one starts or dies)."""
+    import httpx
 
-    status = serve.status().applications["ruvllm"].deployments["ruvllm-engine"]
-    return status.replica_states.get("RUNNING", 0)
+    for line in httpx.get(f"{url}/metrics", timeout=60).text.splitlines():
+        if line.startswith("ruvllm_cluster_replicas "):
+            return int(float(line.split()[1]))
+    raise AssertionError("no ruvllm_cluster_replicas in /metrics")
 
 
-def wait_for_replicas(n: int, timeout: float = 180.0) -> float:
+def wait_for_replicas(url: str, n: int, timeout: float = 180.0) -> float:
     start = time.monotonic()
-    while running_replicas() != n:
+    while running_replicas(url) != n:
         assert time.monotonic() - start < timeout, f"not {n} running replicas after {timeout}s"
         time.sleep(0.5)
     return time.monotonic() - start
+
+
+def engine_replica_pids(serve_pid: int) -> list[int]:
+    """The engine replicas' processes (Ray actors under the serve command's process tree)."""
+    from pathlib import Path
+
+    from tests.net_sockets import process_tree
+
+    out = []
+    for pid in process_tree(serve_pid):
+        try:
+            if "ServeReplica:ruvllm:ruvllm-engine" in Path(f"/proc/{pid}/cmdline").read_text(errors="replace"):
+                out.append(pid)
+        except OSError:
+            continue
+    return out

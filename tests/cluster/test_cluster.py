@@ -3,7 +3,7 @@
 - 32 concurrent streams complete with the one-process LLM's greedy tokens, spread over both replicas;
 - the same conversation (its `user`, or without one its prompt prefix) lands on one replica, as the
   x-ruvllm-replica / x-ruvllm-route headers and the router's metrics show; /metrics sums the replicas';
-- a replica killed under load: every request that had not started streaming completes with its greedy
+- a replica's process killed under load: every request that had not started streaming completes with its greedy
   text (sent once more, to the other replica), the ones that had started end with an OpenAI error event,
   and Serve brings the deployment back to two replicas;
 - nothing of Ray's, Serve's or the replicas' processes listens or connects off loopback.
@@ -11,15 +11,17 @@
 from __future__ import annotations
 
 import asyncio
-import subprocess
+import os
+import signal
+from pathlib import Path
 
 import httpx
 import openai
 import pytest
 
 from py_engine import LLM, SamplingParams
-from tests.cluster.conftest import running_replicas, wait_for_replicas
-from tests.net_sockets import non_loopback_sockets
+from tests.cluster.conftest import engine_replica_pids, wait_for_replicas
+from tests.net_sockets import non_loopback_sockets, process_tree
 
 PROMPTS = [f"{name}:" for name in ("ROMEO", "JULIET", "KING HENRY", "HAMLET", "MENENIUS", "First Citizen",
                                    "GLOUCESTER", "BRUTUS")] * 4  # 32
@@ -85,29 +87,27 @@ def test_affinity_by_user_and_by_prefix(url):
     assert metrics["ruvllm_prefix_cache_hits_total"] > 0  # turn 2 found turn 1's blocks on its replica
 
 
-def test_nothing_leaves_loopback(url):
-    out = subprocess.run(["ps", "-eo", "pid=,args="], capture_output=True, text=True).stdout
-    pids = [int(line.split()[0]) for line in out.splitlines()
-            if any(w in line for w in ("ray::", "/ray/", "raylet", "gcs_server", "ray/dashboard"))]
-    assert len(pids) >= 5
+def test_nothing_leaves_loopback(cluster):
+    """Every process of the cluster descends from the serve command (it started Ray: GCS, raylet, workers)."""
+    pids = process_tree(cluster[1].pid)
+    names = " ".join(Path(f"/proc/{p}/cmdline").read_text(errors="replace") for p in pids if Path(f"/proc/{p}").exists())
+    assert len(pids) >= 5 and "raylet" in names and "gcs_server" in names
     assert non_loopback_sockets(pids) == []
 
 
-def test_a_killed_replica_loses_no_request_that_had_not_started(url, reference):
-    import ray
-
-    cluster = url
-    retries_before = _metrics(cluster, "").get("ruvllm_cluster_retries_total", 0)
+def test_a_killed_replica_loses_no_request_that_had_not_started(cluster, reference):
+    url, process, _ = cluster
+    retries_before = _metrics(url, "").get("ruvllm_cluster_retries_total", 0)
+    victims = engine_replica_pids(process.pid)
+    assert len(victims) == 2
 
     async def run():
         started: list[str] = []
-        async with openai.AsyncOpenAI(base_url=f"{cluster}/v1", api_key="none", max_retries=0, timeout=300) as c:
+        async with openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0, timeout=300) as c:
             tasks = [asyncio.ensure_future(_stream(c, p, started=started)) for p in PROMPTS]
             while len(started) < 4:  # 4 running per replica (--max-concurrent 4), the rest queued
                 await asyncio.sleep(0.05)
-            victim = next(n for n in ray.util.list_named_actors(all_namespaces=True)
-                          if "ruvllm-engine" in n["name"])
-            ray.kill(ray.get_actor(victim["name"], namespace=victim["namespace"]), no_restart=True)
+            os.kill(victims[0], signal.SIGKILL)  # as a crash would
             return await asyncio.gather(*tasks, return_exceptions=True), started
 
     results, started = asyncio.run(run())
@@ -118,9 +118,9 @@ def test_a_killed_replica_loses_no_request_that_had_not_started(url, reference):
     for prompt, result in zip(PROMPTS, results):
         if not isinstance(result, BaseException):
             assert result == reference[prompt]
-    assert _metrics(cluster, "")["ruvllm_cluster_retries_total"] > retries_before  # queued ones were re-sent
-    print(f"{len(failed)} streams ended with an error; replicas back to 2 after {wait_for_replicas(2):.1f} s")
-    assert running_replicas() == 2
+    assert _metrics(url, "")["ruvllm_cluster_retries_total"] > retries_before  # queued ones were re-sent
+    print(f"{len(failed)} streams ended with an error; replicas back to 2 after {wait_for_replicas(url, 2):.1f} s")
+    assert len(engine_replica_pids(process.pid)) == 2
 
 
 def _metrics(cluster: str, prefix: str) -> dict[str, float]:

@@ -170,7 +170,7 @@ def k_mix(default: str, layers: int):
 @pytest.mark.parametrize("mix", ["Q4_K_M", "Q5_K_M", "Q2_K", "Q3_K", "Q5_0", "Q5_1"])
 def test_mixed_files_load_as_codes_and_match_transformers(mix, vocab, cache, tmp_path):
     """Every projection, the head and the token embedding stay codes; the exact path's logits are the float
-    model's (transformers' GGUF loader, which dequantizes with gguf) within 1e-4."""
+    model's (transformers' GGUF loader, which dequantizes with gguf) within 2e-5 of the largest logit."""
     original = hf_model("llama", len(vocab.tokens), hidden_size=256, intermediate_size=512, num_hidden_layers=3)
     qtype = k_mix(mix[:4], 3) if mix.endswith("_M") else mix
     path = write_gguf(tmp_path / f"{mix}.gguf", original, vocab, qtype)
@@ -185,7 +185,9 @@ def test_mixed_files_load_as_codes_and_match_transformers(mix, vocab, cache, tmp
         assert model.model.layers[1].mlp.down_proj.packed.type_name == mix[:4]
     set_int8_activations(model, False)
     reference = hf_logits(hf_gguf(path))
-    assert (logits(model, config) - reference).abs().max().item() < 1e-4
+    # fp32 sums in another order than torch's (one chain per output since issue 32, no sgemm): measured 0.6-1.03e-5
+    # of this hot model's largest logit (~12); a wrong weight or scale moves logits by 1e-2 and more
+    assert (logits(model, config) - reference).abs().max().item() < 2e-5 * reference.abs().max().item()
     # x rounded per 32 values: close, not equal; this hot random model's logits (|max| ~12) moved 0.6-1.3 so
     # for Q8_0 and Q4_0 files of the same weights, 3.5 for Q4_1 (quant.c's own int8-x path): the per-layer test
     # above holds the kernels to the rounded x itself

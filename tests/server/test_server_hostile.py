@@ -6,10 +6,16 @@ hostile ones: client templates are off) and a hundred stalled uploads leave the 
 bound. A storm of disconnects leaves no KV block in use. A second server (client templates allowed)
 shows a spinning template does not stall completions, then takes SIGTERM under load: new connections
 get a 503 while it drains, and it exits 0. A third, whose forward pass fails, reports it on /health and
-exits 1. The long version, repeated and measured, is scripts/hostile_probe.py.
+exits 1. Grammars (structured outputs, tools, response_format): each hostile one gets its 400 after
+little CPU time (the server's and its compile workers'), and while a storm of them compiles, a cached
+guided_choice, a new small grammar from another client and a plain completion answer about as fast as
+on an idle server, and the server's memory comes back. The long version, repeated and measured, is
+scripts/hostile_probe.py.
 """
 from __future__ import annotations
 
+import json
+import os
 import re
 import threading
 import time
@@ -18,8 +24,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.server.hostile_requests import (ANY, BUILTIN, CASES, FAULTY_FORWARD, OK_COMPLETION, USER, error_shape, hostile_model,
-                             open_and_drop, send, stalled_upload, web_dir_with_dotfiles)
+from tests.server.hostile_requests import (ANY, BUILTIN, CASES, FAULTY_FORWARD, GRAMMAR_CASES, NORMAL_CHOICE,
+                                          OK_COMPLETION, USER, error_shape, hostile_model, open_and_drop, send,
+                                          stalled_upload, storm_body, tree_cpu_seconds, tree_rss_mb,
+                                          web_dir_with_dotfiles)
 from tests.server.server_harness import API_KEY, Server, metric, no_traceback, rss_mb, running_server, wait_until
 
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
@@ -68,6 +76,68 @@ def test_hostile_request_gets_its_4xx_and_the_server_goes_on(http, case):
     if case.param is not ANY:
         assert error["param"] == case.param, (case.name, error)
     assert len(error["message"]) < 1000  # a 5,000-digit key is not echoed back
+    assert_still_serving(http)
+
+
+GRAMMAR_CPU_SECONDS = 4.0  # the issue asks 2 s of compute; twice that for a machine shared with other work
+GRAMMAR_WALL_SECONDS = 60.0  # the wall clock of a machine loaded tenfold; the CPU bound is the real one
+STORM_EXTRA_SECONDS = 1.0  # above idle, for a normal request during a storm (the issue's bound) ...
+
+
+def storm_extra_seconds() -> float:
+    """... stretched by how oversubscribed the machine is (other work's load: a 2-core machine at load 16
+    gives this server an eighth of what the bound assumes); scripts/hostile_probe.py reports the raw times."""
+    return STORM_EXTRA_SECONDS * max(1.0, os.getloadavg()[0] / (os.cpu_count() or 1))
+
+
+@pytest.mark.parametrize("case", GRAMMAR_CASES, ids=[c.name for c in GRAMMAR_CASES])
+def test_hostile_grammar_gets_its_400_after_little_compute(server, http, case):
+    """Once 27-107 s and 1.2 GB; now a size bound in the compile worker trips within a fraction of that."""
+    before_cpu, started = tree_cpu_seconds(server.process.pid), time.monotonic()
+    response = send(http, case, API_KEY)
+    wall, cpu = time.monotonic() - started, tree_cpu_seconds(server.process.pid) - before_cpu
+    assert response.status_code == case.status, (case.name, response.text[:500])
+    assert error_shape(response)["param"] == case.param, response.text[:500]
+    assert cpu < GRAMMAR_CPU_SECONDS and wall < GRAMMAR_WALL_SECONDS, f"{case.name}: {cpu:.1f} s CPU, {wall:.1f} s"
+
+
+def _latency(http: httpx.Client, body: dict, rounds: int = 3) -> float:
+    times = []
+    for _ in range(rounds):
+        started = time.monotonic()
+        response = http.post("/v1/completions", json=body, headers=AUTH)
+        times.append(time.monotonic() - started)
+        assert response.status_code == 200, response.text
+    return max(times)
+
+
+def test_a_grammar_storm_stalls_nobody_and_leaves_no_memory(server, http):
+    """Two slow compiles once made a cached guided_choice wait 57-76 s and a plain completion 12.7 s."""
+    for body in (NORMAL_CHOICE, OK_COMPLETION):
+        _latency(http, body, 2)  # warm: the choice is cached from here on
+    idle = {"choice": _latency(http, NORMAL_CHOICE), "plain": _latency(http, OK_COMPLETION)}
+    idle["new"] = _latency(http, {**NORMAL_CHOICE, "guided_choice": ["ay", "nay"], "user": "alice"}, 1)
+    rss_before = tree_rss_mb(server.process.pid)[0]
+    statuses: list[int] = []
+    bodies = [json.dumps(storm_body(i)).encode() for i in range(6)]  # made first: not this process's GIL time
+    storm = [threading.Thread(target=lambda b=b: statuses.append(httpx.post(
+        f"{server.url}/v1/completions", content=b, headers={**AUTH, "content-type": "application/json"},
+        timeout=300).status_code)) for b in bodies]
+    for thread in storm:
+        thread.start()
+    time.sleep(0.5)
+    busy = {"choice": _latency(http, NORMAL_CHOICE), "plain": _latency(http, OK_COMPLETION),
+            "new": _latency(http, {**NORMAL_CHOICE, "guided_choice": ["oui", "non"], "user": "alice"}, 1)}
+    for thread in storm:
+        thread.join(300)
+    assert statuses == [400] * 6
+    bound = storm_extra_seconds()
+    slow = {k: round(busy[k] - idle[k], 2) for k in busy if busy[k] > idle[k] + bound}
+    assert not slow, f"slower during the storm by {slow} s, more than {bound:.1f} s (idle {idle}, storm {busy})"
+    growth = tree_rss_mb(server.process.pid)[0] - rss_before
+    assert growth < 100, f"the server's RSS grew {growth:.0f} MiB over the storm"
+    workers = tree_rss_mb(server.process.pid)[1]
+    assert workers < 1024, f"the server's workers hold {workers:.0f} MiB"
     assert_still_serving(http)
 
 

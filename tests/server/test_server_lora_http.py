@@ -4,7 +4,8 @@ driven by the official openai client.
 - /v1/models lists the base and each adapter with `parent`;
 - ten concurrent requests mixing four adapters and the base (greedy and seeded) each get exactly the
   tokens they get alone;
-- an unknown adapter is a 404; bad adapters (DoRA, malformed, outside --lora-dir, a name taken) are 400s
+- an unknown adapter is a 404; bad adapters (DoRA, malformed, outside --lora-dir, a name taken; a file
+  linked out of --lora-dir, NaN weights, a target module the model lacks) are 400s naming what is wrong,
   and the server keeps serving;
 - unloading an adapter while its requests stream drops none of them; new ones get a 404; loading it
   again serves it again.
@@ -20,7 +21,7 @@ import httpx
 import pytest
 
 from tests.paths import BUILTIN
-from tests.server.lora_adapters import ADAPTERS, build_adapters
+from tests.server.lora_adapters import ADAPTERS, build_adapters, hostile_adapters
 from tests.server.server_harness import API_KEY, Server, no_traceback, running_server, wait_until
 
 openai = pytest.importorskip("openai")
@@ -102,6 +103,8 @@ def test_unknown_adapter_is_404_and_bad_adapters_are_400(client, server, lora_di
              ({"lora_name": "attn", "lora_path": "qv"}, "already loaded"),
              ({"lora_name": "m", "lora_path": "missing"}, "no such adapter folder"),
              ({"lora_name": BASE, "lora_path": "qv"}, "served model's name")]
+    cases += [({"lora_name": name, "lora_path": folder}, words)
+              for name, (folder, words) in hostile_adapters(lora_dir, "qv", tmp_path).items()]
     for body, words in cases:
         r = httpx.post(f"{server.url}/v1/load_lora_adapter", json=body, headers=AUTH, timeout=60)
         assert r.status_code == 400 and words in r.json()["error"]["message"], (body, r.text)

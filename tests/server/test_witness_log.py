@@ -112,6 +112,9 @@ def test_feedback_joins_the_logged_completion(client, server, log_dir):
     logged(log_dir, reply.id)
     r = httpx.post(f"{server.url}/v1/feedback", headers=AUTH,
                    json={"id": reply.id, "rating": -1, "correction": "Speak, for I am bound to hear."})
+    assert r.status_code == 403 and r.json()["error"]["type"] == "permission_error", r.text  # not carol's
+    r = httpx.post(f"{server.url}/v1/feedback", headers=AUTH,
+                   json={"id": reply.id, "rating": -1, "correction": "Speak, for I am bound to hear.", "user": "carol"})
     assert r.status_code == 200, r.text
     body = r.json()
     assert body["completion_id"] == reply.id and body["session"] == "carol" and body["status"] == "logged"
@@ -119,7 +122,7 @@ def test_feedback_joins_the_logged_completion(client, server, log_dir):
     assert record["rating"] == -1 and record["correction"] == "Speak, for I am bound to hear."
     assert record["session"] == "carol" and record["prompt"]["messages"] == [{"role": "user", "content": "Speak"}]
     assert record["output"]["text"] == reply.choices[0].message.content
-    again = httpx.post(f"{server.url}/v1/feedback", headers=AUTH, json={"id": reply.id, "rating": 1})
+    again = httpx.post(f"{server.url}/v1/feedback", headers=AUTH, json={"id": reply.id, "rating": 1, "user": "carol"})
     assert again.status_code == 409, again.text
     assert httpx.post(f"{server.url}/v1/feedback", json={"id": reply.id, "rating": 1}).status_code == 401
 

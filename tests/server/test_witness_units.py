@@ -64,11 +64,11 @@ def test_one_session_flooding_does_not_starve_another(tmp_path):
     codes = []
     for i in range(20):
         try:
-            codes.append(desk.accept(FeedbackRequest(id=f"cmpl-{i}", rating=1)).status)
+            codes.append(desk.accept(FeedbackRequest(id=f"cmpl-{i}", rating=1, user="flood")).status)
         except APIError as exc:
             codes.append(exc.status)
     assert codes == ["logged"] * 5 + [429] * 15
-    assert desk.accept(FeedbackRequest(id="cmpl-25", rating=-1)).session == "calm"
+    assert desk.accept(FeedbackRequest(id="cmpl-25", rating=-1, user="calm")).session == "calm"
     log.close()
     fb = [json.loads(line) for p in tmp_path.glob("feedback-*.jsonl") for line in p.read_text().splitlines()]
     assert len(fb) == 6 and {r["session"] for r in fb} == {"flood", "calm"}
@@ -84,7 +84,27 @@ def test_a_full_learner_queue_is_a_429_and_the_feedback_can_be_sent_again(tmp_pa
     log.record_completion(completion(1))
     desk = FeedbackDesk(log, learner=FullLearner())
     with pytest.raises(APIError) as err:
-        desk.accept(FeedbackRequest(id="cmpl-1", rating=1))
+        desk.accept(FeedbackRequest(id="cmpl-1", rating=1, user="s"))
     assert err.value.status == 429
-    assert desk.accept(FeedbackRequest(id="cmpl-1", rating=-1)).status == "logged"  # not trained: no queue
+    assert desk.accept(FeedbackRequest(id="cmpl-1", rating=-1, user="s")).status == "logged"  # not trained: no queue
+    log.close()
+
+
+def test_only_the_completions_session_may_rate_it(tmp_path):
+    """Feedback trains the session's adapter: an id seen by another session must not steer it."""
+    log = WitnessLog(tmp_path)
+    log.record_completion(completion(1, "alice"))
+    log.record_completion(completion(2, None))
+    desk = FeedbackDesk(log)
+    for body in (dict(id="cmpl-1", rating=1), dict(id="cmpl-1", rating=1, user="mallory"),
+                 dict(id="cmpl-2", rating=1, user="alice")):
+        with pytest.raises(APIError) as err:
+            desk.accept(FeedbackRequest(**body))
+        assert (err.value.status, err.value.param) == (403, "user"), body
+        assert "alice" not in str(err.value)
+    with pytest.raises(APIError) as err:
+        desk.accept(FeedbackRequest(id="cmpl-1", rating=1, user="a" * 257))
+    assert (err.value.status, err.value.param) == (400, "user")
+    assert desk.accept(FeedbackRequest(id="cmpl-1", rating=1, user="alice")).session == "alice"
+    assert desk.accept(FeedbackRequest(id="cmpl-2", rating=1)).session is None
     log.close()

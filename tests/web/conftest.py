@@ -15,3 +15,13 @@ def smollm2_web(tmp_path_factory) -> SmolLM2Web:
 
     smollm2_path()
     return build_smollm2_web(tmp_path_factory.mktemp("smollm2-web"))
+
+
+@pytest.fixture(scope="session")
+def kquant_web(tmp_path_factory) -> SmolLM2Web:
+    """A Q4_K_M-style GGUF's int4 web export and CPython's greedy tokens (tests/web/kquant_web.py)."""
+    pytest.importorskip("onnxruntime")
+    pytest.importorskip("gguf")
+    from tests.web.kquant_web import build_kquant_web
+
+    return build_kquant_web(tmp_path_factory.mktemp("kquant-web"))

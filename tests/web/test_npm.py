@@ -45,7 +45,7 @@ def scratch(tmp_path_factory) -> Path:
     """A fresh project with the packed tarball installed (offline)."""
     root = tmp_path_factory.mktemp("npm")
     project = install_packed(root, root / "app")
-    for name in ("run_engine.mjs", "chat_greedy.mjs", "guided_requests.mjs", "tsconfig.json"):
+    for name in ("run_engine.mjs", "chat_greedy.mjs", "complete_greedy.mjs", "guided_requests.mjs", "tsconfig.json"):
         shutil.copy(DRIVER / name, project / name)
     shutil.copy(NPM_DIR / "examples" / "chat.ts", project / "chat.ts")
     return project
@@ -139,6 +139,23 @@ def test_smollm2_int4_greedy_chat_equals_cpython(scratch, smollm2_web):
 
     reply = Tokenizer.from_pretrained(smollm2_web.export).decode(got["token_ids"][0], skip_special_tokens=True)
     assert reply.startswith("The capital of France is Paris."), reply  # transformers' greedy answer too
+
+
+def test_k_quant_gguf_web_export_greedy_equals_cpython(scratch, kquant_web):
+    """Issue 31: a GGUF K-quant mix (Q4_K, Q6_K, Q5_0, Q8_0; a Q4_K token embedding and a Q6_K head) exported int4
+    for the web runs on the package's own wasm kernels in Node with onnxruntime-in-CPython's greedy tokens."""
+    from tests.web.kquant_web import MAX_TOKENS, PRECISION, PROMPT
+    from tests.web.smollm2_golden import check_greedy
+
+    spec = {"path": str(kquant_web.export), "precision": PRECISION, "prompt": PROMPT, "max_tokens": MAX_TOKENS,
+            "runtime": "web"}
+    path = scratch / "spec-kquant.json"
+    path.write_text(json.dumps(spec))
+    run = _run(["node", "complete_greedy.mjs", str(path)], scratch)
+    assert run.returncode == 0, run.stderr[-4000:]
+    got = json.loads(run.stdout)
+    assert got["load"]["device"] == "wasm" and got["load"]["runtime"].startswith("ruvllm-wasm"), got["load"]
+    check_greedy([got["token_ids"]], kquant_web, "npm in Node, K-quant GGUF")
 
 
 def test_seeded_sampling_equals_cpython(models, node_run):

@@ -117,6 +117,26 @@ def test_smollm2_int4_greedy_chat_in_chromium(site, dist, smollm2_web):
     page.close()
 
 
+def test_k_quant_gguf_web_export_in_chromium(site, dist, kquant_web):
+    """Issue 31: a GGUF K-quant mix exported int4 for the web (tests/web/kquant_web.py) runs on the page's own
+    kernels with onnxruntime-in-CPython's greedy tokens."""
+    import shutil
+
+    from tests.web.kquant_web import MAX_TOKENS, PRECISION, PROMPT
+    from tests.web.smollm2_golden import check_greedy
+
+    base, context, _ = site
+    shutil.copytree(kquant_web.export, dist / "models" / "q4_k_m")
+    page = _open(context, base, "q4_k_m", PRECISION)
+    got = page.evaluate("""async ([prompt, n]) => {
+        const r = await window.ruvllmDemo.engine.completions.create(
+          {prompt, max_tokens: n, temperature: 0, ignore_eos: true, return_token_ids: true});
+        return r.choices[0].token_ids; }""", [PROMPT, MAX_TOKENS])
+    check_greedy([got], kquant_web, "the page in Chromium, K-quant GGUF")
+    assert page.evaluate("document.body.dataset.device") == "wasm"
+    page.close()
+
+
 def _guided_in_page(page) -> dict:
     """tests/npm/guided_requests.mjs's guided() run by the page's engine (Web Worker, Pyodide)."""
     source = (REPO / "tests" / "web" / "npm" / "guided_requests.mjs").read_text(encoding="utf-8").replace("export ", "")

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from py_engine.guided.automaton.nfa import NFA, Budget, build_nfa
+from py_engine.guided.automaton.nfa import NFA, build_nfa
 from py_engine.guided.automaton.nodes import Node
+from py_engine.guided.budget import Budget
 from py_engine.guided.errors import GuidedError
 
 DEAD = -1
@@ -115,6 +116,7 @@ def _subsets(nfa: NFA, start: int, final: int, classes: bytes, num_classes: int,
     sets, rows, accepting = [first], [], []
     while len(rows) < len(sets):
         current = sets[len(rows)]
+        budget.tick(len(current), "DFA")
         buckets: dict[int, list[int]] = {}
         for s in current:
             for c, t in moves[s]:
@@ -125,6 +127,7 @@ def _subsets(nfa: NFA, start: int, final: int, classes: bytes, num_classes: int,
             nxt = closed.get(key)
             if nxt is None:
                 nxt = closed[key] = _closure(key, nfa.eps)
+                budget.tick(len(nxt), "DFA")
             q = ids.get(nxt)
             if q is None:
                 q = ids[nxt] = len(sets)
@@ -176,6 +179,7 @@ def _minimize(rows: list[list[int]], accepting: list[bool], num_classes: int,
     while work:
         a, c = work.pop()
         sources = {p for t in blocks[a] for p in inverse[c].get(t, ())}
+        budget.tick(len(blocks[a]) + len(sources), "DFA minimization")
         touched: dict[int, set[int]] = {}
         for p in sources:
             touched.setdefault(block_of[p], set()).add(p)
@@ -190,8 +194,6 @@ def _minimize(rows: list[list[int]], accepting: list[bool], num_classes: int,
             smaller = new if len(inside) <= len(blocks[y]) else y
             for d in range(num_classes):
                 work.add((new, d) if (y, d) in work else (smaller, d))
-        if len(blocks) % 64 == 0:
-            budget.check_time("DFA minimization")
     # Renumber: the start's block first, the dead block dropped.
     order = sorted({block_of[q] for q in range(n)}, key=lambda b: min(blocks[b]))
     number = {b: i for i, b in enumerate(order)}

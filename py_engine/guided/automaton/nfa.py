@@ -2,40 +2,17 @@
 
 Each code-point set becomes its UTF-8 byte-range sequences (utf8.py), each a chain of states;
 `Repeat(x, n, m)` is n copies of x then m - n nested optional copies (or a loop when
-unbounded), so the NFA grows with the counts: the `Budget` caps its states and its time, and a
-schema that asks for too much fails with GrammarTooLargeError rather than exhaust the server.
+unbounded), so the NFA grows with the counts: the `Budget` (budget.py) caps its states and its
+time, and a schema that asks for too much fails with GrammarTooLargeError rather than exhaust the
+server.
 """
 from __future__ import annotations
 
-import time
-from dataclasses import dataclass, field
 from functools import lru_cache
 
 from py_engine.guided.automaton.nodes import Alt, Chars, Concat, Join, Node, Ranges, Repeat
 from py_engine.guided.automaton.utf8 import ByteRanges, utf8_sequences
-from py_engine.guided.errors import GrammarTooLargeError
-
-
-@dataclass
-class Budget:
-    """Bounds on one grammar's compilation: automaton states and wall time."""
-
-    max_states: int = 50_000
-    seconds: float = 10.0
-    started: float = field(default_factory=time.monotonic)
-
-    def check_time(self, what: str) -> None:
-        if time.monotonic() - self.started > self.seconds:
-            raise GrammarTooLargeError(f"compiling the grammar took longer than {self.seconds:g} s ({what}); "
-                                       "simplify the schema or regex")
-
-    def check_states(self, count: int, what: str) -> None:
-        if count > self.max_states:
-            raise GrammarTooLargeError(f"the grammar needs more than {self.max_states} {what} states; simplify "
-                                       "the schema or regex (long strings with minLength/maxLength, big repeat "
-                                       "counts and deep nesting multiply them)")
-        if count % 512 == 0:
-            self.check_time(what)
+from py_engine.guided.budget import Budget
 
 
 class NFA:
@@ -109,6 +86,7 @@ def _sequences(ranges: Ranges) -> tuple[ByteRanges, ...]:
 
 def build_nfa(node: Node, budget: Budget) -> tuple[NFA, int, int]:
     """The NFA of `node`, its start state and its (single) accepting state."""
+    budget.check_weight(node.weight)  # a tree built outside the budget's block: refused before it is walked
     nfa = NFA(budget)
     start = nfa.state()
     return nfa, start, nfa.build(node, start)

@@ -13,7 +13,8 @@ A context-free grammar is regular when no rule needs a stack; here:
     is dropped (NOTHING), so the output nests at most that deep. A grammar that cannot end
     within the bound (`root ::= "(" root ")"`) is a GuidedError naming the rule.
 The expansion of a rule depends only on how deep its cycle is, so each (rule, depth) is built
-once and shared. Work is bounded by MAX_EXPANSIONS; the automaton by the compile's Budget.
+once and shared. Work is bounded by MAX_EXPANSIONS, the expanded tree's weight by the compile's
+Budget (max_nodes; MAX_WEIGHT outside one), and the node building and automaton by that Budget too.
 Stdlib only.
 """
 from __future__ import annotations
@@ -23,6 +24,7 @@ from typing import Any
 
 from py_engine.guided.automaton.nodes import (EMPTY, NOTHING, Node, alt, chars, complement, concat, join, literal,
                                               normalize, repeat)
+from py_engine.guided.budget import current
 from py_engine.guided.errors import GrammarTooLargeError, GuidedError
 from py_engine.guided.gbnf.parser import PARAM, Alt, Class, Expr, Lit, Ref, Rep, Seq, parse_gbnf
 
@@ -220,8 +222,10 @@ class _Expander:
 
 
 def _checked(build: Any, nodes: list[Node], weight: int) -> tuple[Node, int]:
-    if weight > MAX_WEIGHT:
-        raise GrammarTooLargeError(f"grammar: it expands to more than {MAX_WEIGHT} character sets (rules used "
+    budget = current()  # the compile's own bound when there is one (the server's), else MAX_WEIGHT
+    limit = budget.max_nodes if budget is not None else MAX_WEIGHT
+    if weight > limit:
+        raise GrammarTooLargeError(f"grammar: it expands to more than {limit} character sets (rules used "
                                    "twice at every level, or large repeats, multiply); simplify it", PARAM)
     return build(*nodes), weight
 

@@ -18,6 +18,10 @@ string (JSON Schema searches, and a full match is one); whitespace only where `w
 (after `{ [ , :` and before `} ]`). A `$ref` may re-enter itself `max_recursion` times;
 deeper, that branch is left out (an optional property, an anyOf branch, a longer array), and
 a schema that then admits nothing is refused.
+
+Bounds: each `$ref` is expanded once per context and its tree shared (refs.py); every subschema
+visited and every node built is charged to the active Budget, and a tree whose shared parts
+would expand past its node bound is refused before an automaton is built (budget.py).
 """
 from __future__ import annotations
 
@@ -29,9 +33,11 @@ from typing import Any
 from py_engine.guided.automaton.nodes import (EMPTY, NOTHING, Node, alt, char, concat, literal, optional, repeat,
                                               restrict)
 from py_engine.guided.automaton.regex import parse_regex
+from py_engine.guided.budget import current as current_budget
 from py_engine.guided.errors import GrammarTooLargeError, GuidedError
 from py_engine.guided.schema import values
 from py_engine.guided.schema.formats import FORMATS, format_node
+from py_engine.guided.schema.refs import Key, RefGraph
 
 ANNOTATIONS = frozenset({"title", "description", "default", "examples", "$schema", "$id", "$comment", "deprecated",
                          "readOnly", "writeOnly", "$defs", "definitions", "discriminator", "$anchor",
@@ -67,9 +73,14 @@ def compile_schema(schema: Any, options: JsonOptions) -> Node:
 class _Compiler:
     def __init__(self, root: Any, options: JsonOptions) -> None:
         self.root, self.options, self.ws = root, options, options.ws
-        self.active: dict[str, int] = {}  # $ref -> how many times it is open on the current path
+        self.budget = current_budget()
+        self.refs = RefGraph(root, self.budget)
+        self.active: dict[Key, int] = {}  # $ref -> how many times it is open on the current path
+        self.expanded: dict[tuple, Node] = {}  # (ref, depth, context) -> its tree, shared
 
     def value(self, schema: Any, path: str, depth: int) -> Node:
+        if self.budget is not None:
+            self.budget.charge(1, "the schema")
         if depth > self.options.max_depth:
             raise GrammarTooLargeError(f"the JSON schema nests deeper than {self.options.max_depth} at {path}")
         if schema is True or schema == {}:
@@ -125,25 +136,26 @@ class _Compiler:
         others = sorted(k for k in schema if k != "$ref" and k not in ANNOTATIONS)
         if others:
             raise GuidedError(f"keywords beside '$ref' are not supported ({', '.join(others)}) at {path}")
-        target = self.resolve(ref, path)
-        if self.active.get(ref, 0) > self.options.max_recursion:
+        key, target = self.refs.resolve(ref, path)
+        if self.active.get(key, 0) > self.options.max_recursion:
             return NOTHING  # the recursion bound: this branch cannot be taken
-        self.active[ref] = self.active.get(ref, 0) + 1
+        # What the expansion depends on besides the ref: its depth, and the open refs it could re-enter.
+        component = self.refs.component(key)
+        context = tuple(sorted((k, n) for k, n in self.active.items() if n and self.refs.component(k) == component))
+        memo = (key, depth, context)
+        found = self.expanded.get(memo)
+        if found is not None:
+            return found
+        self.active[key] = self.active.get(key, 0) + 1
         try:
-            return self.value(target, ref, depth + 1)
+            node = self.value(target, ref, depth + 1)
         finally:
-            self.active[ref] -= 1
+            self.active[key] -= 1
+        self.expanded[memo] = node
+        return node
 
     def resolve(self, ref: Any, path: str) -> Any:
-        if not isinstance(ref, str) or not ref.startswith("#"):
-            raise GuidedError(f"only local $refs ('#/...') are supported, got {ref!r} at {path}")
-        node = self.root
-        for part in filter(None, ref[1:].split("/")):
-            part = part.replace("~1", "/").replace("~0", "~")
-            if not isinstance(node, dict) or part not in node:
-                raise GuidedError(f"$ref {ref!r} points nowhere (at {path})")
-            node = node[part]
-        return node
+        return self.refs.resolve(ref, path)[1]
 
     def merge_all_of(self, schema: dict, path: str) -> dict:
         parts = schema["allOf"]
@@ -151,8 +163,13 @@ class _Compiler:
             raise GuidedError(f"'allOf' must be a non-empty list at {path}")
         merged = {k: v for k, v in schema.items() if k != "allOf"}
         for i, part in enumerate(parts):
-            while isinstance(part, dict) and "$ref" in part and len(part) == 1:
+            for _ in range(self.options.max_depth):  # a $ref to a $ref ...: followed a bounded number of times
+                if not (isinstance(part, dict) and "$ref" in part and len(part) == 1):
+                    break
                 part = self.resolve(part["$ref"], path)
+            else:
+                raise GuidedError(f"'allOf' at {path}/allOf/{i}: $refs to $refs more than {self.options.max_depth} "
+                                  "times (a loop?)")
             if not isinstance(part, dict):
                 raise GuidedError(f"'allOf' items must be schema objects at {path}/allOf/{i}")
             clash = sorted(k for k in part if k in merged and k not in ANNOTATIONS and merged[k] != part[k])

@@ -14,6 +14,8 @@ the caller.
 """
 from __future__ import annotations
 
+import functools
+
 from py_engine.guided.automaton.nodes import (EMPTY, MAX_CODE_POINT, NOTHING, Node, alt, char, chars, concat,
                                               join, literal, optional, repeat)
 
@@ -118,8 +120,10 @@ def number_range(lo: int | None, lo_open: bool, hi: int | None, hi_open: bool, i
     return alt(*parts)
 
 
+@functools.lru_cache(maxsize=64)
 def any_value(depth: int, ws: Node) -> Node:
-    """Any JSON value with objects and arrays nested at most `depth` deep."""
+    """Any JSON value with objects and arrays nested at most `depth` deep (built once per depth and
+    whitespace, and shared: every `{}` or `true` in a schema is this one tree)."""
     scalar = alt(string(), NUMBER, LITERALS)
     if depth <= 0:
         return scalar

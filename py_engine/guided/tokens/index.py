@@ -119,6 +119,16 @@ class TokenGrammar:
             self.walk_seconds += time.perf_counter() - started
         return found
 
+    def masks(self) -> dict[int, TokenMask]:
+        """The masks computed so far, by state."""
+        return dict(self._masks)
+
+    def adopt(self, masks: dict[int, list[int]]) -> None:
+        """Take masks computed elsewhere over the same DFA and trie (a compile worker's), by state."""
+        for state, ranges in masks.items():
+            if 0 <= state < self.dfa.num_states and state not in self._masks:
+                self._masks[state] = TokenMask(self, state, list(ranges), self.dfa.accepting[state])
+
     def eos_mask(self) -> TokenMask | None:
         """Only EOS allowed (None when there is no EOS id: then nothing is masked)."""
         return TokenMask(self, -1, [], True) if self.eos_ids else None

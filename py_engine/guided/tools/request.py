@@ -91,12 +91,39 @@ def forced_calls_grammar(tools: list[dict[str, Any]], choice: ToolChoice,
         return StructuredOutputsParams(json=tool["parameters"], origin="tools")
     if choice.mode != "required":
         return None
-    items = [{"type": "object", "properties": {"name": {"const": t["name"]}, "parameters": t["parameters"]},
-              "required": ["name", "parameters"], "additionalProperties": False} for t in tools]
-    array = {"type": "array", "minItems": 1, "items": items[0] if len(items) == 1 else {"anyOf": items}}
+    # Each tool's parameters under $defs, its local $refs rebased there (they name the tool's own root).
+    defs = {f"tool{i}": _rebased(t["parameters"], f"#/$defs/tool{i}") for i, t in enumerate(tools)}
+    items = [{"type": "object",
+              "properties": {"name": {"const": t["name"]}, "parameters": {"$ref": f"#/$defs/tool{i}"}},
+              "required": ["name", "parameters"], "additionalProperties": False} for i, t in enumerate(tools)]
+    array = {"type": "array", "minItems": 1, "$defs": defs,
+             "items": items[0] if len(items) == 1 else {"anyOf": items}}
     if not parallel:
         array["maxItems"] = 1
     return StructuredOutputsParams(json=array, origin="tools")
+
+
+_DATA_KEYWORDS = frozenset({"enum", "const", "default", "examples"})  # values, not schemas: never rebased
+_NAMED_SCHEMAS = frozenset({"properties", "patternProperties", "$defs", "definitions", "dependentSchemas"})
+
+
+def _rebased(schema: Any, base: str) -> Any:
+    """A copy of `schema` whose local $refs ("#", "#/...") point into it once it sits at `base`."""
+    if isinstance(schema, list):
+        return [_rebased(x, base) for x in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {}
+    for key, value in schema.items():
+        if key == "$ref" and isinstance(value, str) and (value == "#" or value.startswith("#/")):
+            out[key] = base + value[1:]
+        elif key in _DATA_KEYWORDS:
+            out[key] = value
+        elif key in _NAMED_SCHEMAS and isinstance(value, dict):  # names (maybe "enum") -> schemas
+            out[key] = {name: _rebased(sub, base) for name, sub in value.items()}
+        else:
+            out[key] = _rebased(value, base)
+    return out
 
 
 def read_forced_calls(text: str, choice: ToolChoice) -> list[dict[str, Any]]:
