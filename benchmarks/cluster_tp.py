@@ -18,8 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+from common import REPO  # noqa: E402  (benchmarks/common.py: also puts the clone on sys.path)
 
 
 def _status_mib(pid: int) -> dict[str, float]:

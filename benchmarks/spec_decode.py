@@ -79,7 +79,6 @@ def engine_child(model: str, config: str, threads: int, max_tokens: int) -> dict
     """In a fresh process: every prompt of both sets, greedy, timed from the first token to the last."""
     import torch
 
-    sys.path.insert(0, str(REPO))
     torch.set_num_threads(threads)
     from py_engine import LLM, SamplingParams
 
@@ -111,7 +110,7 @@ def invariance_child(source: str, model: str, quantization: str, threads: int, p
     """In a fresh process, py_engine from `source`: one untimed warm-up, then a timed prefill and greedy decode."""
     import torch
 
-    sys.path.insert(0, source)
+    sys.path.insert(0, source)  # the --before checkout ahead of this clone
     torch.set_num_threads(threads)
     from py_engine.backends.torch import LLM
 
@@ -134,7 +133,6 @@ INVARIANCE_MODELS = [(NAME, "none"), ("tiny-shakespeare", "none"), ("tiny-shakes
 
 
 def invariance_part(before: str, rounds: int, threads: int, prompt: int, new: int) -> dict:
-    sys.path.insert(0, str(REPO))
     from benchmarks.decode_engines import source_tree
 
     trees = {"main": str(REPO), "before": str(source_tree(before))}
@@ -253,7 +251,6 @@ def server_batch(url: str, max_tokens: int, concurrency: int) -> dict:
 
 
 def server_part(configs: list[str], rounds: int, threads: int, max_tokens: int, concurrency: int, logs: Path) -> dict:
-    sys.path.insert(0, str(REPO))
     from tests.server.server_harness import running_server
 
     runs = []
@@ -282,7 +279,6 @@ def server_part(configs: list[str], rounds: int, threads: int, max_tokens: int, 
 
 
 def llama_part(rounds: int, threads: int, max_tokens: int, draft: Path | None, logs: Path) -> dict:
-    sys.path.insert(0, str(REPO))
     from benchmarks.smollm2_speed import gguf_path
     from tests.server.server_harness import free_port, http_process
 

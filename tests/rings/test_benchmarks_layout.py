@@ -24,7 +24,8 @@ def test_no_script_names_a_path_of_one_machine():
 
 def test_only_common_edits_sys_path_and_nothing_imports_helpers_from_another_script():
     """common.py puts the clone's root on sys.path once; a script may still put *another checkout* there
-    (an A/B against old code: decode_engines' ruvllm@REV, qtile_bench's and server_bench's --baseline)."""
+    (an A/B against old code: decode_engines' ruvllm@REV, qtile_bench's and server_bench's --baseline,
+    spec_decode's --before)."""
     helpers_from_scripts, edits = [], []
     for path in _scripts():
         tree = ast.parse(path.read_text())
@@ -39,7 +40,7 @@ def test_only_common_edits_sys_path_and_nothing_imports_helpers_from_another_scr
                 edits.append((path.name, "slice"))
     assert helpers_from_scripts == []
     assert sorted(edits) == [("common.py", "str(REPO)"), ("decode_engines.py", "str(source_tree(revision) if revision else REPO)"),
-                             ("qtile_bench.py", "root")]
+                             ("qtile_bench.py", "root"), ("spec_decode.py", "source")]
 
 
 def test_every_script_imports_common_from_beside_it():
