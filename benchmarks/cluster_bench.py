@@ -229,6 +229,16 @@ def metric(url: str, name: str) -> float:
     return 0.0
 
 
+def merged(out: dict) -> dict:
+    """This run's parts over the file's; the meta of an earlier run whose parts are still there is kept in
+    `earlier_runs` (each part's numbers stay beside the load they were measured under)."""
+    previous = json.loads(RESULTS.read_text()) if RESULTS.is_file() else {}
+    runs = previous.pop("earlier_runs", []) + ([previous.pop("meta")] if "meta" in previous else [])
+    kept = {k: v for k, v in previous.items() if k not in out}
+    earlier = [m for m in runs if any(p in kept or p + "_memory" in kept for p in m.get("parts", ["tp", "routing"]))]
+    return {**out, **kept, **({"earlier_runs": earlier} if earlier else {})}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="tiny-shakespeare")
@@ -244,8 +254,9 @@ def main() -> None:
 
     parts = args.parts.split(",")
     uptime = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
-    meta = {"uptime_start": uptime, "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), **machine(), "model": args.model,
-            "rounds": args.rounds, "note": "shared 2-core machine; load average at start and end"}
+    meta = {"uptime_start": uptime, "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), **machine(),
+            "model": args.model, "rounds": args.rounds, "parts": parts,
+            "note": "shared 2-core machine; load average at start and end"}
     out: dict = {"meta": meta}
     if "tp" in parts:
         out["tp"], out["tp_memory"] = part_tp(args.tp_models.split(","), args.rounds + 1, args.tp_tokens)
@@ -262,8 +273,7 @@ def main() -> None:
     for part in ("tp", "tp_memory", "replicas", "routing", "kill"):
         if part in out:
             print(f"\n{part}:\n" + format_table(out[part], [(k, k) for k in out[part][0]]))
-    previous = json.loads(RESULTS.read_text()) if RESULTS.is_file() else {}
-    RESULTS.write_text(json.dumps({**previous, **out}, indent=2) + "\n")
+    RESULTS.write_text(json.dumps(merged(out), indent=2) + "\n")
     print(f"wrote {RESULTS.relative_to(REPO)}")
 
 
