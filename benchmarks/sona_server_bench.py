@@ -25,11 +25,9 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "benchmarks"))
+from common import REPO  # noqa: E402  (also puts the clone's root on sys.path)
 
-from decode_speed import machine  # noqa: E402
+from common import machine  # noqa: E402
 from native_server.bench.loadgen import run_level_sync  # noqa: E402
 from native_server.bench.workload import random_prompts  # noqa: E402
 from tests.server.server_harness import free_port, http_process  # noqa: E402

@@ -14,7 +14,7 @@ rotating, each in a fresh process):
   script fails otherwise);
 - server: `ruvllm serve` with and without --speculative-config, 16 concurrent requests (both sets, cycled),
   output tokens / wall time of the batch;
-- llama: llama.cpp's own `llama-server` (/work/llama/build/bin, -march=native) on the same file and prompts,
+- llama: llama.cpp's own `llama-server` (`make bench-anchors` builds it, -march=native) on the same file and prompts,
   plain and with `--spec-type ngram-simple` (its defaults, and a 3-gram drafting 4) (and --model-draft DRAFT.gguf when given), one request at a time:
   its reported decode rate (timings.predicted_per_second).
 - invariance: the cost of batch invariance (one numeric path for a token, 93e4dc4): prefill and decode tok/s of
@@ -37,9 +37,9 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+from common import REPO, llama_tool, machine  # noqa: E402  (benchmarks/common.py: also puts the clone on sys.path)
+
 NAME = "smollm2-135m-instruct"
-LLAMA_SERVER = Path("/work/llama/build/bin/llama-server")
 RESULTS = REPO / "benchmarks" / "results" / "spec_decode.json"
 
 TEXT = ("The city council met on Tuesday evening to discuss the new public library. After two hours of debate, "
@@ -79,7 +79,6 @@ def engine_child(model: str, config: str, threads: int, max_tokens: int) -> dict
     """In a fresh process: every prompt of both sets, greedy, timed from the first token to the last."""
     import torch
 
-    sys.path.insert(0, str(REPO))
     torch.set_num_threads(threads)
     from py_engine import LLM, SamplingParams
 
@@ -111,7 +110,7 @@ def invariance_child(source: str, model: str, quantization: str, threads: int, p
     """In a fresh process, py_engine from `source`: one untimed warm-up, then a timed prefill and greedy decode."""
     import torch
 
-    sys.path.insert(0, source)
+    sys.path.insert(0, source)  # the --before checkout ahead of this clone
     torch.set_num_threads(threads)
     from py_engine.backends.torch import LLM
 
@@ -136,7 +135,6 @@ INVARIANCE_MODELS = [(NAME, "none"), ("tiny-shakespeare", "none"), ("tiny-shakes
 
 
 def invariance_part(before: str, rounds: int, threads: int, prompt: int, new: int) -> dict:
-    sys.path.insert(0, str(REPO))
     from benchmarks.decode_engines import source_tree
 
     trees = {"main": str(REPO), "before": str(source_tree(before))}
@@ -255,7 +253,6 @@ def server_batch(url: str, max_tokens: int, concurrency: int) -> dict:
 
 
 def server_part(configs: list[str], rounds: int, threads: int, max_tokens: int, concurrency: int, logs: Path) -> dict:
-    sys.path.insert(0, str(REPO))
     from tests.server.server_harness import running_server
 
     runs = []
@@ -284,7 +281,6 @@ def server_part(configs: list[str], rounds: int, threads: int, max_tokens: int, 
 
 
 def llama_part(rounds: int, threads: int, max_tokens: int, draft: Path | None, logs: Path) -> dict:
-    sys.path.insert(0, str(REPO))
     from benchmarks.smollm2_speed import gguf_path
     from tests.server.server_harness import free_port, http_process
 
@@ -301,7 +297,7 @@ def llama_part(rounds: int, threads: int, max_tokens: int, draft: Path | None, l
     for r in range(rounds):
         for mode, extra in modes.items():
             port = free_port()
-            command = [str(LLAMA_SERVER), "-m", str(gguf), "--port", str(port), "--host", "127.0.0.1", "-t",
+            command = [str(llama_tool("llama-server")), "-m", str(gguf), "--port", str(port), "--host", "127.0.0.1", "-t",
                        str(threads), "-np", "1", "--poll", "0", *extra]
             env = {**os.environ, "OMP_WAIT_POLICY": "passive"}
             with http_process(command, f"http://127.0.0.1:{port}", "/health", logs / f"llama-{port}.log",
@@ -359,9 +355,6 @@ def main() -> int:
     p.add_argument("--out", type=Path, default=RESULTS)
     p.add_argument("--note", default="", help="recorded in the JSON (e.g. whether bench.lock was held)")
     args = p.parse_args()
-    sys.path.insert(0, str(REPO))
-    from benchmarks.decode_speed import machine
-
     logs = Path(os.environ.get("TMPDIR", "/tmp")) / "spec_decode_logs"
     logs.mkdir(parents=True, exist_ok=True)
     parts = args.parts.split(",")
