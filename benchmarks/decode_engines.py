@@ -16,7 +16,7 @@ head 4-bit too, `+g32` uses groups of 32), `ruvllm:nohuge` (float weights left i
 for when nothing is quantized); the
 parent sets environment variants such as `:thp` before this starts.
 `ruvllm@REV` runs py_engine as of git revision REV (unpacked under .cache),
-or from the source tree at a path (`ruvllm@/work/main`), to measure against
+or from the source tree at a path (`ruvllm@../other-checkout`), to measure against
 the engine before a change. `ruvllm:gguf-q4_0` / `:gguf-q8_0` loads the GGUF
 that llama-quantize made (gguf_file: the file llama-bench and llama-server
 run) instead of the float checkpoint, as `ruvllm serve FILE.gguf` does. `llama.cpp` runs the same
@@ -24,8 +24,8 @@ weights as GGUF (f32, or bf16 made from it; `llama.cpp:q8_0` and
 `llama.cpp:q4_0` quantize it with llama.cpp's own quantizer) through
 llama-cpp-python, in that package's own environment (decode_speed.py
 --llama-cpp-python). `llama-bench:f32` / `:bf16` / `:q8_0` / `:q4_0` runs llama.cpp's
-own llama-bench binary (`$LLAMA_CPP_BIN`, decode_speed.py --llama-cpp-bin: a
--DGGML_NATIVE=ON build) on the same GGUF, quantized by its llama-quantize:
+own llama-bench binary (`make bench-anchors` builds it: common.llama_cpp_bin) on
+the same GGUF, quantized by its llama-quantize:
 prefill is its pp test over the prompt length, decode its tg test over the new
 tokens, peak RSS its process's.
 
@@ -49,8 +49,8 @@ import time
 from pathlib import Path
 from typing import Callable
 
-REPO = Path(__file__).resolve().parent.parent
-CACHE = REPO / "benchmarks" / ".cache"
+from common import CACHE, REPO, llama_cpp_sources, llama_tool
+
 FIXTURE = REPO.parent / "shared" / "fixtures" / "configs" / "qwen2.5-0.5b-instruct" / "config.json"
 SEED = 0
 # The fixture's config.json, for checkouts without ../shared.
@@ -85,7 +85,6 @@ def build_model() -> Path:
     import torch
     from safetensors.torch import save_file
 
-    sys.path.insert(0, str(REPO))
     from py_engine.config import ModelConfig
     from py_engine.models import CausalLM
 
@@ -110,7 +109,7 @@ def prompt_ids(length: int) -> list[int]:
 
 def source_tree(revision: str) -> Path:
     """py_engine as of a git revision, unpacked once under .cache, or under $RUVLLM_BENCH_TREES where the
-    cache is shared read-only (for `ruvllm@REV`); a directory is taken as a source tree (`ruvllm@/work/main`)."""
+    cache is shared read-only (for `ruvllm@REV`); a directory is taken as a source tree (`ruvllm@../other-checkout`)."""
     import subprocess
 
     if Path(revision).is_dir():  # a source tree (another checkout), as it is
@@ -138,7 +137,7 @@ def ruvllm_runner(folder: Path, dtype: str, options: set[str], revision: str = "
     if kind is not None:  # the GGUF's own codes (Q4_0 / Q8_0 blocks) in place of the float checkpoint
         from py_engine.hub import resolve_model
 
-        folder = resolve_model(str(gguf_file(kind, Path(os.environ.get("LLAMA_CPP_BIN", "/nonexistent")))))
+        folder = resolve_model(str(gguf_file(kind)))
     model, config = load_model(folder, dtype=dtype, **pages)
     RSS_STAGES["load"] = _rss()
     if method is not None:  # in-situ quantization, before the CPU transforms (as LLM(quantization=...) does)
@@ -270,10 +269,8 @@ def llama_bench(kind: str, threads: int, new_tokens: int, lengths: list[int]) ->
     """llama.cpp's llama-bench on the benchmark's GGUF: pp (prompt) and tg (generation) rates."""
     import subprocess
 
-    binary = Path(os.environ.get("LLAMA_CPP_BIN", "")) / "llama-bench"
-    if not binary.is_file():
-        raise SystemExit(f"{binary} is missing: set LLAMA_CPP_BIN (decode_speed.py --llama-cpp-bin)")
-    model = gguf_file(kind, binary.parent)
+    binary = llama_tool("llama-bench")
+    model = gguf_file(kind)
     result: dict = {"engine": f"llama-bench:{kind}", "threads": threads, "load_s": None, "isq_s": None,
                     "weight_bytes_per_token": model.stat().st_size}
     splits: list[dict] = []
@@ -295,23 +292,65 @@ def llama_bench(kind: str, threads: int, new_tokens: int, lengths: list[int]) ->
     return result
 
 
-def gguf_file(kind: str, bin_dir: Path) -> Path:
-    """The f32 GGUF (benchmarks/llama_cpp_bench.py converts it) or one made from it by llama-quantize."""
+def gguf_file(kind: str) -> Path:
+    """The f32 GGUF of the checkpoint (made once: f32_gguf) or one made from it by llama.cpp's llama-quantize."""
     import subprocess
 
-    folder = CACHE / f"qwen2.5-0.5b-random-seed{SEED}-gguf"
-    f32 = folder / "qwen-f32.gguf"
-    if not f32.exists():
-        raise SystemExit(f"{f32} is missing: convert the checkpoint first (see benchmarks/llama_cpp_bench.py)")
+    f32 = f32_gguf()
     if kind in ("f32", "float32"):
         return f32
-    target = folder / f"qwen-{kind}.gguf"
+    target = f32.parent / f"qwen-{kind}.gguf"
     if not target.exists():
-        tmp = folder / f"qwen-{kind}.gguf.tmp"
-        subprocess.run([str(bin_dir / "llama-quantize"), str(f32), str(tmp), kind.upper()], check=True,
+        tmp = f32.parent / f"qwen-{kind}.gguf.tmp"
+        subprocess.run([str(llama_tool("llama-quantize")), str(f32), str(tmp), kind.upper()], check=True,
                        capture_output=True)
         os.replace(tmp, target)
     return target
+
+
+def f32_gguf() -> Path:
+    """The random checkpoint as an f32 GGUF, made once. With Qwen2.5's tokenizer (../shared) it is llama.cpp's
+    own convert_hf_to_gguf.py from the sdist `make bench-anchors` unpacked, as a user converts a model;
+    without it, ggml's writer (the gguf package) writes the same tensors under the same names, with the
+    built-in model's tokenizer padded to the vocabulary (llama-bench runs token ids, never text)."""
+    import subprocess
+
+    folder = CACHE / f"qwen2.5-0.5b-random-seed{SEED}-gguf"
+    out = folder / "qwen-f32.gguf"
+    if out.exists():
+        return out
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = folder / "qwen-f32.gguf.tmp"
+    from server_bench import QWEN_TOKENIZER, qwen_checkpoint
+
+    if QWEN_TOKENIZER.is_dir():
+        hf = qwen_checkpoint()
+        # The converter imports sentencepiece before it looks for a tokenizer.model; a stub gets it past that.
+        stub = folder / "stub"
+        stub.mkdir(exist_ok=True)
+        (stub / "sentencepiece.py").write_text("class SentencePieceProcessor:\n    pass\n")
+        llama_cpp = llama_cpp_sources() / "vendor" / "llama.cpp"
+        env = {**os.environ, "PYTHONPATH": f"{llama_cpp / 'gguf-py'}{os.pathsep}{stub}"}
+        subprocess.run([sys.executable, str(llama_cpp / "convert_hf_to_gguf.py"), str(hf), "--outtype", "f32",
+                        "--outfile", str(tmp)], check=True, env=env, stdout=subprocess.DEVNULL)
+    else:
+        _write_f32_gguf(build_model(), tmp)
+    os.replace(tmp, out)
+    return out
+
+
+def _write_f32_gguf(folder: Path, out: Path) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from tests.importers.gguf_builder import byte_level_vocab, write_gguf
+
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    vocab = byte_level_vocab(REPO / "py_engine" / "data" / "tiny-shakespeare" / "tokenizer.json", pre="qwen2")
+    size = model.config.vocab_size
+    vocab.tokens += [f"[PAD{i}]" for i in range(len(vocab.tokens), size)]
+    vocab.types += [5] * (size - len(vocab.types))  # UNUSED, as the converter pads a vocabulary
+    write_gguf(out, model, vocab, "F32", general_name="qwen2.5-0.5b-random")
 
 
 def weight_bytes(model) -> int:

@@ -25,13 +25,13 @@ RTN at load, its seconds in the ISQ column) against `llama.cpp:q8_0` and
 `llama.cpp:q4_0` (GGUFs made once with llama.cpp's quantizer), e.g.
 
     decode_speed.py --dtypes float32 --prompt-lengths 128 --engines ruvllm:int8,llama.cpp:q8_0,ruvllm:int4,llama.cpp:q4_0 \
-        --llama-cpp-python /tmp/lcp_venv/bin/python --out benchmarks/results/quant_speed.json
+        --llama-cpp-python VENV/bin/python --out benchmarks/results/quant_speed.json
 
 llama.cpp's own binaries (a -DGGML_NATIVE=ON build; --llama-cpp-bin DIR):
 `llama-bench:f32`, `:bf16`, `:q8_0`, `:q4_0` run llama-bench on the same GGUF,
 quantized by its llama-quantize, alternating with ruvllm in each round:
 
-    decode_speed.py --dtypes float32 --prompt-lengths 128 --llama-cpp-bin /work/llama/build/bin \
+    decode_speed.py --dtypes float32 --prompt-lengths 128 \
         --engines ruvllm:int8,llama-bench:q8_0,ruvllm:int4,llama-bench:q4_0
 
 Each round starts with a memory bandwidth probe (a 512 MB read on --threads
@@ -47,7 +47,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -55,7 +54,7 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
+from common import HERE, llama_cpp_bin, machine  # noqa: E402
 RESULTS = HERE / "results" / "decode_speed.json"
 
 
@@ -71,7 +70,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--llama-cpp-python", type=Path, default=None,
                    help="the python of an environment with llama-cpp-python, for the llama.cpp engine")
     p.add_argument("--llama-cpp-bin", type=Path, default=None,
-                   help="the bin folder of llama.cpp's native build (llama-bench, llama-quantize), for llama-bench")
+                   help="llama.cpp's bin folder for llama-bench (default: what `make bench-anchors` built)")
     p.add_argument("--out", type=Path, default=RESULTS)
     return p.parse_args()
 
@@ -88,9 +87,7 @@ def run_child(engine: str, dtype: str, args: argparse.Namespace) -> dict:
         env["RUVLLM_KERNEL_DEFINES"] = " ".join(defines)
     python = sys.executable
     if engine.startswith("llama-bench"):
-        if args.llama_cpp_bin is None:
-            return {"engine": engine, "dtype": dtype, "error": ["--llama-cpp-bin is needed for llama-bench"]}
-        env["LLAMA_CPP_BIN"] = str(args.llama_cpp_bin)
+        env["RUVLLM_LLAMA_CPP_BIN"] = str(llama_cpp_bin(args.llama_cpp_bin))  # exits saying how to build it
     if engine.startswith("llama.cpp"):
         if args.llama_cpp_python is None:
             return {"engine": engine, "dtype": dtype, "error": ["--llama-cpp-python is needed for llama.cpp"]}
@@ -208,31 +205,8 @@ def bandwidth_gbs(threads: int) -> float:
     return x.numel() * 4 / best / 1e9
 
 
-def machine() -> dict:
-    import torch
-    import transformers
-
-    info = {"python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__,
-            "cpus": os.cpu_count(), "loadavg_start": os.getloadavg()}
-    try:
-        lines = Path("/proc/cpuinfo").read_text().splitlines()
-        info["cpu"] = next(line.split(":", 1)[1].strip() for line in lines if line.startswith("model name"))
-        flags = set(next(line for line in lines if line.startswith("flags")).split())
-        info["isa"] = sorted(flags & {"avx2", "fma", "f16c", "avx512f", "avx512_bf16", "amx_bf16"})
-    except (OSError, StopIteration):
-        pass
-    sys.path.insert(0, str(HERE.parent))
-    from py_engine.kernels import kernels_report
-
-    info["cpu_kernels"] = kernels_report()  # the variant ruvllm runs and the CPU's SIMD flags
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=HERE, capture_output=True, text=True)
-    info["commit"] = commit.stdout.strip()
-    return info
-
-
 def main() -> None:
     args = parse_args()
-    sys.path.insert(0, str(HERE))
     from decode_engines import build_model
 
     build_model()  # once, before any timing

@@ -33,9 +33,7 @@ from typing import Any, Callable
 
 import torch
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "benchmarks"))
+from common import REPO  # noqa: E402  (also puts the clone's root on sys.path)
 
 RESULTS = REPO / "benchmarks" / "results" / "gpu_bench.json"
 L2_BYTES = 50 * 2**20

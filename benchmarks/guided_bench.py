@@ -29,13 +29,11 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "benchmarks"))
+from common import REPO  # noqa: E402  (also puts the clone's root on sys.path)
 FIXTURES = Path(os.environ.get("RUVLLM_SHARED_FIXTURES", REPO.parent / "shared" / "fixtures")) / "tokenizers"
 RESULTS = REPO / "benchmarks" / "results" / "guided_bench.json"
 
-from decode_speed import machine  # noqa: E402  (CPU model, ISA flags, load average, commit)
+from common import machine  # noqa: E402  (CPU model, ISA flags, load average, commit)
 from guided_measure import CASES, _spec, document_text, measure  # noqa: E402
 
 

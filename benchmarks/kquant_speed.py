@@ -32,14 +32,10 @@ import sys
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-REPO = HERE.parent
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(HERE))
+from common import HERE, REPO, llama_cpp_bin, machine  # noqa: E402  (also puts the clone's root on sys.path)
 
 CACHE = HERE / ".cache"
 RESULTS = HERE / "results" / "kquant_speed.json"
-LLAMA_BIN = Path("/work/llama/build/bin")
 SHARED = REPO.parent / "shared" / "fixtures"
 QUANTS = ("Q4_K_M", "Q5_K_M", "Q6_K")
 
@@ -228,13 +224,12 @@ def main() -> None:
     parser.add_argument("--prompt", type=int, default=128)
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--llama-cpp-bin", type=Path, default=LLAMA_BIN)
+    parser.add_argument("--llama-cpp-bin", type=Path, help="llama.cpp's bin folder (default: `make bench-anchors`'s)")
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--passive", action="store_true", help="llama.cpp's threads sleep while waiting (--poll 0, "
                         "OMP_WAIT_POLICY=passive): for a loaded machine")
     args = parser.parse_args()
-    from decode_speed import machine
-
+    args.llama_cpp_bin = llama_cpp_bin(args.llama_cpp_bin)  # exits saying how to build the tools
     info = machine()
     files = {}
     for model in args.models.split(","):

@@ -17,13 +17,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 import torch
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))
+from common import HERE  # noqa: E402  (also puts the clone's root on sys.path)
 
 from native_server.engine.block_manager import BlockManager  # noqa: E402
 from native_server.engine.kv_cache import cold_bytes_per_block, kv_bytes_per_block, split_budget  # noqa: E402

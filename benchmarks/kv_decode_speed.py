@@ -16,17 +16,14 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import torch
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))
-sys.path.insert(0, str(HERE))
+from common import HERE  # noqa: E402  (also puts the clone's root on sys.path)
 
-from decode_speed import machine  # noqa: E402
+from common import machine  # noqa: E402
 from py_engine.backends.torch import LLM, TorchBackend  # noqa: E402
 from py_engine.models import DenseKVCache  # noqa: E402
 from py_engine.models.kv_quant import KVQuantConfig  # noqa: E402

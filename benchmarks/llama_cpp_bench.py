@@ -1,6 +1,6 @@
 """The same load against llama-cpp-python's OpenAI server, on the same weights and precision (GGUF f32).
 
-    python benchmarks/llama_cpp_bench.py --venv /tmp/lcp_venv --sdist-dir DIR [--levels 1,4,16,64]
+    python benchmarks/llama_cpp_bench.py --venv DIR [--sdist-dir DIR] [--levels 1,4,16,64]
 
 llama-cpp-python (a pip package that compiles llama.cpp) is installed in a
 virtual environment of its own (`--venv`): its server extra pins fastapi,
@@ -19,10 +19,11 @@ new request from cancelling the one streaming.
 
 llama.cpp's own server (the real anchor: parallel slots, continuous batching):
 
-    python benchmarks/llama_cpp_bench.py --llama-cpp-bin /work/llama/build/bin --quant q4_0 --levels 1,16 --rounds 2 \
+    python benchmarks/llama_cpp_bench.py --llama-server --quant q4_0 --levels 1,16 --rounds 2 \
         [--gen-length 64] [--baseline DIR]
 
-runs `llama-server -np 16 -c 8192 -t 2` (a -DGGML_NATIVE=ON build) and `ruvllm serve`
+runs `llama-server -np 16 -c 8192 -t 2` (`make bench-anchors` builds it; --llama-cpp-bin DIR
+names another build) and `ruvllm serve`
 on the very same GGUF (f32, or q8_0 / q4_0 made by llama-quantize; ruvllm keeps
 Q8_0 / Q4_0 codes as they are), alternating the two servers in each round on the
 same token-id prompts (`ignore_eos`), and reports output tok/s per level, the
@@ -52,14 +53,12 @@ import sys
 from pathlib import Path
 from typing import Any, Iterator
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "benchmarks"))
+from common import REPO, llama_cpp_bin, llama_cpp_sources, machine  # noqa: E402
 
 from native_server.bench.loadgen import run_level_sync  # noqa: E402
 from native_server.bench.report import flatten, format_table  # noqa: E402
 from native_server.bench.stats import summarize  # noqa: E402
-from server_bench import QWEN_TOKENIZER, RESULTS, STARTUP_S, STOP_S, peak_rss_mib, qwen_checkpoint  # noqa: E402
+from server_bench import QWEN_TOKENIZER, RESULTS, STARTUP_S, STOP_S, peak_rss_mib  # noqa: E402
 from tests.server.server_harness import free_port, http_process  # noqa: E402
 
 GGUF_DIR = REPO / "benchmarks" / ".cache" / "qwen2.5-0.5b-random-seed0-gguf"
@@ -68,23 +67,11 @@ CONTEXT = 8192  # llama-server's -c; ruvllm serve gets a KV budget of as many po
 KV_BYTES_PER_VALUE = {"fp16": 2, "bf16": 2, "auto": 4}  # ruvllm's --kv-cache-dtype on the f32-activation model
 
 
-def convert(sdist_dir: Path) -> Path:
-    """The f32 GGUF of the Qwen2.5-0.5B-shape checkpoint (converted once)."""
-    out = GGUF_DIR / "qwen-f32.gguf"
-    if out.exists():
-        return out
-    if not QWEN_TOKENIZER.is_dir():
-        raise RuntimeError(f"the GGUF needs Qwen2.5's tokenizer from {QWEN_TOKENIZER}, which is absent")
-    hf = qwen_checkpoint()
-    # The converter imports sentencepiece before it looks for a tokenizer.model; a stub gets it past that.
-    stub = GGUF_DIR / "stub"
-    stub.mkdir(parents=True, exist_ok=True)
-    (stub / "sentencepiece.py").write_text("class SentencePieceProcessor:\n    pass\n")
-    llama_cpp = sdist_dir / "vendor" / "llama.cpp"
-    env = {**os.environ, "PYTHONPATH": f"{llama_cpp / 'gguf-py'}{os.pathsep}{stub}"}
-    subprocess.run([sys.executable, str(llama_cpp / "convert_hf_to_gguf.py"), str(hf), "--outtype", "f32",
-                    "--outfile", str(out)], check=True, env=env, stdout=subprocess.DEVNULL)
-    return out
+def convert(sdist_dir: Path | None = None) -> Path:
+    """The f32 GGUF of the Qwen2.5-0.5B-shape checkpoint (made once: decode_engines.f32_gguf)."""
+    from decode_engines import f32_gguf
+
+    return f32_gguf()
 
 
 def text_prompts(count: int, length: int, seed: str) -> tuple[list[str], list[int]]:
@@ -215,7 +202,7 @@ def native_ab(bin_dir: Path, quant: str, levels: list[int], rounds: int, threads
     from decode_engines import gguf_file
     from server_bench import serve
 
-    gguf = gguf_file(quant, bin_dir)
+    gguf = gguf_file(quant)
     logs = logs or REPO / "benchmarks" / ".cache" / "logs" / "llama_server"
     logs.mkdir(parents=True, exist_ok=True)
     kv_dtypes = kv_dtypes or ["fp16"]
@@ -278,7 +265,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--venv", type=Path, help="virtual environment with llama-cpp-python[server]")
     parser.add_argument("--sdist-dir", type=Path, help="the unpacked llama_cpp_python sdist (its converter)")
-    parser.add_argument("--llama-cpp-bin", type=Path, help="llama.cpp's native build: llama-server vs ruvllm, A/B")
+    parser.add_argument("--llama-server", action="store_true", help="llama.cpp's own llama-server vs ruvllm, A/B "
+                        "(the build of `make bench-anchors`)")
+    parser.add_argument("--llama-cpp-bin", type=Path, help="with --llama-server: another build's bin folder")
     parser.add_argument("--quant", default="f32", choices=["f32", "q8_0", "q4_0"], help="with --llama-cpp-bin")
     parser.add_argument("--rounds", type=int, default=2, help="A/B rounds with --llama-cpp-bin")
     parser.add_argument("--threads", type=int, default=2, help="llama-server's -t")
@@ -301,16 +290,12 @@ def main() -> int:
     levels = [int(x) for x in args.levels.split(",")]
     if not set(args.kv_cache_dtypes.split(",")) <= set(KV_BYTES_PER_VALUE):
         parser.error(f"--kv-cache-dtypes: each one of {', '.join(KV_BYTES_PER_VALUE)}")
-    if args.sdist_dir is not None:
-        convert(args.sdist_dir)  # the f32 GGUF every other is made from
-    if args.llama_cpp_bin is not None:
+    if args.llama_server or args.llama_cpp_bin is not None:
         backends = args.ruvllm_backends.split(",") if args.ruvllm_backends else None
-        result = native_ab(args.llama_cpp_bin, args.quant, levels, args.rounds, args.threads, args.prompt_length,
+        result = native_ab(llama_cpp_bin(args.llama_cpp_bin), args.quant, levels, args.rounds, args.threads, args.prompt_length,
                            args.gen_length, args.iterations, backends, not args.no_llama_server,
                            args.ruvllm_flags.split(), args.baseline, args.kv_cache_dtypes.split(","),
                            args.log_dir)
-        sys.path.insert(0, str(REPO / "benchmarks"))
-        from decode_speed import machine
 
         result["machine"] = machine()
         out = args.out or RESULTS.parent / f"llama_server_{args.quant}.json"
@@ -322,9 +307,9 @@ def main() -> int:
               f"peak RSS MiB {result['peak_rss_mib']}; anon / file at the largest sampled RSS "
               f"{result['peak_split_mib']}; wrote {out}")
         return 0
-    if args.venv is None or args.sdist_dir is None:
-        parser.error("--venv and --sdist-dir (llama-cpp-python's server), or --llama-cpp-bin (llama-server)")
-    result = throughput(args.venv, args.sdist_dir, levels, args.prompt_length, args.gen_length, args.iterations)
+    if args.venv is None:
+        parser.error("--venv (llama-cpp-python's server), or --llama-server (llama.cpp's own)")
+    result = throughput(args.venv, args.sdist_dir or llama_cpp_sources(), levels, args.prompt_length, args.gen_length, args.iterations)
     report = json.loads(RESULTS.read_text()) if RESULTS.exists() else {"models": {}}
     report.setdefault("models", {}).setdefault("qwen0.5b", {})["llama_cpp_python"] = result
     RESULTS.parent.mkdir(parents=True, exist_ok=True)

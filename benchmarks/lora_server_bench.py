@@ -18,14 +18,11 @@ import argparse
 import contextlib
 import json
 import statistics
-import sys
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Iterator
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "benchmarks"))
+from common import REPO  # noqa: E402  (also puts the clone's root on sys.path)
 
 from native_server.bench.loadgen import run_level_sync  # noqa: E402
 from native_server.bench.report import format_table  # noqa: E402
@@ -90,7 +87,7 @@ def main() -> None:
     parser.add_argument("--prompt-length", type=int, default=128)
     parser.add_argument("--gen-length", type=int, default=64)
     args = parser.parse_args()
-    from decode_speed import machine
+    from common import machine
 
     loras = adapters(args.model)
     names = list(loras)

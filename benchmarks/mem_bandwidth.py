@@ -82,8 +82,7 @@ def decode_rates(paths: list[Path]) -> list[dict]:
 
 def main() -> None:
     args = parse_args()
-    sys.path.insert(0, str(HERE))
-    from decode_speed import machine  # CPU model, ISA flags, kernel variant, load, commit
+    from common import machine  # CPU model, ISA flags, kernel variant, load, commit
 
     meta = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), **machine()}
     rows = measure(args)

@@ -21,7 +21,7 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+from common import REPO  # noqa: E402  (also puts the clone's root on sys.path)
 CONFIG = REPO.parent / "shared" / "fixtures" / "configs" / "qwen2.5-0.5b-instruct" / "config.json"
 PROMPT, DECODE = 128, 64
 
@@ -33,7 +33,6 @@ def make_checkpoint(folder: Path) -> None:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    sys.path.insert(0, str(REPO))
     from tests.tiny_models import train_tokenizer
 
     folder.mkdir(parents=True, exist_ok=True)
@@ -128,7 +127,7 @@ def onnx_size(folder: Path, stem: str) -> int:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--work", type=Path, default=Path("/tmp/ruvllm_onnx_bench"))
+    parser.add_argument("--work", type=Path, default=REPO / "benchmarks" / ".cache" / "onnx_bench")
     parser.add_argument("--precisions", nargs="+", default=["fp32", "int8", "int4"])
     parser.add_argument("--builder", nargs="*", default=["int4", "fp32"], help="builder precisions to compare")
     parser.add_argument("--threads", type=int, default=2)

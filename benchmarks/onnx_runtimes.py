@@ -27,8 +27,7 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+from common import REPO  # noqa: E402  (also puts the clone's root on sys.path)
 VARIANTS = {"native-int4": ("int4", "native"), "web-int4": ("int4", "web"), "native-int8": ("int8", "native"),
             "web-int8": ("int8", "web"), "native-fp32": ("fp32", "native"), "plain-fp32": ("fp32", "plain"),
             "native-fp16": ("fp16", "native")}
@@ -90,7 +89,6 @@ def checkpoint(name: str, work: Path) -> Path:
         from tests.tiny_models import build_tiny_model
         return build_tiny_model(folder, **MID)
     if name == "qwen0.5b":
-        sys.path.insert(0, str(REPO / "benchmarks"))
         from onnx_decode import make_checkpoint
         make_checkpoint(folder)
         return folder
@@ -160,7 +158,7 @@ def main() -> None:
     parser.add_argument("--threads", nargs="+", type=int, default=[1, 2])
     parser.add_argument("--prompt", type=int, default=PROMPT, help="prefill tokens (default 32)")
     parser.add_argument("--decode", type=int, default=DECODE, help="greedy decode steps (default 32)")
-    parser.add_argument("--work", type=Path, default=Path("/tmp/ruvllm_onnx_runtimes"))
+    parser.add_argument("--work", type=Path, default=REPO / "benchmarks" / ".cache" / "onnx_runtimes")
     parser.add_argument("--note", default="", help="what the numbers need to be read with (machine load, say)")
     args = parser.parse_args()
     ckpt = checkpoint(args.model, args.work)

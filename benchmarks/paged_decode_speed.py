@@ -24,18 +24,15 @@ import argparse
 import json
 import random
 import statistics
-import sys
 import time
 from pathlib import Path
 from types import SimpleNamespace
 
 import torch
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))
-sys.path.insert(0, str(HERE))
+from common import HERE  # noqa: E402  (also puts the clone's root on sys.path)
 
-from decode_speed import machine  # noqa: E402
+from common import machine  # noqa: E402
 from native_server.engine.attention import cold as cold_attention  # noqa: E402
 from native_server.engine.kv_cache import ColdPool  # noqa: E402
 from native_server.engine.attention import TorchPagedAttention, backend_for  # noqa: E402

@@ -86,8 +86,7 @@ def main() -> None:
     print(f"{'GFLOP/s-equivalent':34s}" + "".join(f"{name.split('@')[0]:>12s}" for name, _ in variants))
     for key in keys:
         print(f"{key:34s}" + "".join(f"{best[name][key]:12.1f}" for name, _ in variants))
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from decode_speed import machine  # CPU model, ISA flags, the kernel variant, load average, commit
+    from common import machine  # CPU model, ISA flags, the kernel variant, load average, commit
 
     meta = {**machine(), "threads": args.threads, "rounds": args.rounds, "variants": dict(variants),
             "loadavg_end": os.getloadavg(), "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}

@@ -21,14 +21,13 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import common  # noqa: E402,F401  (puts the clone's root on sys.path)
 from py_engine.kernels import cpu_kernels  # noqa: E402
 from py_engine.quant.linear import QuantLinear  # noqa: E402
 from py_engine.quant.transform import rtn  # noqa: E402
@@ -124,8 +123,7 @@ def main() -> None:
             for name, r in row["results"].items():
                 rate = f"{r['GB/s']:6.1f} GB/s" if rows == 1 else f"{r['GFLOP/s']:6.1f} GFLOP/s"
                 print(f"  {name:32s} {r['ms']:9.3f} ms  {rate}")
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from decode_speed import machine  # CPU model, ISA flags, the kernel variant, load average, commit
+    from common import machine  # CPU model, ISA flags, the kernel variant, load average, commit
 
     meta = {**machine(), "threads": args.threads, "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -36,8 +36,7 @@ from pathlib import Path
 
 import torch
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+from common import REPO  # noqa: E402  (also puts the clone's root on sys.path)
 
 from ruvllm_cli.evaluate import encode_text  # noqa: E402
 from py_engine.models.evaluate import perplexity  # noqa: E402

@@ -34,8 +34,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+from common import REPO  # noqa: E402  (also puts the clone's root on sys.path)
 
 from native_server.bench.capacity import admit_all, kv_capacity  # noqa: E402
 from native_server.bench.loadgen import run_level_sync  # noqa: E402
@@ -70,7 +69,6 @@ class Plan:
 def qwen_checkpoint() -> Path:
     """decode_engines.py's random Qwen2.5-0.5B-shape weights (float32, built once), as a servable folder:
     the same files linked, plus Qwen2.5's real tokenizer from ../shared (a toy one where that is absent)."""
-    sys.path.insert(0, str(REPO / "benchmarks"))
     from decode_engines import build_model
 
     weights = build_model()

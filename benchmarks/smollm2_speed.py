@@ -8,7 +8,7 @@ Each round runs both engines in turn (the order alternates), each in a fresh pro
   (optimize_for_cpu; decode with int8 activations, the default), a prompt of the first N tokens of the
   built-in validation split: prefill tok/s = N / time to first token, decode tok/s over the new tokens
   after the first;
-- llama.cpp: `llama-bench -p N -n M -t THREADS -r 1` (built -march=native, /work/llama/build/bin):
+- llama.cpp: `llama-bench -p N -n M -t THREADS -r 1` (`make bench-anchors` builds it):
   its pp (prefill) and tg (decode) rates.
 
 Prints a table of per-round rates and the median ratios ruvllm / llama.cpp; writes
@@ -25,15 +25,14 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-LLAMA_BENCH = Path("/work/llama/build/bin/llama-bench")
+from common import REPO  # noqa: E402  (also puts the clone's root on sys.path)
+
 RESULTS = REPO / "benchmarks" / "results" / "smollm2_speed.json"
 TEXT = REPO / "py_engine" / "data" / "tiny-shakespeare" / "validation.txt"
 NAME = "smollm2-135m-instruct"
 
 
 def gguf_path() -> Path:
-    sys.path.insert(0, str(REPO))
     from py_engine.hub.resolve import _alias_gguf, load_aliases
 
     return _alias_gguf(load_aliases()[NAME], None)
@@ -43,7 +42,6 @@ def ruvllm_child(threads: int, prompt: int, new_tokens: int) -> dict:
     """In the child process: load, then one timed prefill + decode (after one untimed warm-up)."""
     import torch
 
-    sys.path.insert(0, str(REPO))
     torch.set_num_threads(threads)
     from py_engine.backends.torch import LLM
 
@@ -97,13 +95,12 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--prompt", type=int, default=512)
     parser.add_argument("--new-tokens", type=int, default=128)
-    parser.add_argument("--llama-bench", type=Path, default=LLAMA_BENCH)
+    parser.add_argument("--llama-bench", type=Path, help="default: the build of `make bench-anchors`")
     parser.add_argument("--passive", action="store_true",
                         help="llama.cpp's threads sleep while waiting (--poll 0, OMP_WAIT_POLICY=passive): for a loaded machine")
     parser.add_argument("--output", type=Path, default=RESULTS)
     args = parser.parse_args()
-    sys.path.insert(0, str(REPO))
-    from benchmarks.decode_speed import machine
+    from common import llama_tool, machine
 
     gguf = gguf_path()
     meta = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "model": gguf.name, "threads": args.threads,
@@ -114,7 +111,7 @@ def main() -> int:
         order = ("ruvllm", "llama.cpp") if r % 2 == 0 else ("llama.cpp", "ruvllm")
         for engine in order:
             got = (run_ruvllm(args.threads, args.prompt, args.new_tokens) if engine == "ruvllm" else
-                   run_llama_bench(args.llama_bench, gguf, args.threads, args.prompt, args.new_tokens, args.passive))
+                   run_llama_bench(args.llama_bench or llama_tool("llama-bench"), gguf, args.threads, args.prompt, args.new_tokens, args.passive))
             runs.append({"round": r, "engine": engine, "loadavg": os.getloadavg()[0], **got})
             print(f"| {r} | {engine} | {got['prefill_tps']:.1f} | {got['decode_tps']:.1f} |", flush=True)
     summary = {}

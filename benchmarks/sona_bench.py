@@ -21,16 +21,13 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "benchmarks"))
+from common import REPO  # noqa: E402  (also puts the clone's root on sys.path)
 
-from decode_speed import machine  # noqa: E402
+from common import machine  # noqa: E402
 from sona_plot import draw  # noqa: E402
 from sona_task import Fact, facts  # noqa: E402
 

@@ -25,11 +25,9 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "benchmarks"))
+from common import REPO  # noqa: E402  (also puts the clone's root on sys.path)
 
-from decode_speed import machine  # noqa: E402
+from common import machine  # noqa: E402
 from native_server.bench.loadgen import run_level_sync  # noqa: E402
 from native_server.bench.workload import random_prompts  # noqa: E402
 from tests.server.server_harness import free_port, http_process  # noqa: E402
@@ -49,7 +47,8 @@ def feeder(url: str, stop: threading.Event, counts: dict) -> None:
                 "temperature": 0, "user": session})
             if r.status_code == 200:
                 f = client.post("/v1/feedback", json={"id": r.json()["id"], "rating": -1,
-                                                      "correction": f"Queen Mab rules land {k}."})
+                                                      "correction": f"Queen Mab rules land {k}.",
+                                                      "user": session})  # the completion's session (else 403)
                 counts[f.status_code] = counts.get(f.status_code, 0) + 1
             k += 1
             stop.wait(0.2)

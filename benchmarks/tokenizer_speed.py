@@ -25,8 +25,7 @@ import sysconfig
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+from common import REPO  # noqa: E402  (also puts the clone's root on sys.path)
 FIXTURES = REPO.parent / "shared" / "fixtures" / "tokenizers"
 RESULTS = REPO / "benchmarks" / "results" / "tokenizer_speed.json"
 MODELS = ["llama-3.2", "qwen2.5"]

@@ -1,6 +1,6 @@
 """The browser runtime against wllama (llama.cpp in wasm) on the same GGUF, in the same headless Chromium (issue 30).
 
-    flock /work/notes/bench.lock .venv/bin/python benchmarks/web_bench.py [--rounds 2] [--tokens 32] [--threads 2]
+    flock /tmp/ruvllm-bench.lock .venv/bin/python benchmarks/web_bench.py [--rounds 2] [--tokens 32] [--threads 2]
     .venv/bin/python benchmarks/web_bench.py --only ours:int4 wllama          # some engines, appended as a rerun
     .venv/bin/python benchmarks/web_bench.py --webgpu 4                        # + ours on WebGPU (SwiftShader), 4 tokens
 
@@ -23,13 +23,12 @@ import json
 import os
 import shutil
 import statistics
-import sys
 import threading
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(REPO), str(REPO / "benchmarks")]
+from common import REPO  # noqa: E402  (also puts the clone's root on sys.path)
+
 WORK = REPO / ".cache" / "web-bench"
 WLLAMA = REPO / "benchmarks" / "web" / "wllama" / "node_modules" / "@wllama" / "wllama" / "esm"
 RESULTS = REPO / "benchmarks" / "results" / "web_bench.json"

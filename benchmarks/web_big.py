@@ -16,12 +16,11 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(REPO), str(REPO / "benchmarks")]
+from common import REPO  # noqa: E402  (also puts the clone's root on sys.path)
+
 WORK = REPO / ".cache" / "web-big"
 RESULTS = REPO / "benchmarks" / "results" / "web_big.json"
 QWEN_TOKENIZER = REPO.parent / "shared" / "fixtures" / "tokenizers" / "qwen2.5"

@@ -30,18 +30,15 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import time
 from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))
-sys.path.insert(0, str(HERE))
+from common import HERE  # noqa: E402  (also puts the clone's root on sys.path)
 
-from decode_speed import machine  # noqa: E402
+from common import machine  # noqa: E402
 from py_engine.backends.torch import TorchBackend  # noqa: E402
 
 ADAPTERS = HERE.parent / "py_engine" / "data" / "adapters" / "tiny-shakespeare"

@@ -150,12 +150,6 @@ def _copy_shared_files(model_dir: Path, out_dir: Path, config: ModelConfig, opti
 
 
 def read_metadata(path: str | Path) -> dict[str, str]:
-    """An exported graph's metadata_props, without loading its weights."""
+    """An exported graph's metadata_props (e.g. ruvllm.ggml_weights), without loading its weights."""
     model = onnx.load(str(path), load_external_data=False)
     return {p.key: p.value for p in model.metadata_props}
-
-
-def check_export_dir(path: Path) -> Path:
-    if not (path / "onnx").is_dir():
-        raise ExportError(f"{path} is not an export folder (no onnx/ inside)")
-    return path

@@ -104,9 +104,3 @@ def float_zero_points(q: QuantizedWeight, codes: np.ndarray) -> tuple[np.ndarray
     with np.errstate(divide="ignore", invalid="ignore"):
         zp = np.where(flat, np.float32(-1.0), z - offset / np.where(flat, np.float32(1.0), s))
     return np.where(flat, offset, s).astype(np.float32), zp.astype(np.float32)
-
-
-def check_block_size(block_size: int) -> None:
-    """MatMulNBits needs a power of two of at least 16."""
-    if block_size < 16 or block_size & (block_size - 1):
-        raise ValueError(f"MatMulNBits block_size must be a power of two >= 16, got {block_size}")

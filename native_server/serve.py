@@ -28,35 +28,16 @@ import argparse
 import gc
 import logging
 import os
-import re
 from pathlib import Path
 from typing import Any
 
-from native_server.engine.lora import DEFAULT_MAX_LORA_RANK, DEFAULT_MAX_LORAS, parse_lora_modules
+from native_server.engine.config import EngineConfig, parse_size, positive
 from py_engine.hub import BUILTIN_MODEL, load_aliases, resolve_model
-from py_engine.quant.config import add_quantization_options, quant_config_from_args
-from py_engine.models.kv_quant import add_kv_cache_options
 
 logger = logging.getLogger("ruvllm.server")
 
 WEB_DIST = Path(__file__).resolve().parent.parent / "web" / "dist"
-_SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)", re.IGNORECASE)
-
-
-def parse_size(text: str) -> int:
-    """Bytes from '1073741824', '512M', '1.5GiB', '64MB' (K/M/G/T are powers of 1024, as for memory)."""
-    match = _SIZE.fullmatch(text.strip())
-    if match is None:
-        raise argparse.ArgumentTypeError(f"not a size: {text!r} (e.g. 536870912, 512M, 2GiB)")
-    number, unit = float(match.group(1)), match.group(2).lower()
-    return int(number * 1024 ** " kmgt".index(unit or " "))
-
-
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
+__all__ = ["add_serve_parser", "allowed_hosts", "build_server", "parse_serve_args", "parse_size", "run_serve"]
 
 
 def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -72,72 +53,27 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="the model id clients send and see (default: MODEL; for a folder, its name)")
     p.add_argument("--api-key", default=os.environ.get("RUVLLM_API_KEY") or None, metavar="KEY",
                    help="require 'Authorization: Bearer KEY' on /v1 (default: $RUVLLM_API_KEY)")
-    p.add_argument("--max-concurrent", type=_positive, default=64, metavar="N",
-                   help="most sequences in the running batch (default 64)")
-    p.add_argument("--max-queue", type=_positive, default=1024, metavar="N",
-                   help="most requests waiting; beyond it new ones get a 503 (default 1024)")
-    p.add_argument("--max-context", type=_positive, metavar="N",
-                   help="context length in tokens (default: the model's max_position_embeddings)")
-    p.add_argument("--max-num-batched-tokens", type=_positive, metavar="N",
-                   help="most tokens in one forward pass; longer prompts are prefilled in chunks (default 512 on "
-                        "CPU, 2048 on GPUs)")
-    p.add_argument("--block-size", type=_positive, default=16, metavar="N", help="tokens per KV block (default 16)")
-    p.add_argument("--kv-cache-memory", type=parse_size, metavar="BYTES",
-                   help="memory for the KV cache, e.g. 512M (default: a share of free memory)")
-    p.add_argument("--no-prefix-caching", action="store_true",
-                   help="do not reuse the KV blocks of prompt prefixes computed before (for A/B measurements)")
-    p.add_argument("--gpu-memory-fraction", type=float, default=0.9, metavar="F",
-                   help="share of GPU memory the engine may use when --kv-cache-memory is not given (default 0.9)")
     p.add_argument("--shutdown-timeout", type=float, default=10.0, metavar="S",
                    help="on SIGTERM, seconds running requests get to finish before being aborted (default 10)")
-    p.add_argument("--device", default="auto", help="auto (cuda, then mps, then cpu), cpu, cuda, cuda:N, mps")
-    p.add_argument("--attention-backend", default="auto", choices=["auto", "torch", "triton", "cpu"],
-                   help="paged attention kernels: triton (CUDA), cpu (decode rows in the C kernels), torch (any "
-                        "device; the only one on MPS), auto (triton on CUDA when it imports, cpu on the CPU when "
-                        "the kernels load, else torch; default)")
-    p.add_argument("--enforce-eager", action="store_true",
-                   help="no CUDA graphs for decode steps (they need the triton backend)")
-    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
-                   help="weights' dtype (auto: the checkpoint's)")
-    p.add_argument("--tensor-parallel-size", "-tp", type=_positive, default=1, metavar="N",
-                   help="shard the model over N processes on this machine (gloo on the CPU, one rank per NUMA node "
-                        "where there are several; NCCL on CUDA, one GPU per rank); heads are split by KV head")
-    p.add_argument("--cache-dir", metavar="DIR", help="model cache (default: $RUVLLM_CACHE_DIR or ~/.cache/ruvllm)")
-    add_quantization_options(p)
-    add_kv_cache_options(p, paged=True)
-    p.add_argument("--speculative-config", metavar="JSON",
-                   help='speculative decoding, which changes no output: vLLM\'s fields, e.g. \'{"method": "ngram", '
-                        '"num_speculative_tokens": 4, "prompt_lookup_max": 4}\' or \'{"model": "DRAFT", '
-                        '"num_speculative_tokens": 4}\'; also disable_by_batch_size and acceptance_floor '
-                        '(py_engine/speculative/config.py); "ngram" alone works too')
-    lora = p.add_argument_group("LoRA adapters (native_server/engine/lora.py)")
-    lora.add_argument("--lora-modules", nargs="+", action="append", metavar="NAME=PATH",
-                      help="peft LoRA adapters to serve; a request's `model` picks one by NAME (repeatable)")
-    lora.add_argument("--max-loras", type=_positive, default=DEFAULT_MAX_LORAS, metavar="N",
-                      help=f"most adapters loaded at once (default {DEFAULT_MAX_LORAS})")
-    lora.add_argument("--max-lora-rank", type=_positive, default=DEFAULT_MAX_LORA_RANK, metavar="R",
-                      help=f"refuse adapters of rank above R (default {DEFAULT_MAX_LORA_RANK})")
+    lora = EngineConfig.add_cli_args(p)
     lora.add_argument("--enable-runtime-lora", action="store_true",
                       help="POST /v1/load_lora_adapter and /v1/unload_lora_adapter (needs --lora-dir)")
-    lora.add_argument("--xlora", metavar="DIR",
-                      help="apply a peft X-LoRA folder to every request (a learned per-token mix of its LoRA "
-                           "experts); not with the options above")
     lora.add_argument("--lora-dir", type=Path, metavar="DIR",
                       help="with --enable-runtime-lora: the only folder adapters may be loaded from")
     cluster = p.add_argument_group("replicas on Ray Serve (native_server/cluster; pip install 'ruvllm[cluster]')")
-    cluster.add_argument("--replicas", type=_positive, metavar="N",
+    cluster.add_argument("--replicas", type=positive, metavar="N",
                          help="serve N copies of the engine behind one endpoint with Ray Serve, each request routed "
                               "to its user's replica, else the one holding its prompt prefix, else the least loaded")
     cluster.add_argument("--ray-address", metavar="ADDR",
                          help="join a running Ray cluster (ray start --head ...; 'auto' finds a local one); default: "
                               "start Ray on this machine, bound to 127.0.0.1")
-    cluster.add_argument("--cpus-per-replica", type=_positive, default=1, metavar="C",
+    cluster.add_argument("--cpus-per-replica", type=positive, default=1, metavar="C",
                          help="CPUs Ray reserves for each replica, and its torch threads (default 1)")
     cluster.add_argument("--gpus-per-replica", type=float, default=0.0, metavar="G",
                          help="GPUs Ray reserves for each replica (default 0)")
-    cluster.add_argument("--routing", default="affinity", choices=["affinity", "random", "least-loaded"],
+    cluster.add_argument("--routing", default="affinity", choices=["affinity", "random", "round-robin", "least-loaded"],
                          help="affinity: the user's replica, else the one holding the prompt's prefix, else the least "
-                              "loaded (default); random and least-loaded alone are for A/B measurements")
+                              "loaded (default); random, round-robin and least-loaded alone are for A/B measurements")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     p.add_argument("--metrics-compat", default="none", choices=["none", "vllm"],
                    help="vllm: /metrics also carries vLLM's metric names (vllm:num_requests_running, "
@@ -157,7 +93,7 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
                         "key) and take ratings and corrections on POST /v1/feedback")
     p.add_argument("--witness-log-file-size", type=parse_size, default=64 << 20, metavar="BYTES",
                    help="start a new witness file past this size (default 64M)")
-    p.add_argument("--witness-log-files", type=_positive, default=8, metavar="N",
+    p.add_argument("--witness-log-files", type=positive, default=8, metavar="N",
                    help="witness files kept per stream; older ones are deleted (default 8)")
     p.add_argument("--learning", action="store_true",
                    help="learn from POST /v1/feedback (needs --witness-log DIR): each session's MicroLoRA is "
@@ -171,6 +107,16 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="the demo page served at / (default: web/dist, built by `ruvllm web build`)")
     p.set_defaults(func=run_serve)
     return p
+
+
+def served_name(model: str, path: Path) -> str:
+    """The name clients send and see for MODEL when --served-model-name is not given: MODEL itself (an alias, a
+    repo id), or for a path on disk its last part without a .gguf suffix (`smol-q4km.gguf` -> `smol-q4km`), never
+    the folder it resolved to (a GGUF's is named with a hash) nor where it lies."""
+    local = Path(model).expanduser()
+    if not local.exists():
+        return model
+    return local.stem if local.is_file() and local.suffix.lower() == ".gguf" else local.resolve().name or path.name
 
 
 def _aliases(model: str, path: Path) -> tuple[str, ...]:
@@ -198,7 +144,7 @@ def _log_configuration(args: argparse.Namespace, path: Path, engine: Any) -> Non
     stats = engine.stats()
     block_size = stats.block_size
     logger.info("model %s (%s), context %d tokens, quantization %s", args.model, path, engine.max_model_len,
-                quant_config_from_args(args).describe())
+                engine.engine.quantization)
     logger.info("KV cache: %d blocks of %d tokens = %d tokens; batch: %d sequences, %d tokens per step; "
                 "queue: %d", stats.kv_blocks_total, block_size, stats.kv_blocks_total * block_size,
                 args.max_concurrent, engine.max_num_batched_tokens, args.max_queue)
@@ -265,25 +211,18 @@ def build_server(args: argparse.Namespace) -> tuple[Any, Any]:
     if args.learning and args.witness_log is None:
         raise ValueError("--learning needs --witness-log DIR (the feedback it learns from and its adapters live "
                          "there)")
-    lora_modules = parse_lora_modules(args.lora_modules)
     if args.enable_runtime_lora and (args.lora_dir is None or not args.lora_dir.is_dir()):
         raise ValueError("--enable-runtime-lora needs --lora-dir DIR, an existing folder adapters are loaded from")
     sona_config = _learning_config(args) if args.learning else None
     path = resolve_model(args.model, args.cache_dir)
-    # A folder given by path is served under its name: a path on disk is nothing for clients to see.
-    name = args.served_model_name or (path.name if Path(args.model).expanduser().exists() else args.model)
-    engine = LLMEngine(str(path), model_name=name, dtype=args.dtype, device=args.device, block_size=args.block_size,
-                       kv_cache_memory=args.kv_cache_memory, gpu_memory_fraction=args.gpu_memory_fraction,
-                       max_num_seqs=args.max_concurrent, max_num_batched_tokens=args.max_num_batched_tokens,
-                       max_model_len=args.max_context, max_queue=args.max_queue,
-                       enable_prefix_caching=not args.no_prefix_caching, quantization=quant_config_from_args(args),
-                       attention_backend=args.attention_backend, cuda_graphs=not args.enforce_eager,
-                       lora_modules=lora_modules, enable_lora=args.enable_runtime_lora or args.learning,
-                       max_loras=args.max_loras + (2 * sona_config.max_sessions + 2 if sona_config else 0),
-                       max_lora_rank=max(args.max_lora_rank, sona_config.rank + sona_config.micro_rank
-                                         if sona_config else 0), xlora=args.xlora,
-                       kv_cache_dtype=args.kv_cache_dtype, kv_hot_tokens=args.kv_hot_tokens,
-                       tensor_parallel_size=args.tensor_parallel_size, speculative_config=args.speculative_config)
+    # A path on disk is nothing for clients to see: a folder or file is served under its own name.
+    name = args.served_model_name or served_name(args.model, path)
+    config = EngineConfig.from_cli_args(args, model=str(path), served_model_name=name,
+                                        enable_lora=args.enable_runtime_lora or args.learning)
+    if sona_config is not None:  # room for every session's MicroLoRA and the consolidated versions
+        config = config.with_options(max_loras=config.max_loras + 2 * sona_config.max_sessions + 2,
+                                     max_lora_rank=max(config.max_lora_rank, sona_config.rank + sona_config.micro_rank))
+    engine = LLMEngine(config)
     async_engine = AsyncEngine(engine)
     ctx = ServerContext.for_engine(async_engine, path, name, _aliases(args.model, path),
                                    allow_client_chat_template=args.allow_client_chat_template,

@@ -284,6 +284,25 @@ ACTIVATIONS = ("silu", "swish", "gelu", "gelu_pytorch_tanh", "gelu_new", "gelu_f
 _NULL_MEANS_NONE = frozenset({"sliding_window", "attn_logit_softcapping", "final_logit_softcapping"})
 
 
+def longrope_switch_length(config: ModelConfig) -> int | None:
+    """Sequence length past which LongRoPE uses its long factors, else None.
+
+    Keys cached before a sequence crosses it were rotated with the short
+    factors; transformers' generate() then recomputes the whole cache once, and
+    so do the backends (each decode() that crosses it prefills every token again).
+    """
+    rope = config.rope_parameters
+    if rope.rope_type != "longrope":
+        return None
+    return rope.original_max_position_embeddings or config.max_position_embeddings
+
+
+def longrope_recomputes(switch_length: int | None, tokens: int) -> bool:
+    """Whether a sequence of `tokens` tokens, the last just appended, has just crossed LongRoPE's switch length
+    (longrope_switch_length): its backend then prefills every token again, with the long factors."""
+    return switch_length is not None and tokens == switch_length + 1
+
+
 def _read_json(path: str | Path, name: str) -> tuple[Path, Any]:
     """A JSON file (or `name` inside a directory), with one ConfigError for missing or malformed."""
     path = Path(path)

@@ -10,6 +10,7 @@ logits. Stdlib only.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from time import perf_counter
 from typing import Any, Iterator, Protocol, Sequence
 
 from py_engine.sampling import Sampler, SampleOutput
@@ -134,6 +135,7 @@ def stream(backend: Backend, tokenizer: Any, prompt_ids: Sequence[int], params: 
     output: list[int] = []
     spec = speculation.start(prompt_ids, params) if speculation is not None and params.speculative else None
     rows, drafts = [backend.prefill(prompt_ids)], []
+    started: float | None = None  # when the current step's proposal began
     try:
         while True:
             done = False
@@ -174,6 +176,11 @@ def stream(backend: Backend, tokenizer: Any, prompt_ids: Sequence[int], params: 
             if spec is not None:
                 spec.keep(output[len(output) - j - 1:])
             left = room - len(output) if params.max_tokens is None else min(params.max_tokens, room) - len(output)
+            if spec is not None:  # the last step's cost, from its proposal to this one's: forward, sampling, the
+                now = perf_counter()  # reader (where the page runs the forward pass), not just a GPU's launch
+                if started is not None:
+                    spec.timed(len(drafts), now - started)
+                started = now
             drafts = spec.propose(left - 1) if spec is not None else []  # a step emits one token more than it drafts
             rows = backend.verify([token, *drafts]) if drafts else [backend.decode(token)]
     finally:

@@ -78,8 +78,7 @@ def cmd_list(args: argparse.Namespace) -> int:
     headers.append("DESCRIPTION")
     rows = []
     for e in entries:
-        status = ("built-in" if e.repo is None else "downloaded") if e.path is not None else "-"
-        row = [e.name, e.params, status]
+        row = [e.name, e.params, e.status]
         if args.long:
             size = hub.format_size(hub.disk_size(e.path)) if e.path is not None else "-"
             row += [e.repo or "-", e.revision or "-", size, str(e.path) if e.path is not None else "-"]

@@ -5,6 +5,7 @@
     ruvllm learn consolidate --log logs/ [--model M] [--ewc-lambda L] # logs/adapters/sona-vN, now current
     ruvllm learn rollback --log logs/ VERSION                        # 0: the base model
     ruvllm learn versions --log logs/
+    ruvllm learn distill-draft TARGET --layers N --out DIR           # a draft for speculative decoding
 
 LOG is the folder `ruvllm serve --witness-log` writes. The folders finetune
 and distill write load in every command (`ruvllm generate --model tuned/`).
@@ -70,6 +71,27 @@ def add_parser(sub) -> None:
     common(r, model=False)
     r.add_argument("version", type=int, metavar="VERSION")
     r.set_defaults(func=run_rollback)
+
+    s = learn.add_parser("distill-draft", help="distil a small draft model for speculative decoding from the "
+                                               "target's own answers; measure its acceptance")
+    s.add_argument("target", metavar="TARGET", help="the model the draft will draft for (name, folder or GGUF)")
+    s.add_argument("--out", required=True, metavar="DIR", help="model folder to write (new or empty)")
+    s.add_argument("--layers", type=int, default=2, metavar="N", help="decoder layers of the draft (default 2)")
+    s.add_argument("--prompts", type=Path, metavar="JSONL",
+                   help='prompts, one JSON object a line: {"messages": [...]} or {"prompt": "..."} '
+                        "(default: built-in instructions through the chat template, see --data)")
+    s.add_argument("--data", choices=("chat", "text"), default="chat",
+                   help="without --prompts: built-in chat instructions, or windows of the folder's validation.txt")
+    s.add_argument("--num-prompts", type=int, default=96)
+    s.add_argument("--eval-prompts", type=int, default=12, help="held out to measure acceptance on (default 12)")
+    s.add_argument("--max-tokens", type=int, default=96, help="tokens of each target answer (default 96)")
+    s.add_argument("--epochs", type=int, default=3)
+    s.add_argument("--lr", type=float, default=3e-4)
+    s.add_argument("--batch-size", type=int, default=4)
+    s.add_argument("--num-speculative-tokens", type=int, default=4, help="k of the acceptance measurement")
+    s.add_argument("--cache-dir", metavar="DIR", help="model cache (default: $RUVLLM_CACHE_DIR)")
+    s.add_argument("--seed", type=int, default=0)
+    s.set_defaults(func=run_distill_draft)
 
     v = learn.add_parser("versions", help="list the consolidated versions")
     common(v, model=False)
@@ -147,4 +169,26 @@ def run_versions(args: argparse.Namespace) -> int:
               f"{info.get('examples', '?')} examples  ewc {info.get('ewc_lambda', '?')}")
     if current is None:
         print("* the base model (no consolidated adapter)")
+    return 0
+
+
+def run_distill_draft(args: argparse.Namespace) -> int:
+    from py_engine.learning.draft import DraftSettings, distill_draft
+
+    settings = DraftSettings(layers=args.layers, max_tokens=args.max_tokens, num_prompts=args.num_prompts,
+                             eval_prompts=args.eval_prompts, epochs=args.epochs, lr=args.lr,
+                             batch_size=args.batch_size, num_speculative_tokens=args.num_speculative_tokens,
+                             data=args.data, seed=args.seed)
+    report = distill_draft(args.target, args.out, settings, prompts_file=args.prompts, cache_dir=args.cache_dir,
+                           progress=_progress)
+    seconds = report["seconds"]
+    print(f"wrote {args.out}: layers {report['kept_layers']} of the target, trained on {report['train_prompts']} "
+          f"answers ({report['train_answer_tokens']} tokens); " + ", ".join(f"{k} {v:.0f} s" for k, v in seconds.items()))
+    for name in ("acceptance_untrained", "acceptance"):
+        a = report.get(name)
+        if a and a["num_draft_tokens"]:
+            label = "before training" if name.endswith("untrained") else "distilled"
+            print(f"{label}: acceptance {a['acceptance_rate']:.3f} on {report['held_out_prompts']} held-out prompts, "
+                  f"{a['mean_acceptance_length']:.2f} tokens a verify step at k={settings.num_speculative_tokens}, "
+                  "by position " + " ".join(f"{x:.2f}" for x in a["per_position_rate"]))
     return 0

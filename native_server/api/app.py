@@ -6,7 +6,7 @@
     POST /v1/feedback           a rating / correction of a logged completion feedback.py
                                 (with --witness-log; the log: witness.py)
     GET  /v1/learning           the learning loops' state (with --learning)   learner.py
-    DELETE /v1/feedback/{id}    forget a feedback: its pattern, its adapter; the log marks it deleted
+    DELETE /v1/feedback/{id}?user=  forget a feedback: its pattern, its adapter; the log marks it deleted
     POST /v1/learning/consolidate   start a consolidation now (202)
     POST /v1/learning/rollback  {"version": N}: serve consolidated sona-vN again (0: none)
     GET  /v1/models             the served model and its LoRA adapters (`parent`)
@@ -231,17 +231,14 @@ def _add_routes(app: FastAPI, ctx: ServerContext) -> None:
         return ctx.feedback.accept(body)
 
     @app.delete("/v1/feedback/{feedback_id}", tags=["learning"],
-                responses={400: {"model": ErrorResponse}, 404: {"model": ErrorResponse}})
-    async def feedback_delete(feedback_id: str) -> Response:
-        """Forget a feedback: its pattern leaves the bank (no request finds it again), its adapter the
-        engine, and the log marks it deleted (no later consolidation trains on it)."""
+                responses={400: {"model": ErrorResponse}, 403: {"model": ErrorResponse},
+                           404: {"model": ErrorResponse}})
+    async def feedback_delete(feedback_id: str, user: str | None = None) -> Response:
+        """Forget a feedback (`?user=` the session it was given in): its pattern leaves the bank (no request
+        finds it again), its adapter the engine, and the log marks it deleted (no consolidation trains on it)."""
         if ctx.feedback is None:
             raise APIError(404, "this server keeps no witness log, so it holds no feedback", "id", "not_found")
-        feedback_id = feedback_id[:1024]
-        learned = False
-        if ctx.learner is not None and 0 < len(feedback_id) <= 128:
-            learned = await asyncio.to_thread(ctx.learner.forget, feedback_id)
-        ctx.feedback.forget(feedback_id, learned)
+        await asyncio.to_thread(ctx.feedback.forget, feedback_id[:1024], user, ctx.learner)
         return JSONResponse({"id": feedback_id, "object": "feedback.deleted", "deleted": True})
 
     @app.get("/v1/learning", tags=["learning"], responses={404: {"model": ErrorResponse}})

@@ -23,13 +23,13 @@ from typing import Any
 from pydantic import Field
 
 from native_server.api.errors import APIError
-from native_server.api.protocol import Bool, ChatCompletionRequest, Float, Int, Str, _Request
+from native_server.api.protocol import Bool, ChatCompletionRequest, Float, Int, Str, _Body
 
 MAX_MESSAGES = 2048
 MAX_STOP_SEQUENCES = 16
 
 
-class MessagesRequest(_Request):
+class MessagesRequest(_Body):
     model: Str | None = None
     max_tokens: Int = Field(description="required, as in Anthropic's API")
     messages: list[dict[str, Any]]
@@ -51,7 +51,7 @@ class MessagesRequest(_Request):
     repetition_penalty: Float | None = None
 
 
-class CountTokensRequest(_Request):
+class CountTokensRequest(_Body):
     model: Str | None = None
     messages: list[dict[str, Any]]
     system: Str | list[dict[str, Any]] | None = None

@@ -18,9 +18,10 @@ dashboard works unchanged; nothing is computed twice, the aliases repeat the sam
 """
 from __future__ import annotations
 
-import bisect
 import math
-from typing import Any, Iterable
+from typing import Any
+
+from native_server.engine.outputs import Histogram
 
 PREFIX = "ruvllm_"
 E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0)
@@ -40,25 +41,8 @@ def _labels(labels: dict[str, str]) -> str:
     return "{" + ",".join(escaped) + "}"
 
 
-class Histogram:
-    """Latency samples: counts[i] holds values in (buckets[i-1], buckets[i]]; the last count is the overflow.
-
-    The engine's histograms have the same layout, so `histogram_lines` renders both.
-    """
-
-    def __init__(self, buckets: Iterable[float]) -> None:
-        self.buckets = tuple(sorted(buckets))
-        self.counts = [0] * (len(self.buckets) + 1)
-        self.sum, self.count = 0.0, 0
-
-    def observe(self, value: float) -> None:
-        self.counts[bisect.bisect_left(self.buckets, value)] += 1  # le: a value equal to a bound falls in it
-        self.sum += value
-        self.count += 1
-
-
 def histogram_lines(name: str, hist: Any) -> list[str]:
-    """Cumulative `_bucket{le=...}` lines, then `_sum` and `_count`, of a histogram with the layout above."""
+    """Cumulative `_bucket{le=...}` lines, then `_sum` and `_count`, of an engine.outputs.Histogram."""
     out, running = [], 0
     for bound, n in zip((*hist.buckets, math.inf), hist.counts):
         running += n
@@ -93,7 +77,7 @@ class ServerMetrics:
         if compat not in COMPAT_SETS:
             raise ValueError(f"metrics compat must be one of {', '.join(COMPAT_SETS)}, got {compat!r}")
         self.finished: dict[str, int] = {}  # finish_reason -> choices that ended so
-        self.e2e = Histogram(E2E_BUCKETS)
+        self.e2e = Histogram(E2E_BUCKETS)  # engine.outputs' layout, other buckets
         self.compat, self.model_name = compat, model_name
 
     def record_finish(self, reason: str, seconds: float) -> None:

@@ -37,13 +37,6 @@ MAX_LOGPROBS = 20
 MAX_CHOICES = 128
 
 
-def check_model(requested: str | None, accepted: Sequence[str]) -> None:
-    """404 unless `model` names the served model (by name, alias or path), or is omitted."""
-    if requested is not None and requested not in accepted:
-        raise APIError(404, f"The model `{requested}` does not exist; this server serves `{accepted[0]}` "
-                            "(see GET /v1/models)", "model", "model_not_found")
-
-
 def _params(body: dict[str, Any], chat: bool) -> SamplingParams:
     try:
         return from_openai(body)

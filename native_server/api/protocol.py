@@ -27,16 +27,16 @@ Str = Annotated[str, Strict()]
 TokenIds = list[Int]
 
 
-class _Request(BaseModel):
+class _Body(BaseModel):
     # "ignore": OpenAI's SDK and other clients send fields we do not know (e.g. `store`, `metadata`).
     model_config = ConfigDict(extra="ignore")
 
 
-class StreamOptions(_Request):
+class StreamOptions(_Body):
     include_usage: Bool | None = None  # one last chunk with `usage` and no choices
 
 
-class SamplingFields(_Request):
+class SamplingFields(_Body):
     """Fields shared by chat and legacy completions; see SamplingParams for their meaning and ranges."""
 
     model: Str | None = Field(None, description="must name the served model; omitted: the served model")
@@ -72,14 +72,14 @@ class SamplingFields(_Request):
 
 
 # --- chat ---------------------------------------------------------------------------------------------
-class ContentPart(_Request):
+class ContentPart(_Body):
     """One part of a multi-part message; only `{"type": "text", "text": ...}` is supported."""
 
     type: Str
     text: Str | None = None
 
 
-class ChatMessage(_Request):
+class ChatMessage(_Body):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: Str | list[ContentPart] | None = None
     name: Str | None = None

@@ -23,7 +23,7 @@ from typing import Any
 from pydantic import Field
 
 from native_server.api.errors import APIError
-from native_server.api.protocol import Bool, ChatCompletionRequest, Float, Int, Str, _Request
+from native_server.api.protocol import Bool, ChatCompletionRequest, Float, Int, Str, _Body
 
 MAX_ITEMS = 2048
 MAX_METADATA = 16  # pairs; keys up to 64 characters, values up to 512 (OpenAI's bounds)
@@ -31,7 +31,7 @@ SAMPLING_EXTRAS = ("top_k", "min_p", "seed", "presence_penalty", "frequency_pena
                    "user")
 
 
-class ResponsesRequest(_Request):
+class ResponsesRequest(_Body):
     model: Str | None = None
     input: Str | list[dict[str, Any]] | None = None
     instructions: Str | None = None

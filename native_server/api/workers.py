@@ -50,10 +50,10 @@ class WorkerProcess:
             if await asyncio.wait_for(process.stdout.readexactly(len(READY)), START_TIMEOUT) != READY:
                 raise EOFError(f"the {module} worker did not start")
         except asyncio.TimeoutError:
-            worker.kill()
+            await worker.reap()
             raise EOFError(f"the {module} worker did not start within {START_TIMEOUT:g} s") from None
-        except BaseException:
-            worker.kill()
+        except BaseException:  # cancelled too: reaped, so its pipes close on this loop, not at a later GC
+            await worker.reap()
             raise
         return worker
 

@@ -26,8 +26,8 @@ from native_server.bench.report import FORMATS, flatten, render
 from native_server.bench.stats import RequestTiming, RunResult, summarize
 from native_server.bench.workload import Workload
 from py_engine.adapters.config import add_lora_options, lora_from_args
-from py_engine.quant.config import add_quantization_options, quant_config_from_args
-from py_engine.models.kv_quant import add_kv_cache_options
+from native_server.engine.config import EngineConfig
+from py_engine.quant.config import quant_config_from_args
 
 SERVER_LEVELS = (1, 4, 16, 64)
 
@@ -53,7 +53,6 @@ def _count(minimum: int):
 
 def add_benchmark_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Register `benchmark` on the `ruvllm` command's subparsers."""
-    from native_server.serve import parse_size
     from py_engine.hub import BUILTIN_MODEL
 
     p = subparsers.add_parser("benchmark", help="measure latency and throughput, in-process or of a server",
@@ -75,19 +74,9 @@ def add_benchmark_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="seed of the random prompts (default 0)")
     p.add_argument("--vocab-size", type=_count(4), metavar="N",
                    help="prompt ids are drawn below N (default: MODEL's config.json vocab_size)")
-    engine = p.add_argument_group("in-process engine (without --url)")
-    engine.add_argument("--device", default="auto", help="auto (cuda, then mps, then cpu), cpu, cuda, cuda:N, mps")
-    engine.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
-                        help="weights' dtype (auto: the checkpoint's)")
-    engine.add_argument("--kv-cache-memory", type=parse_size, metavar="BYTES", help="KV cache size, e.g. 512M")
-    engine.add_argument("--block-size", type=_count(1), default=16, metavar="N", help="tokens per KV block")
-    engine.add_argument("--max-num-batched-tokens", type=_count(1), metavar="N",
-                        help="most tokens in one forward pass (default 512 on CPU, 2048 on GPUs)")
-    engine.add_argument("--no-prefix-caching", action="store_true", help="turn the prefix cache off")
-    engine.add_argument("--cache-dir", metavar="DIR", help="model cache (default: $RUVLLM_CACHE_DIR or ~/.cache/ruvllm)")
-    add_quantization_options(engine)
-    add_lora_options(engine)  # --lora NAME=PATH loads adapters in process; --adapter NAME (with --url too) runs one
-    add_kv_cache_options(engine, paged=True)
+    EngineConfig.add_cli_args(p, lora=False)  # the in-process engine's (without --url): serve's own flags
+    p.set_defaults(max_concurrent=None)  # the batch holds the largest --concurrency level unless asked for more
+    add_lora_options(p)  # --lora NAME=PATH loads adapters in process; --adapter NAME (with --url too) runs one
     p.set_defaults(func=run_benchmark)
     return p
 
@@ -111,13 +100,9 @@ def run_offline(args: argparse.Namespace, workload: Workload, levels: Sequence[i
 
     path = resolve_model(args.model, args.cache_dir)
     loras, adapter = lora_from_args(args)
-    engine = LLMEngine(str(path), dtype=args.dtype, device=args.device, block_size=args.block_size,
-                       kv_cache_memory=args.kv_cache_memory, max_num_seqs=max(levels),
-                       max_num_batched_tokens=args.max_num_batched_tokens,
-                       enable_prefix_caching=not args.no_prefix_caching, model_name=args.model,
-                       quantization=quant_config_from_args(args), lora_modules=loras or None,
-                       max_lora_rank=args.max_lora_rank, kv_cache_dtype=args.kv_cache_dtype,
-                       kv_hot_tokens=args.kv_hot_tokens)
+    seqs = max(max(levels), args.max_concurrent or 1)  # the largest level at once; --max-concurrent may add room
+    engine = LLMEngine(EngineConfig.from_cli_args(args, model=str(path), served_model_name=args.model,
+                                                  max_num_seqs=seqs, lora_modules=loras))
     vocab = args.vocab_size or engine.model_config.vocab_size
     if args.warmup:
         run_engine(engine, workload.prompts(args.warmup, vocab, "warmup"), workload.gen_len, 1, lora=adapter)

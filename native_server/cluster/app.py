@@ -11,7 +11,7 @@
   gpus_per_replica (default 0)
 - api_key, allowed_hosts (comma-separated, besides loopback names), max_body_bytes: the ingress's checks
 - routing: "affinity" (the user's replica, else the prompt prefix's, else the least loaded; router.py), or
-  "random" / "least-loaded" alone (A/B measurements: benchmarks/cluster_bench.py)
+  "random" / "round-robin" / "least-loaded" alone (A/B measurements: benchmarks/cluster_bench.py)
 - loopback: bind each replica's (and the ingress's) Serve gRPC server to 127.0.0.1 (replica.py;
   `serve --replicas` sets it when it starts Ray itself)
 """
@@ -27,7 +27,7 @@ from native_server.cluster.ingress import Forwarder, make_app, set_forwarder
 from native_server.cluster.replica import EngineReplica, loopback_grpc
 
 ENGINE, INGRESS = "ruvllm-engine", "ruvllm-ingress"
-ROUTING = ("affinity", "random", "least-loaded")
+ROUTING = ("affinity", "random", "round-robin", "least-loaded")
 MAX_ONGOING = 1024  # per replica: its engine queues past its batch (max_queue); Serve's default of 5 would starve it
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from typing import Any, AsyncIterator
 
 logger = logging.getLogger("ruvllm.cluster")
@@ -52,6 +53,7 @@ class EngineReplica:
         from native_server.serve import build_server, parse_serve_args
 
         torch.set_num_threads(threads)
+        os.environ["OMP_NUM_THREADS"] = str(threads)  # a tensor-parallel replica's ranks share these (cpu_plan)
         args = parse_serve_args(serve_args)
         args.api_key, args.allowed_hosts = None, "*"  # the ingress checks both; it forwards neither header
         logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")

@@ -26,10 +26,11 @@ from native_server.cluster.routing import AffinityTable, Choice, RouteKey, regis
 
 class AffinityRouter(FIFOMixin, RequestRouter):
     def initialize_state(self, capacity: int | None = None, policy: str = "affinity", **kwargs: Any) -> None:
-        """policy: "affinity" (routing.py), or for A/B measurements "random" / "least-loaded" alone."""
+        """policy: "affinity" (routing.py), or for A/B measurements "random" / "round-robin" / "least-loaded" alone."""
         self.table = AffinityTable(**kwargs)
         self.capacity, self.policy = capacity, policy
         self.rng = random.Random(0)
+        self.turn = 0  # round-robin's next turn
         self.in_flight: Counter = Counter()
         self.routes: Counter = Counter()  # (replica, reason) -> requests
         self._requests: dict[str, str] = {}  # internal request id -> replica
@@ -53,6 +54,9 @@ class AffinityRouter(FIFOMixin, RequestRouter):
             return []
         if self.policy == "random":
             choice = Choice(self.rng.choice(sorted(by_id)), "random")
+        elif self.policy == "round-robin":
+            ids = sorted(by_id)
+            choice, self.turn = Choice(ids[self.turn % len(ids)], "round-robin"), self.turn + 1
         else:
             choice = self.table.choose(key if self.policy == "affinity" else RouteKey(),
                                        {r: self.in_flight[r] for r in by_id}, self.capacity)

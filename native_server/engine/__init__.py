@@ -1,5 +1,6 @@
 """The engine: requests in, one batched forward pass per step over a paged KV cache, outputs out.
 
+    config.py        EngineConfig: every setting, frozen, with the CLI flags (add_cli_args / from_cli_args)
     llm_engine.py    LLMEngine: add_request / step / abort (the loop: schedule, run, sample)
     async_engine.py  AsyncEngine: the loop in a thread of its own, requests as async iterators
     scheduler.py     continuous batching: which sequences compute how many tokens this step
@@ -13,8 +14,8 @@
     lora.py          LoRA adapters in slots, one batch mixing them
     attention/       the paged-attention interface, its backends and the picker
 
-Nothing here imports the HTTP side (api/) or learning/. `LLMEngine` and
-`AsyncEngine` are importable from this package; importing the package loads
+Nothing here imports the HTTP side (api/) or learning/. `LLMEngine`,
+`EngineConfig` and `AsyncEngine` are importable from this package; importing the package loads
 neither torch nor them until one is asked for (the scheduler and block
 manager import without torch).
 """
@@ -22,13 +23,16 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["AsyncEngine", "LLMEngine"]
+__all__ = ["AsyncEngine", "EngineConfig", "LLMEngine"]
 
 
 def __getattr__(name: str) -> Any:
     if name == "LLMEngine":
         from native_server.engine.llm_engine import LLMEngine
         return LLMEngine
+    if name == "EngineConfig":
+        from native_server.engine.config import EngineConfig
+        return EngineConfig
     if name == "AsyncEngine":
         from native_server.engine.async_engine import AsyncEngine
         return AsyncEngine

@@ -18,6 +18,7 @@ the torch reference through attention/cold.py).
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
@@ -27,6 +28,9 @@ from py_engine.config import ModelConfig
 from py_engine.kernels.paged import PagedStepView
 from py_engine.models.attention import AttentionSpec
 from py_engine.models.kv_quant import KVQuantConfig, dequantize, pack, quantize, unpack
+
+if TYPE_CHECKING:
+    from native_server.engine.config import EngineConfig
 
 logger = logging.getLogger("ruvllm.server")
 
@@ -111,6 +115,47 @@ def num_kv_blocks(config: ModelConfig, block_size: int, dtype: torch.dtype, budg
     """How many blocks fit the budget (at most max_blocks)."""
     blocks = budget // kv_bytes_per_block(config, block_size, dtype, layers)
     return blocks if max_blocks is None else min(blocks, max_blocks)
+
+
+def allocate_kv_cache(config: "EngineConfig", model_config: ModelConfig, model: torch.nn.Module,
+                      device: torch.device, max_model_len: int, max_num_batched_tokens: int,
+                      backend: PagedAttentionBackend, quant: KVQuantConfig,
+                      kv_layers: int | None = None) -> "PagedKVCache":
+    """The engine's paged cache, sized from its memory budget (memory_budget), its blocks in the cache's dtype.
+
+    On the CPU without kv_cache_memory the budget stops at what max_num_seqs sequences of max_model_len tokens
+    could fill. With int8 / int4 the budget is split into hot and cold blocks (split_budget). Raises ValueError
+    when not even one sequence of max_model_len tokens fits."""
+    block_size, max_num_seqs = config.block_size, config.max_num_seqs
+    dtype = quant.storage(next(model.parameters()).dtype)  # the (hot) blocks': fp16 / bf16, or the model's
+    reserve = activation_reserve(model_config, max_num_batched_tokens, max_num_seqs)
+    budget = memory_budget(device, config.kv_cache_memory, config.gpu_memory_fraction, reserve)
+    # On CPU without a budget, stop at what max_num_seqs full-length sequences could fill.
+    cap = -(-max_num_seqs * max_model_len // block_size) if (
+        config.kv_cache_memory is None and device.type == "cpu") else None
+    if quant.enabled:
+        if cap is not None:  # the same cap: what max_num_seqs full-length sequences could fill
+            budget = min(budget, two_tier_bytes(model_config, quant, dtype, max_num_seqs, max_num_batched_tokens,
+                                                max_model_len))
+        hot, cold = split_budget(model_config, quant, dtype, max(budget, 0), max_num_seqs, max_num_batched_tokens,
+                                 max_model_len)
+        # One max_model_len sequence must fit: hot its window and one step's tokens, cold the rest.
+        need_hot, need_cold, step = _two_tier_blocks(quant, max_num_batched_tokens, max_model_len)
+        if hot < need_hot + step or cold < need_cold:
+            raise ValueError(f"the KV cache budget holds {hot} hot and {cold} cold blocks of {block_size} "
+                             f"tokens, too few for one sequence of max_model_len {max_model_len}: give it "
+                             f"more memory or lower max_model_len")
+        return PagedKVCache(model_config, hot, block_size, dtype, device, backend, quant=quant, num_cold_blocks=cold)
+    num_blocks = num_kv_blocks(model_config, block_size, dtype, max(budget, 0), cap, kv_layers)
+    if config.kv_cache_memory is None and device.type == "cpu":
+        logger.info("KV cache: %d MiB by default on the CPU (at most 1 GiB, or what --max-concurrent sequences "
+                    "of the full context fill); --kv-cache-memory sets it, --kv-cache-dtype fp16 or int8 fits "
+                    "more tokens in it", num_blocks * kv_bytes_per_block(model_config, block_size, dtype, kv_layers)
+                    >> 20)
+    if num_blocks * block_size < max_model_len:
+        raise ValueError(f"the KV cache budget holds {max(num_blocks, 0) * block_size} tokens, fewer than "
+                         f"max_model_len {max_model_len}: give it more memory or lower max_model_len")
+    return PagedKVCache(model_config, num_blocks, block_size, dtype, device, backend, kv_layers)
 
 
 class ColdPool:

@@ -25,13 +25,13 @@ from typing import Any
 import torch
 
 from native_server.engine.block_manager import BlockManager
-from native_server.engine.kv_cache import (PagedKVCache, _two_tier_blocks, activation_reserve, memory_budget,
-                                    num_kv_blocks, split_budget, two_tier_bytes)
+from native_server.engine.config import EngineConfig
+from native_server.engine.kv_cache import allocate_kv_cache
 from native_server.engine.model_runner import ModelRunner
-from native_server.engine.lora import DEFAULT_MAX_LORA_RANK, DEFAULT_MAX_LORAS, EngineAdapters
+from native_server.engine.lora import EngineAdapters
 from native_server.engine.outputs import (AdapterNotFoundError, CompletionOutput, EngineError, EngineStats, Histogram,
                                    PromptTooLongError, QueueFullError, RequestOutput, SampleStream)
-from native_server.engine.attention import PagedAttentionBackend, backend_for
+from native_server.engine.attention import backend_for
 from native_server.engine.sampler import MaskTensors, SamplingRow, sample
 from native_server.engine.speculative import SpecDecoder
 from native_server.engine.scheduler import Scheduler
@@ -43,9 +43,8 @@ from py_engine.generate import eos_token_ids
 from py_engine.hub import resolve_model
 from py_engine.models.memory import trim_heap
 from py_engine.models import longrope_switch_length
-from py_engine.models.kv_quant import DEFAULT_HOT_TOKENS, KVQuantConfig
+from py_engine.models.kv_quant import KVQuantConfig
 from py_engine.cpu.transforms import optimize_for_cpu, row_invariance_problem
-from py_engine.quant.config import QuantConfig
 from py_engine.quant.load import load_quantized
 from py_engine.sampling import SampleOutput
 from py_engine.sampling_params import SamplingParams
@@ -68,6 +67,21 @@ def default_batched_tokens(device: torch.device) -> int:
     return DEFAULT_BATCHED_TOKENS.get(device.type, DEFAULT_BATCHED_TOKENS_OTHER)
 
 
+def _quantization(config: EngineConfig, path: Path) -> str:
+    """What the served weights are, in words: the in-situ method asked for, else what the model's files hold
+    (a GGUF's block types, a GPTQ/AWQ checkpoint), else "none"."""
+    from py_engine.hub.resolve import describe
+    from py_engine.quant.load import as_quant_config
+
+    asked = as_quant_config(config.quantization)
+    if asked.enabled:
+        return asked.describe()
+    try:
+        return describe(str(path)).get("quantization") or "none"
+    except Exception:  # noqa: BLE001 - a description for the log; the model itself loaded
+        return "unknown"
+
+
 @dataclass(eq=False)
 class _Request:
     request_id: str
@@ -84,105 +98,89 @@ class _Request:
 
 
 class LLMEngine:
-    def __init__(self, model_path: str, *, dtype: str = "auto", device: str = "auto", block_size: int = 16,
-                 kv_cache_memory: int | None = None, gpu_memory_fraction: float = 0.9, max_num_seqs: int = 64,
-                 max_num_batched_tokens: int | None = None, max_model_len: int | None = None, max_queue: int = 1024,
-                 enable_prefix_caching: bool = True, model_name: str | None = None,
-                 quantization: str | QuantConfig | None = None, optimize: bool = True,
-                 attention_backend: str = "auto", cuda_graphs: bool = True,
-                 lora_modules: dict[str, str] | None = None, enable_lora: bool = False,
-                 max_loras: int = DEFAULT_MAX_LORAS, max_lora_rank: int = DEFAULT_MAX_LORA_RANK,
-                 xlora: str | None = None, kv_cache_dtype: str = "auto",
-                 kv_hot_tokens: int = DEFAULT_HOT_TOKENS, tensor_parallel_size: int = 1,
-                 speculative_config: Any = None) -> None:
-        """lora_modules: adapter name -> peft folder, loaded now; enable_lora: adapters may be loaded later
-        (load_lora) even if none is given now. See native_server/engine/lora.py. xlora: a peft X-LoRA folder
-        applied to every request (py_engine/adapters/xlora.py); it takes no other adapters.
-        kv_cache_dtype "fp16" / "bf16": every block in that dtype (an fp32 model's cache in half the bytes);
-        "int8" / "int4": the two-tier KV cache, kv_hot_tokens in the model's dtype
-        (py_engine/models/kv_quant.py, attention/cold.py). max_num_batched_tokens: the tokens of one step
-        (None: default_batched_tokens for the device). tensor_parallel_size N > 1: the model sharded over this
-        process and N - 1 it starts (engine/parallel.py); close() stops them. speculative_config: speculative
-        decoding (a SpeculativeConfig, "ngram", a draft model's name or vLLM's JSON fields; speculative.py),
-        which changes no output."""
-        spec_config = SpeculativeConfig.parse(speculative_config)  # bad values fail before loading
-        if xlora is not None and (lora_modules or enable_lora):
-            raise ValueError("--xlora applies its own LoRA experts to every request: it cannot be combined with "
-                             "--lora-modules or --enable-runtime-lora")
-        kv_quant = KVQuantConfig(kv_cache_dtype, kv_hot_tokens, block_size)  # bad values fail before loading
-        if xlora is not None and kv_quant.enabled:
-            raise ValueError("--kv-cache-dtype int8/int4 cannot be combined with --xlora (its scaling pass keeps "
-                             "a second cache)")
-        path: Path = resolve_model(model_path)
-        self.model_name = model_name or model_path
-        self.device = torch.device(pick_device(device))
-        if max_num_batched_tokens is None:
-            max_num_batched_tokens = default_batched_tokens(self.device)
-        self.max_num_batched_tokens = max_num_batched_tokens
+    def __init__(self, config: EngineConfig | str, **options: Any) -> None:
+        """config: an EngineConfig, or a model name with EngineConfig's fields as keywords
+        (`LLMEngine("tiny-shakespeare", device="cpu", max_num_seqs=8)`). Everything it derives (the device,
+        the context limit, the KV cache's size) is computed here, never written back into the config.
+        tensor_parallel_size N > 1: the model sharded over this process and N - 1 it starts
+        (engine/parallel.py); close() stops them. config.speculative_config: speculative decoding
+        (engine/speculative.py), which changes no output."""
+        if not isinstance(config, EngineConfig):
+            config = EngineConfig(model=config, **options)
+        elif options:
+            config = config.with_options(**options)
+        self.config = config
+        kv_quant = KVQuantConfig(config.kv_cache_dtype, config.kv_hot_tokens, config.block_size)  # fail early
+        path: Path = resolve_model(config.model, config.cache_dir)
+        self.model_name = config.name
+        self.device = torch.device(pick_device(config.device))
+        self.max_num_batched_tokens = config.max_num_batched_tokens or default_batched_tokens(self.device)
         self.parallel = None  # engine/parallel.EngineParallel with tensor_parallel_size > 1
         self.adapters: EngineAdapters | None = None
-        if tensor_parallel_size != 1:
-            if xlora is not None:
-                raise ValueError("--xlora cannot be combined with --tensor-parallel-size")
+        cuda_graphs = config.cuda_graphs
+        if config.tensor_parallel_size != 1:
             from native_server.engine.parallel import EngineParallel, ShardOptions
             from py_engine.parallel.layout import check_world
-            options = ShardOptions(str(path), quantization, dtype, optimize, dict(lora_modules or {}), enable_lora,
-                                   max_loras, max_lora_rank, attention_backend)
+            shard = ShardOptions(str(path), config.quantization, config.dtype, config.optimize,
+                                 dict(config.lora_modules), config.enable_lora, config.max_loras, config.max_lora_rank,
+                                 config.attention_backend)
             self.parallel, self.model, self.model_config, self.quant_report, self.adapters = EngineParallel.start(
-                check_world(tensor_parallel_size), self.device, options)
+                check_world(config.tensor_parallel_size), self.device, shard)
             cuda_graphs = False  # the all-reduces run outside any captured graph
         else:  # in-situ quantization (none by default) before the KV cache is sized from what is left
-            self.model, self.model_config, self.quant_report = load_quantized(path, quantization, dtype=dtype,
-                                                                              device=self.device)
-            if optimize:  # on CPU: fused projections, the native GEMV/GEMM kernels and norms (no-op elsewhere)
+            self.model, self.model_config, self.quant_report = load_quantized(path, config.quantization,
+                                                                              dtype=config.dtype, device=self.device)
+            if config.optimize:  # on CPU: fused projections, the native GEMV/GEMM kernels and norms (no-op elsewhere)
                 optimize_for_cpu(self.model)
-            if lora_modules or enable_lora:
-                self.adapters = EngineAdapters(self.model, max_loras, max_lora_rank)
-                for name, lora_path in (lora_modules or {}).items():
+            if config.lora_modules or config.enable_lora:
+                self.adapters = EngineAdapters(self.model, config.max_loras, config.max_lora_rank)
+                for name, lora_path in config.lora_modules.items():
                     self.adapters.add(name, lora_path)
+        self.quantization = _quantization(config, path)
         try:
-            self._finish_init(path, xlora, kv_quant, max_model_len, max_queue, max_num_seqs, max_num_batched_tokens,
-                              attention_backend, block_size, kv_cache_memory, gpu_memory_fraction,
-                              enable_prefix_caching, cuda_graphs)
-            self.spec = None if spec_config is None else self._spec_decoder(spec_config, dtype)
+            self._finish_init(path, kv_quant, cuda_graphs)
         except BaseException:
             self.close()
             raise
 
-    def _finish_init(self, path: Path, xlora: str | None, kv_quant: KVQuantConfig, max_model_len: int | None,
-                     max_queue: int, max_num_seqs: int, max_num_batched_tokens: int, attention_backend: str,
-                     block_size: int, kv_cache_memory: int | None, gpu_memory_fraction: float,
-                     enable_prefix_caching: bool, cuda_graphs: bool) -> None:
-        if xlora is not None:  # per-token scalings from each row's own hidden state: batches mix freely
+    def _finish_init(self, path: Path, kv_quant: KVQuantConfig, cuda_graphs: bool) -> None:
+        config = self.config
+        if config.xlora is not None:  # per-token scalings from each row's own hidden state: batches mix freely
             from py_engine.adapters.xlora import load_xlora
-            self.model = load_xlora(self.model, xlora)
+            self.model = load_xlora(self.model, config.xlora)
         self.kv_layers = getattr(self.model, "kv_layers", None)  # X-LoRA: its scaling pass's layers too
         self.tokenizer = Tokenizer.from_pretrained(path)
         trim_heap()  # what parsing tokenizer.json freed (~11 MB for Qwen2.5's): not resident beside the model
-        config = self.model_config
-        self.eos_token_ids = eos_token_ids(GenerationConfig.from_model_dir(path), config, self.tokenizer)
-        self.max_model_len = self._context_limit(max_model_len)
+        model_config = self.model_config
+        self.eos_token_ids = eos_token_ids(GenerationConfig.from_model_dir(path), model_config, self.tokenizer)
+        self.max_model_len = self._context_limit(config.max_model_len)
         self.kv_quant = kv_quant.check(self.max_model_len)
-        self.max_queue, self.max_num_seqs = max_queue, max_num_seqs
-        backend = backend_for(self.device, attention_backend)  # before the memory is sized: it may refuse
-        self.kv = self._allocate_kv(block_size, kv_cache_memory, gpu_memory_fraction, max_num_seqs,
-                                    max_num_batched_tokens, backend)
-        self.block_manager = BlockManager(self.kv.num_blocks, block_size, enable_prefix_caching,
+        self.max_queue, self.max_num_seqs = config.max_queue, config.max_num_seqs
+        backend = backend_for(self.device, config.attention_backend)  # before the memory is sized: it may refuse
+        sharded = getattr(self.model, "tensor_parallel", None)  # this rank's KV heads
+        self.kv = allocate_kv_cache(config, sharded.local_config if sharded is not None else model_config, self.model,
+                                    self.device, self.max_model_len, self.max_num_batched_tokens, backend,
+                                    self.kv_quant, self.kv_layers)
+        self.block_manager = BlockManager(self.kv.num_blocks, config.block_size, config.enable_prefix_caching,
                                           self.kv.num_cold_blocks, kv_quant.hot_tokens if kv_quant.enabled else None)
-        self.scheduler = Scheduler(self.block_manager, max_num_seqs, max_num_batched_tokens)
+        self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, self.max_num_batched_tokens)
         if self.parallel is not None:
             self.parallel.share_cache(self.kv)
-        self.runner = ModelRunner(self.model, self.kv, self._decode_graphs(cuda_graphs, max_num_seqs), self.adapters,
+        self.runner = ModelRunner(self.model, self.kv, self._decode_graphs(cuda_graphs, config.max_num_seqs),
+                                  self.adapters,
                                   broadcast=self.parallel.broadcast_step if self.parallel is not None else None)
-        self.mask_tensors = MaskTensors(config.vocab_size, self.device)  # structured outputs' token masks
+        self.mask_tensors = MaskTensors(model_config.vocab_size, self.device)  # structured outputs' token masks
+        spec_config = config.speculative_config
+        self.spec = None if spec_config is None else self._spec_decoder(spec_config, config)
         self._requests: dict[str, _Request] = {}
         self._seq_ids = itertools.count()
         self.prompt_tokens = self.generation_tokens = 0
         self.ttft, self.inter_token_latency = Histogram(), Histogram()
         logger.info("engine: %s on %s, max_model_len %d, max_num_seqs %d, max_num_batched_tokens %d",
-                    self.model_name, self.device, self.max_model_len, max_num_seqs, max_num_batched_tokens)
+                    self.model_name, self.device, self.max_model_len, config.max_num_seqs,
+                    self.max_num_batched_tokens)
 
-    def _spec_decoder(self, config: SpeculativeConfig, dtype: str) -> SpecDecoder:
+    def _spec_decoder(self, config: SpeculativeConfig, engine_config: EngineConfig) -> SpecDecoder:
         """Speculative decoding where it cannot change a token: the CPU kernels under the whole model (each
         row of a step computed as decode computes it), every row attended in C, no adapters or cold blocks."""
         problem = row_invariance_problem(self.model)
@@ -201,8 +199,9 @@ class LLMEngine:
             return SpecDecoder(config, self.max_model_len)
         from py_engine.backends.torch import TorchBackend
 
-        path = resolve_model(config.model)
-        model, model_config, _ = load_quantized(path, config.quantization, dtype=dtype, device=self.device)
+        path = resolve_model(config.model, engine_config.cache_dir)
+        model, model_config, _ = load_quantized(path, config.quantization, dtype=engine_config.dtype,
+                                                device=self.device)
         optimize_for_cpu(model)
         draft_tok = Tokenizer.from_pretrained(path)
         if model_config.vocab_size != self.model_config.vocab_size or draft_tok.vocab_size != self.tokenizer.vocab_size \
@@ -243,37 +242,6 @@ class LLMEngine:
         """Stop the tensor-parallel workers, if any (the engine cannot step after)."""
         if self.parallel is not None:
             self.parallel.stop()
-
-    def _allocate_kv(self, block_size: int, kv_cache_memory: int | None, gpu_memory_fraction: float,
-                     max_num_seqs: int, max_num_batched_tokens: int,
-                     backend: PagedAttentionBackend) -> PagedKVCache:
-        sharded = getattr(self.model, "tensor_parallel", None)  # this rank's KV heads
-        config, quant = sharded.local_config if sharded is not None else self.model_config, self.kv_quant
-        dtype = quant.storage(next(self.model.parameters()).dtype)  # the (hot) blocks': fp16 / bf16, or the model's
-        reserve = activation_reserve(config, max_num_batched_tokens, max_num_seqs)
-        budget = memory_budget(self.device, kv_cache_memory, gpu_memory_fraction, reserve)
-        # On CPU without a budget, stop at what max_num_seqs full-length sequences could fill.
-        cap = -(-max_num_seqs * self.max_model_len // block_size) if (
-            kv_cache_memory is None and self.device.type == "cpu") else None
-        if quant.enabled:
-            if cap is not None:  # the same cap: what max_num_seqs full-length sequences could fill
-                budget = min(budget, two_tier_bytes(config, quant, dtype, max_num_seqs, max_num_batched_tokens,
-                                                    self.max_model_len))
-            hot, cold = split_budget(config, quant, dtype, max(budget, 0), max_num_seqs, max_num_batched_tokens,
-                                     self.max_model_len)
-            # One max_model_len sequence must fit: hot its window and one step's tokens, cold the rest.
-            need_hot, need_cold, step = _two_tier_blocks(quant, max_num_batched_tokens, self.max_model_len)
-            if hot < need_hot + step or cold < need_cold:
-                raise ValueError(f"the KV cache budget holds {hot} hot and {cold} cold blocks of {block_size} "
-                                 f"tokens, too few for one sequence of max_model_len {self.max_model_len}: give it "
-                                 f"more memory or lower max_model_len")
-            return PagedKVCache(config, hot, block_size, dtype, self.device, backend, quant=quant,
-                                num_cold_blocks=cold)
-        num_blocks = num_kv_blocks(config, block_size, dtype, max(budget, 0), cap, self.kv_layers)
-        if num_blocks * block_size < self.max_model_len:
-            raise ValueError(f"the KV cache budget holds {max(num_blocks, 0) * block_size} tokens, fewer than "
-                             f"max_model_len {self.max_model_len}: give it more memory or lower max_model_len")
-        return PagedKVCache(config, num_blocks, block_size, dtype, self.device, backend, self.kv_layers)
 
     # --- requests ---------------------------------------------------------------------------------
     def check_request(self, prompt_token_ids: list[int], params: SamplingParams, lora: str | None = None) -> None:

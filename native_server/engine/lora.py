@@ -111,9 +111,6 @@ class EngineAdapters:
         rows = torch.repeat_interleave(per_seq, torch.tensor(tokens_per_seq))  # [N] slot of each token
         self.manager.set_adapter_mix(indices=rows, head_indices=per_seq[sampling] if sampling else None)
 
-    def clear_mix(self) -> None:
-        self.manager.set_adapter_mix(None)
-
 
 def parse_lora_modules(specs: list[str] | None) -> dict[str, str]:
     """`--lora-modules NAME=PATH ...` (the flag repeatable, several pairs each) as name -> path."""

@@ -157,6 +157,13 @@ class Histogram:
         self.sum += seconds
         self.count += 1
 
+    def __post_init__(self) -> None:
+        self.buckets = tuple(sorted(self.buckets))
+        if len(self.counts) != len(self.buckets) + 1:  # other buckets than the default: fresh counts for them
+            if any(self.counts):
+                raise ValueError("a histogram's counts must be one longer than its buckets")
+            self.counts = [0] * (len(self.buckets) + 1)
+
     def snapshot(self) -> Histogram:
         return Histogram(self.buckets, list(self.counts), self.sum, self.count)
 
@@ -189,7 +196,3 @@ class EngineStats:
     @property
     def prefix_cache_hit_rate(self) -> float:
         return self.prefix_cache_hits / self.prefix_cache_queries if self.prefix_cache_queries else 0.0
-
-    @property
-    def kv_cache_usage(self) -> float:
-        return self.kv_blocks_used / self.kv_blocks_total

@@ -34,10 +34,6 @@ class SchedulerOutput:
     demotions: list[tuple[int, int]] = field(default_factory=list)  # (hot, cold) to quantize, before the copies
     preempted: list[Sequence] = field(default_factory=list)
 
-    @property
-    def num_batched_tokens(self) -> int:
-        return sum(self.num_new_tokens)
-
     def add(self, seq: Sequence, num_new_tokens: int, copies: list[tuple[int, int]]) -> None:
         self.seqs.append(seq)
         self.num_new_tokens.append(num_new_tokens)

@@ -2,8 +2,9 @@
 
 Before each step `propose` gives every running sequence that decodes (its prompt computed, one pending token)
 up to k drafts (py_engine.speculative: prompt lookup, or a draft model following the sequence), unless the
-request opted out (SamplingParams.speculative), its acceptance throttled it, or more sequences run than
-`disable_by_batch_size`. The scheduler then computes the pending token and the drafts together, as vLLM v1 does
+request opted out (SamplingParams.speculative), its acceptance or the draft length's costs say no
+(py_engine.speculative.DraftLength), or more sequences run than `disable_by_batch_size` (DEFAULT_BATCH_LIMIT
+when unset). The scheduler then computes the pending token and the drafts together, as vLLM v1 does
 (num_computed_tokens catching up with num_tokens + drafts), the CPU kernels computing each row as decode would.
 `verify` samples all of a sequence's 1 + k rows in the batch's one sampling call, each row with the history it
 would have if the drafts before it were kept (penalties, the grammar's mask), then keeps drafts while they equal
@@ -16,12 +17,19 @@ rejected drafts' positions and frees their blocks (Scheduler.update, BlockManage
 from __future__ import annotations
 
 import copy
+import time
 from typing import Any, Callable
 
 from native_server.engine.sampler import SamplingRow
 from native_server.engine.sequence import Sequence
 from py_engine.speculative import SpecStats, Speculation, SpeculativeConfig
 from py_engine.sampling_params import SamplingParams
+
+# Without disable_by_batch_size: drafts only while at most this many sequences run. On the CPU kernels (the only
+# ones the server verifies drafts on) each extra row of a step costs about a third of a decode step
+# (benchmarks/spec_decode.py), which one stream's accepted drafts repay and a fuller batch's do not.
+# acceptance_floor 0 turns this off with the other automatic switches (py_engine/speculative/config.py).
+DEFAULT_BATCH_LIMIT = 2
 
 
 class SpecDecoder:
@@ -32,12 +40,21 @@ class SpecDecoder:
         self.stats = self.speculation.stats  # every finished sequence's counts (SpecStats)
         self.live = SpecStats()  # counts of steps taken, for /metrics as they happen
         self._sessions: dict[int, tuple[Sequence, Any]] = {}  # seq_id -> (the sequence, its SequenceSpeculation)
+        self._alone: tuple[float, Any, int] | None = None  # (start, session, drafts) of a step that ran one sequence
 
     def propose(self, running: list[Sequence]) -> None:
         """Set spec_token_ids on the running sequences that draft this step."""
+        now = time.perf_counter()
+        if self._alone is not None:  # the last step ran one sequence only: its time is that sequence's step cost
+            started, session, drafted = self._alone
+            session.timed(drafted, now - started)
+            self._alone = None
         for seq_id in [i for i, (seq, _) in self._sessions.items() if seq.status.is_finished]:
             self._sessions.pop(seq_id)[1].finish()
-        off = self.config.disable_by_batch_size is not None and len(running) > self.config.disable_by_batch_size
+        limit = self.config.disable_by_batch_size
+        if limit is None and self.config.acceptance_floor > 0:
+            limit = DEFAULT_BATCH_LIMIT
+        off = limit is not None and len(running) > limit
         for seq in running:
             seq.spec_token_ids = []
             if off or not seq.params.speculative or seq.num_tokens - seq.num_computed_tokens != 1:
@@ -47,6 +64,8 @@ class SpecDecoder:
             if seq.params.max_tokens is not None:
                 left = min(left, seq.params.max_tokens - len(seq.output_token_ids))
             seq.spec_token_ids = session.propose(left)
+            if len(running) == 1:
+                self._alone = (now, session, len(seq.spec_token_ids))
 
     def _session(self, seq: Sequence) -> Any:
         """The sequence's drafting state, brought up to the tokens it kept (prompt lookup indexes them)."""

@@ -99,7 +99,7 @@ class FeedbackDesk:
         self.server_bucket = TokenBucket(self.limits.rate, self.limits.burst)
         self.session_buckets: OrderedDict[str, TokenBucket] = OrderedDict()
         self.rated: OrderedDict[tuple[str, int], None] = OrderedDict()
-        self.accepted: OrderedDict[str, None] = OrderedDict()  # feedback ids taken (for DELETE), newest last
+        self.accepted: OrderedDict[str, str | None] = OrderedDict()  # feedback id -> its session (DELETE)
 
     def check_shape(self, body: FeedbackRequest) -> None:
         if not body.id or len(body.id) > MAX_ID_CHARS:
@@ -159,22 +159,38 @@ class FeedbackDesk:
         while len(self.rated) > MAX_TRACKED:
             self.rated.popitem(last=False)
         self.witness.record_feedback(record)
-        self.accepted[record["id"]] = None
+        self.accepted[record["id"]] = session
         while len(self.accepted) > MAX_TRACKED:
             self.accepted.popitem(last=False)
         return FeedbackResponse(id=record["id"], completion_id=body.id, session=session, rating=body.rating,
                                 status=status)
 
-    def forget(self, feedback_id: str, learned: bool) -> None:
-        """DELETE /v1/feedback/{id}: 404 for an id this server never took (nor its learner holds); else a
-        deletion line in the log, so no later replay trains on it."""
+    def owner(self, feedback_id: str, learner: Any) -> str | None:
+        """DELETE /v1/feedback/{id}: the session a feedback was given in (None: without a `user`); 400 for a
+        malformed id, 404 for one this server never took and its learner holds no pattern of."""
         if not feedback_id or len(feedback_id) > MAX_ID_CHARS:
             raise APIError(400, f"id: a feedback id of 1 to {MAX_ID_CHARS} characters", "id")
-        if feedback_id not in self.accepted and not learned:
-            raise APIError(404, f"id: no feedback `{feedback_id}` (unknown, or taken before a restart and not "
-                                "learned from)", "id", "not_found")
+        if feedback_id in self.accepted:
+            return self.accepted[feedback_id]
+        found, session = learner.owner(feedback_id) if learner is not None else (False, None)
+        if not found:
+            raise APIError(404, f"id: no feedback `{feedback_id}` (unknown, deleted, or taken before a restart and "
+                                "not learned from)", "id", "not_found")
+        return session
+
+    def forget(self, feedback_id: str, user: str | None, learner: Any) -> bool:
+        """Check the caller's `user` is the feedback's session (403 otherwise, as for rating), then a deletion
+        line in the log (no later replay trains on it); True when the learner held its pattern."""
+        session = self.owner(feedback_id, learner)
+        if user != session:
+            raise APIError(403, "user: the feedback was given in another session; delete it with the `user` it was "
+                                "given with" if session is not None else
+                                "user: the feedback was given without a `user`; delete it without one", "user",
+                           "permission_denied")
+        learned = learner.forget(feedback_id) if learner is not None else False
         self.accepted.pop(feedback_id, None)
         self.witness.record_deletion(feedback_id)
+        return learned
 
     @staticmethod
     def _record(body: FeedbackRequest, completion: dict[str, Any], output: dict[str, Any]) -> dict[str, Any]:

@@ -164,6 +164,11 @@ class Learner:
             self.publish(session, None)
             self.published.discard(session)
 
+    def owner(self, pattern_id: str) -> tuple[bool, str | None]:
+        """Whether the bank holds this pattern, and its session (None: given without a `user`)."""
+        pattern = self.sona.recall.bank.get(pattern_id) if self.sona.recall is not None else None
+        return (False, None) if pattern is None else (True, pattern.session or None)
+
     def forget(self, pattern_id: str) -> bool:
         """DELETE /v1/feedback/{id}: the pattern is gone from the bank and its adapter from the engine."""
         self.deleted[pattern_id] = None

@@ -63,6 +63,7 @@ export async function fetchFile(url, { onProgress, cache = false, label } = {}) 
   const hit = cache ? await cachedResponse(url) : null;
   let response = hit;
   if (!response) {
+    onProgress?.({ file, loaded: 0, total: 0, cached: false }); // a download starts: its size comes with the headers
     try {
       response = await fetch(url);
     } catch (error) {

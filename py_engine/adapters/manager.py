@@ -278,7 +278,3 @@ class LoraManager:
 def _in(module: nn.Module) -> int:
     parts = getattr(module, "parts", None)
     return int(parts[0].in_features) if parts is not None else int(module.in_features)
-
-
-def lora_of(model: nn.Module) -> LoraManager | None:
-    return getattr(model, "lora", None)

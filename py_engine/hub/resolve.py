@@ -71,6 +71,14 @@ class ModelEntry:
     repo: str | None  # None for the built-in model
     revision: str | None
     path: Path | None  # None when it is not on this machine
+    installed: bool = False  # its file ships in an installed pip package (no download, nothing in the cache)
+
+    @property
+    def status(self) -> str:
+        """`ruvllm list`'s STATUS: built-in, installed, downloaded, or - (`ruvllm download NAME` first)."""
+        if self.path is None:
+            return "-"
+        return "built-in" if self.repo is None else "installed" if self.installed else "downloaded"
 
 
 # --- aliases -------------------------------------------------------------
@@ -356,7 +364,8 @@ def list_models(cache_dir: str | None = None) -> list[ModelEntry]:
                 path = _alias_gguf(alias, cache_dir)
             except ModelNotFoundError:
                 path = None
-        entries.append(ModelEntry(alias.name, alias.description, alias.params, alias.repo, revision, path))
+        installed = path is not None and path.is_file() and not path.is_relative_to(cache_root(cache_dir))
+        entries.append(ModelEntry(alias.name, alias.description, alias.params, alias.repo, revision, path, installed))
     for repo, revision, path in downloads(cache_dir):
         if path not in shown:
             note = "" if revision == DEFAULT_REVISION else f"revision {revision}"

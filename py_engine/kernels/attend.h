@@ -79,16 +79,13 @@ static inline void st(void *p, int bf16, int64_t i, float v) { /* bf16: the elem
   ((uint16_t *)p)[i] = (u & 0x7fffffffu) > 0x7f800000u ? 0x7fc0 : (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
 
-static inline __m256 load8(const void *p, int bf16, int64_t i) { /* a bf16 is an fp32's top half */
-  if (bf16 == KV_F16) return f16x8((const uint16_t *)p + i);
-  if (!bf16) return _mm256_loadu_ps((const float *)p + i);
-  __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)p + i));
-  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+static inline __m256 load8_kv(const void *p, int dtype, int64_t i) { /* linear.h's load8, and fp16 (KV_F16) */
+  return dtype == KV_F16 ? f16x8((const uint16_t *)p + i) : load8(p, dtype, i);
 }
 
 static inline float dot(const float *q, const void *k, int bf16, int64_t n) {
   __m256 acc = _mm256_setzero_ps();
-  for (int64_t i = 0; i < n; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), load8(k, bf16, i), acc);
+  for (int64_t i = 0; i < n; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), load8_kv(k, bf16, i), acc);
   return hsum8(acc);
 }
 
@@ -118,5 +115,5 @@ static inline void cold_axpy(float *acc, float w, const uint8_t *code, int bits,
 static inline void axpy(float *acc, float w, const void *row, int bf16, int64_t D) {
   const __m256 ww = _mm256_set1_ps(w);
   for (int64_t i = 0; i < D; i += 8)
-    _mm256_storeu_ps(acc + i, _mm256_fmadd_ps(ww, load8(row, bf16, i), _mm256_loadu_ps(acc + i)));
+    _mm256_storeu_ps(acc + i, _mm256_fmadd_ps(ww, load8_kv(row, bf16, i), _mm256_loadu_ps(acc + i)));
 }

@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "attend.h"
+#include "decode.h"
 #include "paged.h"
 #include "pool.h"
 
@@ -35,16 +36,6 @@ void rk_rms_norm(const void *x, const void *w, void *y, int64_t rows, int64_t di
     }
   }
 }
-
-/* The cold tier of a two-tier cache (py_engine/models/kv_quant.py), one layer of one sequence: tokens
- * before `tokens` are read from codes instead of the buffers. Keys per channel: codes [KV, blocks, bs,
- * D * bits / 8], scales and zeros [KV, blocks, D]; values per token: codes [KV, max_len, D * bits / 8],
- * scales and zeros [KV, max_len]. int4 packs two codes a byte, the even channel in the low nibble. */
-typedef struct {
-  const uint8_t *kc, *vc;
-  const float *ks, *kz, *vs, *vz;
-  int64_t tokens, bits, bs, max_blocks;
-} cold_t;
 
 typedef struct {
   const void *qkv, *cos, *sin;     /* [T, (H + 2 KV) * D]; [T, rot] each */

@@ -52,11 +52,6 @@ typedef struct {
 } parts_t;
 _Static_assert(sizeof(parts_t) <= POOL_MAX_CONTEXT, "the pool copies at most POOL_MAX_CONTEXT bytes");
 
-static inline __m256 load8(const void *p, int bf16, int64_t i) { /* a bf16 is an fp32's top half */
-  if (!bf16) return _mm256_loadu_ps((const float *)p + i);
-  __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)p + i));
-  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-}
 /* 16 bf16 weights as two fp32 vectors, by interleaving zero low halves:
  * lo holds w0-3 and w8-11, hi w4-7 and w12-15 (unpack works per 128-bit lane).
  * One load and two shuffles per 16 weights, half the work of widening 8 at a

@@ -71,6 +71,12 @@ static inline uint16_t to_bf16(float f) { /* round to nearest even, as c10::BFlo
   return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
 
+static inline __m256 load8(const void *p, int bf16, int64_t i) { /* a bf16 is an fp32's top half */
+  if (!bf16) return _mm256_loadu_ps((const float *)p + i);
+  __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)p + i));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
 static inline void put(const linear_t *a, int64_t m, int64_t n, float v) {
   if (a->y_bf16) ((uint16_t *)a->y)[m * a->ldy + n] = to_bf16(v);
   else ((float *)a->y)[m * a->ldy + n] = v;
@@ -79,3 +85,10 @@ static inline void put(const linear_t *a, int64_t m, int64_t n, float v) {
 static inline void store(const linear_t *a, int64_t m, int64_t n, float v) { /* adds the bias */
   put(a, m, n, a->bias ? v + load1(a->bias, a->bias_bf16, n) : v);
 }
+
+/* The float products step.c runs (linear.c): several outputs sharing x, and a SiLU-gated pair. */
+int rk_linear_parts(const void *x, int x_bf16, int n_parts, const void *const *ws, int w_bf16,
+                    const void *const *biases, int bias_bf16, const int64_t *ns, void *y, int y_bf16, int64_t M,
+                    int64_t K);
+int rk_linear_gated(const void *x, int x_bf16, const void *w_gate, const void *w_up, int w_bf16, const void *b_gate,
+                    const void *b_up, int bias_bf16, void *y, int y_bf16, int64_t N, int64_t K);

@@ -39,7 +39,7 @@ static inline __m256 dot8(const float *q, const void *rows, int64_t stride, int 
   for (int j = 0; j < 8; ++j) acc[j] = _mm256_setzero_ps();
   for (int64_t i = 0; i < D; i += 8) {
     const __m256 qv = _mm256_loadu_ps(q + i);
-    for (int j = 0; j < 8; ++j) acc[j] = _mm256_fmadd_ps(qv, load8(rows, t, j * stride + i), acc[j]);
+    for (int j = 0; j < 8; ++j) acc[j] = _mm256_fmadd_ps(qv, load8_kv(rows, t, j * stride + i), acc[j]);
   }
   return hsum8x8(acc);
 }
@@ -132,8 +132,8 @@ static inline void rows_axpy(float *acc, const float *w, int64_t lo, int64_t hi,
         a2 = _mm256_fmadd_ps(p, codes8(row, bits, c + 16), a2), a3 = _mm256_fmadd_ps(p, codes8(row, bits, c + 24), a3);
       } else {
         const int64_t r = o * stride + c;
-        a0 = _mm256_fmadd_ps(p, load8(rows, t, r), a0), a1 = _mm256_fmadd_ps(p, load8(rows, t, r + 8), a1);
-        a2 = _mm256_fmadd_ps(p, load8(rows, t, r + 16), a2), a3 = _mm256_fmadd_ps(p, load8(rows, t, r + 24), a3);
+        a0 = _mm256_fmadd_ps(p, load8_kv(rows, t, r), a0), a1 = _mm256_fmadd_ps(p, load8_kv(rows, t, r + 8), a1);
+        a2 = _mm256_fmadd_ps(p, load8_kv(rows, t, r + 16), a2), a3 = _mm256_fmadd_ps(p, load8_kv(rows, t, r + 24), a3);
       }
     }
     _mm256_storeu_ps(acc + c, a0), _mm256_storeu_ps(acc + c + 8, a1), _mm256_storeu_ps(acc + c + 16, a2);
@@ -143,7 +143,7 @@ static inline void rows_axpy(float *acc, const float *w, int64_t lo, int64_t hi,
     __m256 a0 = _mm256_loadu_ps(acc + c);
     for (int64_t o = lo; o < hi; ++o)
       a0 = _mm256_fmadd_ps(_mm256_set1_ps(w[o]), bits ? codes8((const uint8_t *)rows + o * stride, bits, c)
-                                                      : load8(rows, t, o * stride + c), a0);
+                                                      : load8_kv(rows, t, o * stride + c), a0);
     _mm256_storeu_ps(acc + c, a0);
   }
 }

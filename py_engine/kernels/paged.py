@@ -1,7 +1,7 @@
 """Paged decode attention in C (kernels/paged.c): the server's decode rows over block tables.
 
     args = PagedDecode.for_rows(tables, seqs, tokens, lens, n_cold)   # once per step
-    out = paged_decode(kernels, args, q, key_cache, value_cache, spec, cold=(codes..., bits))  # per layer
+    out = paged_decode(kernels, args, q, key_cache, value_cache, scale, window, softcap, cold_codes, bits)  # per layer
 
 `PagedDecode` is paged.c's paged_t; the step's int64 arrays are laid out once
 and each layer only sets its tensors' addresses. `supported` says which
@@ -17,7 +17,7 @@ from typing import Sequence
 import torch
 from torch import Tensor
 
-from . import CpuKernels
+from .binding import CpuKernels
 
 P, I64, F32, I32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_int32
 MAX_HEAD_DIM = 512  # paged.c's bounds on its stack arrays

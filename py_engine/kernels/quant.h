@@ -167,3 +167,7 @@ void kq_unpack_row(const qmat_t *w, int64_t n, uint8_t *codes, float *scales, fl
 static inline int kq_per16(int kind) { return kind == 10 || kind == 11 || kind == 14; }
 /* xs16 [M, nb * 2] from the int8 x: dx * Σ q_x per 16 values */
 void kq_sums16(const int8_t *qx, const float *dx, int64_t M, int64_t nb, float *xs16);
+
+/* The quantized products step.c runs (quant.c): parts sharing x, optionally SiLU-gated (mode: quant.c's). */
+int rk_qlinear_parts(const void *x, int x_bf16, int n_parts, const qmat_t *parts, void *y, int y_bf16, int64_t M,
+                     int64_t K, int mode, void *gated);

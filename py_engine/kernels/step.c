@@ -26,29 +26,11 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "decode.h"
 #include "linear.h"
 #include "paged.h"
+#include "quant.h"
 #include "vmath.h"
-
-int rk_qlinear_parts(const void *x, int x_bf16, int n_parts, const void *parts, void *y, int y_bf16, int64_t M,
-                     int64_t K, int mode, void *gated);
-int rk_linear_parts(const void *x, int x_bf16, int n_parts, const void *const *ws, int w_bf16,
-                    const void *const *biases, int bias_bf16, const int64_t *ns, void *y, int y_bf16, int64_t M,
-                    int64_t K);
-int rk_linear_gated(const void *x, int x_bf16, const void *w_gate, const void *w_up, int w_bf16, const void *b_gate,
-                    const void *b_up, int bias_bf16, void *y, int y_bf16, int64_t N, int64_t K);
-void rk_rms_norm(const void *x, const void *w, void *y, int64_t rows, int64_t dim, float eps, int unit_offset,
-                 int bf16);
-typedef struct { /* decode.c's: the cold tier of one layer (two-tier KV cache) */
-  const uint8_t *kc, *vc;
-  const float *ks, *kz, *vs, *vz;
-  int64_t tokens, bits, bs, max_blocks;
-} cold_t;
-int rk_attend_one(const void *qkv, const void *cos, const void *sin, void *keys, void *values, void *out, int64_t H,
-                  int64_t KV, int64_t D, int64_t rot, int64_t pos, int64_t start, int64_t max_len, float scale,
-                  float softcap, int bf16, float *scratch, const cold_t *cold);
-int rk_paged_attend_one(const void *qkv, const void *cos, const void *sin, int64_t rot, int64_t slot, void *q,
-                        float *scratch, paged_t *p);
 
 typedef struct { /* LoRA columns on one projection, fp32: A [r, in], Bt = B^T [r, out] with the scaling folded in */
   const float *A, *Bt;

@@ -17,24 +17,12 @@ import math
 import torch
 from torch import Tensor, nn
 
-from ..config import ModelConfig, RopeParameters
+from ..config import ModelConfig, RopeParameters, longrope_switch_length  # noqa: F401 (re-exported)
 
 
 def rotary_dim(config: ModelConfig) -> int:
     """How many leading channels of each head rotate (Phi's partial_rotary_factor)."""
     return int(config.head_dim * config.rope_parameters.partial_rotary_factor)
-
-
-def longrope_switch_length(config: ModelConfig) -> int | None:
-    """Sequence length past which LongRoPE uses its long factors, else None.
-
-    Keys cached before a sequence crosses it were rotated with the short
-    factors; transformers' generate() then recomputes the whole cache once.
-    """
-    rope = config.rope_parameters
-    if rope.rope_type != "longrope":
-        return None
-    return rope.original_max_position_embeddings or config.max_position_embeddings
 
 
 @functools.lru_cache(maxsize=64)

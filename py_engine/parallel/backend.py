@@ -24,6 +24,7 @@ import torch
 
 from ..cpu.transforms import optimize_for_cpu
 from ..models.kv_quant import KVQuantConfig
+from ..models.memory import trim_heap
 from .comm import TensorParallelGroup
 from .launch import Workers, start_workers
 from .layout import TensorParallelError
@@ -53,6 +54,7 @@ def load_shard(group: TensorParallelGroup, path: str | Path, quantization: Any, 
     if optimize:
         optimize_for_cpu(model)
     apply_tensor_parallel(model, group)
+    trim_heap()  # the whole checkpoint was loaded: give back what the other ranks' slices held
     return model, config, report
 
 

@@ -77,12 +77,21 @@ def _cpu_list(text: str) -> list[int]:
 
 
 def cpu_plan(world: int) -> list[tuple[tuple[int, ...] | None, int]]:
-    """(CPUs to pin or None, torch threads) per rank."""
+    """(CPUs to pin or None, torch threads) per rank.
+
+    $OMP_NUM_THREADS, when set, is the whole group's budget, shared out and never pinned: Ray sets it to an
+    actor's reserved CPUs, so a tensor-parallel replica's ranks stay within --cpus-per-replica."""
+    budget = _thread_budget()
     nodes = numa_nodes()
-    if len(nodes) >= world > 1:
+    if budget is None and len(nodes) >= world > 1:
         return [(nodes[r], len(nodes[r])) for r in range(world)]
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return [(None, max(1, cores // world))] * world
+    return [(None, max(1, min(cores, budget or cores) // world))] * world
+
+
+def _thread_budget() -> int | None:
+    value = os.environ.get("OMP_NUM_THREADS", "")
+    return int(value) if value.isdigit() and int(value) > 0 else None
 
 
 def apply_cpus(cpus: tuple[int, ...] | None, threads: int) -> None:

@@ -13,7 +13,7 @@ token's logits the same way in a k + 1 row verify pass as in decode (the CPU ker
 from .config import METHODS, SpeculativeConfig, SpeculativeConfigError
 from .ngram import NgramLookup
 from .session import SequenceSpeculation, Speculation
-from .stats import SpecStats, Throttle
+from .stats import DraftLength, SpecStats, StepCosts
 
 __all__ = ["METHODS", "NgramLookup", "SequenceSpeculation", "SpecStats", "Speculation", "SpeculativeConfig",
-           "SpeculativeConfigError", "Throttle"]
+           "SpeculativeConfigError", "DraftLength", "StepCosts"]

@@ -9,8 +9,10 @@ Fields as vLLM's SpeculativeConfig where they mean the same: `method` ("ngram" o
 alone means draft_model), `model`, `num_speculative_tokens`, `prompt_lookup_max` / `prompt_lookup_min` (the
 longest and shortest n-gram looked up; vLLM requires max for ngram, ruvllm defaults to 4 and 2),
 `disable_by_batch_size` (no drafts in a server step with more running sequences than this), `quantization` (of
-the draft model). ruvllm's own: `acceptance_floor`: a sequence whose recent share of accepted drafts falls below
-it stops drafting for a while (speculation changes no output, so off is always safe; 0 never stops). Every value
+the draft model). ruvllm's own: `acceptance_floor`: each step a sequence drafts as many tokens (up to
+num_speculative_tokens) as its recent acceptance and the engine's measured step costs say are fastest, none
+when its estimated acceptance is below this floor or drafting does not pay (stats.DraftLength; speculation
+changes no output, so off is always safe); 0 turns that off: always num_speculative_tokens drafts. Every value
 is checked here, once; a bad one raises SpeculativeConfigError naming the field. Stdlib only (ring 0).
 """
 from __future__ import annotations

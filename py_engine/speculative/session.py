@@ -1,4 +1,4 @@
-"""One sequence's drafting: prompt lookup or a draft model, throttled by acceptance, counted.
+"""One sequence's drafting: prompt lookup or a draft model, as many drafts a step as pay, counted.
 
     speculation = Speculation(config)                              # ngram
     speculation = Speculation(config, draft_backend=make_backend)  # a draft model: a Backend factory
@@ -6,6 +6,7 @@
     drafts = seq.propose(room)       # tokens to verify after the pending one (maybe [])
     seq.keep(tokens)                 # the tokens the sequence kept (target's and accepted drafts)
     seq.record(len(drafts), accepted)
+    seq.timed(len(drafts), seconds)  # the step's time (proposing + forward): how many drafts pay (DraftLength)
 
 A draft model runs as any single-sequence Backend (py_engine.generate's: prefill, decode, verify, rollback) over
 its own KV cache, kept in step with the tokens the target kept: before proposing, the draft rolls back to the
@@ -22,7 +23,7 @@ from py_engine.sampling import SamplingParams, sample_token, token_probabilities
 
 from .config import SpeculativeConfig
 from .ngram import NgramLookup
-from .stats import SpecStats, Throttle
+from .stats import DraftLength, SpecStats, StepCosts
 
 
 class Speculation:
@@ -33,6 +34,7 @@ class Speculation:
             raise ValueError("a draft_model config needs the draft model's backend factory")
         self.config, self.draft_backend = config, draft_backend
         self.stats = SpecStats()  # every sequence's steps, merged as they finish
+        self.costs = StepCosts(config.num_speculative_tokens)  # seconds a step with k drafts takes, all sequences
 
     def start(self, prompt_ids: Sequence[int], params: SamplingParams) -> "SequenceSpeculation":
         return SequenceSpeculation(self, prompt_ids, params)
@@ -44,7 +46,8 @@ class SequenceSpeculation:
         self.owner, self.params, self.k = owner, params, config.num_speculative_tokens
         self.context = list(prompt_ids)
         self.prompt_len = len(self.context)
-        self.stats, self.throttle = SpecStats(), Throttle(config.acceptance_floor)
+        self.stats = SpecStats()
+        self.length = DraftLength(config.acceptance_floor, self.k, owner.costs)
         self.qs: list[dict[int, float]] | None = None  # the draft's distributions of the last proposal (sampled)
         if config.method == "ngram":
             self.lookup: NgramLookup | None = NgramLookup(self.context, config.prompt_lookup_max,
@@ -62,8 +65,8 @@ class SequenceSpeculation:
     def propose(self, room: int) -> list[int]:
         """Up to min(k, room) tokens to verify after the last kept one; [] to decode plainly."""
         self.qs = None
-        k = min(self.k, room)
-        if k < 1 or not self.throttle.allows():
+        k = self.length.choose(room)
+        if k < 1:
             return []
         if self.lookup is not None:
             return self.lookup.propose(k)
@@ -77,7 +80,11 @@ class SequenceSpeculation:
 
     def record(self, drafted: int, accepted: int) -> None:
         self.stats.record(drafted, accepted)
-        self.throttle.record(drafted, accepted)
+        self.length.record(drafted, accepted)
+
+    def timed(self, drafted: int, seconds: float) -> None:
+        """A step with `drafted` drafts took `seconds` (proposing + the forward pass): the engine's costs."""
+        self.owner.costs.record(drafted, seconds)
 
     def finish(self) -> SpecStats:
         """Merge this sequence's counts into the engine's; returns them."""

@@ -1,9 +1,9 @@
 """What speculation did: drafts proposed and accepted, in total and per position (vLLM's spec_decode counters).
 
-`SpecStats` counts one sequence's or one engine's steps; `add` merges. `Throttle` is the per-sequence switch
-behind `acceptance_floor`: it keeps a moving average of the share of drafts accepted and, when it falls below
-the floor, stops drafting for a number of steps that doubles each time it happens again (and resets once the
-share recovers), then tries once more. Speculation changes no token, so this only trades speed. Stdlib only.
+`SpecStats` counts one sequence's or one engine's steps; `add` merges. `DraftLength` picks each step's number
+of drafts from the sequence's recent acceptance and the engine's measured step costs (`StepCosts`): drafting
+only as far as it pays, none when it does not (then probing now and then). Speculation changes no token, so
+this only trades speed. Stdlib only.
 """
 from __future__ import annotations
 
@@ -62,31 +62,90 @@ class SpecStats:
                 "acceptance_rate": self.acceptance_rate, "mean_acceptance_length": self.mean_acceptance_length}
 
 
-class Throttle:
-    """Whether a sequence drafts this step, from its recent acceptance (see the module docstring)."""
+class StepCosts:
+    """Seconds one generation step takes with k drafts (proposing them and verifying the k + 1 rows), k = 0..K:
+    moving averages of the steps timed, shared by an engine's sequences (the hardware's cost, not the text's).
+    A k never timed is estimated from the nearest timed one as if each extra row cost PRIOR_ROW of a decode
+    (optimistic, so lengths not yet tried get tried and timed); with nothing timed, in units of a decode."""
 
-    WEIGHT = 0.25  # of the newest step in the moving average
-    PRIOR = 0.5  # the average a sequence starts from (and restarts from after a pause): ~4 bad steps to pause
-    FIRST_PAUSE = 8  # steps without drafts the first time acceptance falls below the floor
+    WEIGHT = 0.1  # of the newest step
+    PRIOR_ROW = 0.1
 
-    def __init__(self, floor: float) -> None:
-        self.floor = floor
-        self.average = self.PRIOR
-        self.pause = 0  # steps left without drafting
-        self.next_pause = self.FIRST_PAUSE
+    def __init__(self, k_max: int) -> None:
+        self.seconds: list[float | None] = [None] * (k_max + 1)
 
-    def allows(self) -> bool:
-        if self.pause > 0:
-            self.pause -= 1
-            return False
-        return True
+    def record(self, k: int, seconds: float) -> None:
+        if 0 <= k < len(self.seconds) and seconds > 0:
+            old = self.seconds[k]
+            self.seconds[k] = seconds if old is None else old + self.WEIGHT * (seconds - old)
+
+    def cost(self, k: int) -> float:
+        if self.seconds[k] is not None:
+            return self.seconds[k]
+        known = [(abs(j - k), j, t) for j, t in enumerate(self.seconds) if t is not None]
+        if not known:
+            return 1 + self.PRIOR_ROW * k
+        _, j, t = min(known)
+        return t * (1 + self.PRIOR_ROW * k) / (1 + self.PRIOR_ROW * j)
+
+
+class DraftLength:
+    """How many drafts a sequence proposes this step: the k in 0..K with the most tokens per second.
+
+    A step with k drafts yields 1 + p + ... + p^k tokens on average, p being the chance a draft is accepted
+    when the one before it was (estimated per sequence from its recent steps: accepted drafts over accepted
+    + first rejected, decayed by DECAY a step, starting from PRIOR); it costs StepCosts.cost(k). k = 0 is
+    plain decoding. An estimate below `floor` drafts nothing. A sequence that stopped drafting tries one
+    step of drafts again after PROBE steps, the wait doubling while the tries fail (up to MAX_PROBE) and
+    reset when one pays. floor 0 turns all of this off: always K drafts. Speculation changes no output,
+    so this trades only speed."""
+
+    DECAY = 0.8
+    PRIOR = (1.0, 2.0)  # (accepted, trials): p = 0.5
+    PROBE, MAX_PROBE = 8, 256
+
+    def __init__(self, floor: float, k_max: int, costs: StepCosts) -> None:
+        self.floor, self.k_max, self.costs = floor, k_max, costs
+        self.accepted, self.trials = self.PRIOR
+        self.idle = 0  # steps since the last one that drafted
+        self.wait = self.PROBE
+
+    @property
+    def p(self) -> float:
+        return self.accepted / self.trials
+
+    def choose(self, room: int) -> int:
+        """Drafts to propose this step (at most `room`)."""
+        k_max = min(self.k_max, room)
+        if k_max < 1:
+            return 0
+        if self.floor <= 0.0:
+            return k_max
+        best = self._best(k_max)
+        if best == 0 and self.idle >= self.wait:  # a probe: draft once to see whether the text changed
+            best = max(1, self._best(k_max, p=self.PRIOR[0] / self.PRIOR[1] + 0.3))
+            self.wait = min(2 * self.wait, self.MAX_PROBE)
+        self.idle = 0 if best else self.idle + 1
+        return best
+
+    def _best(self, k_max: int, p: float | None = None) -> int:
+        p = self.p if p is None else p
+        if p < self.floor:
+            return 0
+        cost0 = self.costs.cost(0)
+        best, best_rate, tokens, power = 0, 1.0 / cost0, 1.0, 1.0
+        for k in range(1, k_max + 1):
+            power *= p
+            tokens += power
+            rate = tokens / self.costs.cost(k)
+            if rate > best_rate * 1.02:  # a longer step must pay clearly: timings are noisy
+                best, best_rate = k, rate
+        return best
 
     def record(self, drafted: int, accepted: int) -> None:
-        if drafted < 1 or self.floor <= 0.0:
+        if drafted < 1:
             return
-        self.average += self.WEIGHT * (accepted / drafted - self.average)
-        if self.average < self.floor:
-            self.pause, self.next_pause = self.next_pause, min(2 * self.next_pause, 256)
-            self.average = self.PRIOR  # judged afresh after the pause
-        elif self.average >= 2 * self.floor:
-            self.next_pause = self.FIRST_PAUSE
+        self.accepted = self.DECAY * self.accepted + accepted
+        self.trials = self.DECAY * self.trials + accepted + (1 if accepted < drafted else 0)
+        if accepted >= 1:
+            self.wait = self.PROBE

@@ -4,7 +4,7 @@ Greedy: every proposer (prompt lookup, a draft model) and k = 1..8 give the toke
 logprobs of plain decoding on the built-in model in fp32, int8 and int4 and on SmolLM2's Q4_1 file; with
 penalties, a logit bias, structured outputs, stop strings and max_tokens too. Seeded sampling with prompt lookup
 replays plain sampling token for token (it draws the same uniforms). The unit parts (config, n-gram lookup,
-the throttle) are checked on exact values. The distribution of sampled output: test_speculative_distribution.py.
+the draft length: DraftLength, StepCosts) are checked on exact values; the loop times its steps. The distribution of sampled output: test_speculative_distribution.py.
 """
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ torch = pytest.importorskip("torch")
 from py_engine import LLM, SamplingParams  # noqa: E402
 from py_engine.guided.params import StructuredOutputsParams  # noqa: E402
 from py_engine.kernels import cpu_kernels  # noqa: E402
-from py_engine.speculative import NgramLookup, SpeculativeConfig, SpeculativeConfigError, Throttle  # noqa: E402
+from py_engine.speculative import (DraftLength, NgramLookup, SpeculativeConfig,  # noqa: E402
+                                  SpeculativeConfigError, StepCosts)
 from tests.requires import kernels_missing  # noqa: E402
 
 needs_kernels = pytest.mark.skipif(cpu_kernels() is None, reason=str(kernels_missing()))
@@ -59,22 +60,29 @@ def test_ngram_lookup_proposes_the_latest_longest_match():
         NgramLookup([], max_n=1, min_n=2)
 
 
-def test_throttle_pauses_after_misses_and_backs_off():
-    throttle = Throttle(0.3)
-    assert throttle.allows()
-    throttle.record(4, 0)
-    assert throttle.pause == 0 and throttle.average == 0.375  # from the prior 0.5, a quarter of the way to 0
-    throttle.record(4, 0)
-    assert throttle.pause == 8 and throttle.average == 0.5  # 0.28 < 0.3: paused, judged afresh afterwards
-    assert [throttle.allows() for _ in range(9)] == [False] * 8 + [True]
-    throttle.record(4, 0), throttle.record(4, 0)
-    assert throttle.pause == 16  # the next pause is twice as long
-    throttle.pause = 0
-    for _ in range(6):
-        throttle.record(4, 4)  # acceptance back above twice the floor: the pause length resets
-    throttle.record(4, 0), throttle.record(4, 0), throttle.record(4, 0), throttle.record(4, 0)
-    assert throttle.pause == 8
-    assert Throttle(0.0).allows()
+def test_draft_length_drafts_as_far_as_it_pays():
+    costs = StepCosts(4)
+    assert costs.cost(0) == 1.0 and costs.cost(4) == pytest.approx(1.4)  # nothing timed: in decodes, optimistic
+    costs.record(0, 0.010)
+    costs.record(4, 0.024)
+    costs.record(4, 0.034)  # a moving average: a tenth of the way
+    assert costs.cost(4) == pytest.approx(0.025)
+    assert costs.cost(2) == pytest.approx(0.012)  # from the nearest timed length (k = 0), a tenth of a decode a row
+    assert costs.cost(3) == pytest.approx(0.025 * 1.3 / 1.4)
+    length = DraftLength(0.2, 4, costs)
+    # p = 0.5: 1.5 tokens for 0.011 s and 1.75 for 0.012 s beat 1 for 0.010; 1.875 for 0.0232 does not
+    assert length.p == 0.5 and length.choose(10) == 2
+    assert length.choose(1) == 1  # no more than the room left
+    length.record(2, 0)  # a miss: (0.8 accepted, 2.6 tries): p = 0.31
+    assert length.p == pytest.approx(0.8 / 2.6) and length.choose(10) == 1
+    length.record(1, 0)
+    length.record(1, 0)  # p = 0.512 / 3.464 = 0.148, below the floor: no drafts, then a probe after 8 steps
+    assert length.p == pytest.approx(0.512 / 3.464)
+    assert [length.choose(10) for _ in range(9)] == [0] * 8 + [2]  # the probe drafts as p = 0.8 would
+    assert length.wait == 16  # the next probe waits twice as long ...
+    length.record(2, 1)
+    assert length.wait == 8  # ... unless this one paid
+    assert DraftLength(0.0, 4, StepCosts(4)).choose(10) == 4  # floor 0: always k
 
 
 def _same(a, b):
@@ -121,6 +129,16 @@ def test_greedy_with_penalties_bias_grammar_stops_and_limits():
             a, b = plain.generate(prompt, params), spec.generate(prompt, params)
             _same(a, b)
     assert spec.generate(PROMPTS[0], cases[-1]).speculative["num_drafts"] == 0  # the request opted out
+
+
+@needs_kernels
+def test_the_loop_times_its_steps_for_the_draft_length():
+    plain, spec = LLM("tiny-shakespeare"), LLM("tiny-shakespeare", speculative="ngram")  # the default floor
+    params = SamplingParams(temperature=0, max_tokens=48)
+    for prompt in PROMPTS:
+        _same(plain.generate(prompt, params), spec.generate(prompt, params))
+    timed = [t for t in spec.speculation.costs.seconds if t is not None]
+    assert timed and all(0 < t < 10 for t in timed)
 
 
 @needs_kernels
@@ -183,3 +201,30 @@ def test_a_draft_with_another_vocabulary_is_one_clear_error(tmp_path):
 def test_speculation_refuses_what_it_could_change():
     with pytest.raises(ValueError, match="two-tier KV cache"):
         LLM("tiny-shakespeare", kv_cache_dtype="int8", speculative="ngram")
+
+
+@needs_kernels
+@pytest.mark.parametrize("proposer", ["ngram", "draft"])
+def test_greedy_with_speculation_is_transformers_greedy(tmp_path, proposer):
+    """The reference itself: transformers' generate (do_sample=False) on a tiny random Llama, against ruvllm with
+    prompt lookup (k = 4) or a draft model (the same model in int4, k = 3) on the CPU kernels."""
+    transformers = pytest.importorskip("transformers")
+    from tests.tiny_models import TEXT, build_tiny_model
+
+    folder = build_tiny_model(tmp_path / "tiny", "llama", seed=5, initializer_range=0.5)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()
+    spec = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "acceptance_floor": 0} \
+        if proposer == "ngram" else {"model": str(folder), "quantization": "int4", "num_speculative_tokens": 3,
+                                     "acceptance_floor": 0}
+    llm = LLM(str(folder), speculative=spec)
+    counts = []
+    for start in (0, 90, 200):
+        ids = llm.tokenizer.encode(TEXT[start:start + 120], add_special_tokens=False)
+        with torch.no_grad():
+            expected = hf.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=32, min_new_tokens=32,
+                                   pad_token_id=0)[0, len(ids):].tolist()
+        got = llm.generate(ids, SamplingParams(temperature=0, max_tokens=32, ignore_eos=True))
+        assert got.token_ids == expected
+        counts.append((got.speculative["num_draft_tokens"], got.speculative["num_accepted_tokens"]))
+    drafted, accepted = map(sum, zip(*counts))
+    assert drafted > 0 and (accepted > 0 or proposer == "ngram")  # a random model seldom repeats its prompt

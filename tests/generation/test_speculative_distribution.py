@@ -88,6 +88,9 @@ class FixedDrafts:
     def record(self, drafted, accepted):
         pass
 
+    def timed(self, drafted, seconds):
+        pass
+
     def finish(self):
         pass
 

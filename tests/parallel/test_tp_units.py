@@ -175,9 +175,24 @@ class _World2Rank0:
 def test_ranks_pin_to_numa_nodes_when_there_are_enough(monkeypatch):
     from py_engine.parallel import launch
 
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     assert launch._cpu_list("0-3,8-11\n") == [0, 1, 2, 3, 8, 9, 10, 11]
     monkeypatch.setattr(launch, "numa_nodes", lambda: [(0, 1, 2, 3), (4, 5, 6, 7)])
     assert launch.cpu_plan(2) == [((0, 1, 2, 3), 4), ((4, 5, 6, 7), 4)]
     monkeypatch.setattr(launch, "numa_nodes", lambda: [(0, 1, 2, 3)])  # one node: share its cores, no pinning
     monkeypatch.setattr(launch.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
     assert launch.cpu_plan(2) == [(None, 2), (None, 2)]
+
+
+def test_a_thread_budget_is_shared_out_and_never_pinned(monkeypatch):
+    """A Ray actor (a tensor-parallel replica) gets OMP_NUM_THREADS = its reserved CPUs: its ranks share those."""
+    from py_engine.parallel import launch
+
+    monkeypatch.setattr(launch, "numa_nodes", lambda: [(0, 1, 2, 3), (4, 5, 6, 7)])
+    monkeypatch.setattr(launch.os, "sched_getaffinity", lambda pid: set(range(8)))
+    monkeypatch.setenv("OMP_NUM_THREADS", "4")
+    assert launch.cpu_plan(2) == [(None, 2), (None, 2)]
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    assert launch.cpu_plan(2) == [(None, 1), (None, 1)]
+    monkeypatch.setenv("OMP_NUM_THREADS", "")  # unset or not a count: the machine's cores, NUMA pinning
+    assert launch.cpu_plan(2) == [((0, 1, 2, 3), 4), ((4, 5, 6, 7), 4)]

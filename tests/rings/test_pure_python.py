@@ -17,6 +17,8 @@ RING0 = ["py_engine", "py_engine.config", "py_engine.chat", "py_engine.chat_sand
          "py_engine.importers.llama2c_sampler", "py_engine.learning", "py_engine.learning.config",
          "py_engine.learning.bank", "py_engine.learning.bank.index", "py_engine.learning.bank.patterns",
          "py_engine.learning.bank.gate",
+         *sorted(f"py_engine.speculative.{p.stem}".removesuffix(".__init__")
+                 for p in (REPO / "py_engine" / "speculative").glob("*.py")),
          *sorted(".".join(p.relative_to(REPO).with_suffix("").parts).removesuffix(".__init__")
                  for p in (REPO / "py_engine" / "guided").rglob("*.py"))]  # structured outputs, every module
 

@@ -251,6 +251,17 @@ def _schema_format(schema: dict[str, Any]) -> dict[str, Any]:
     return _chat(response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": schema}})
 
 
+def gbnf_doubling(levels: int) -> str:
+    """GBNF whose rule r_i is r_{i+1} twice: 2**levels character sets once expanded."""
+    rules = [f"r{i} ::= r{i + 1} r{i + 1}" for i in range(levels)]
+    return "\n".join(["root ::= r0", *rules, f"r{levels} ::= [a-z]"])
+
+
+def gbnf_alternatives(count: int) -> str:
+    """GBNF of one rule with `count` literal alternatives (an 8,000-entry enum, llama.cpp's way)."""
+    return "root ::= " + " | ".join(f'"v{i:05d}"' for i in range(count))
+
+
 REF_LOOP_IN_ALL_OF = {"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}},
                       "allOf": [{"$ref": "#/$defs/a"}]}  # once spun a compile thread forever
 GRAMMAR_CASES = [
@@ -282,6 +293,14 @@ GRAMMAR_CASES = [
     Case("structured_outputs_enum_8000", 400,
          body=_c(structured_outputs={"json": {"enum": [f"v{i:05d}" for i in range(8000)]}}),
          param="structured_outputs"),
+    # Surfaces added since the probe: GBNF (llama.cpp's `grammar`), /v1/responses' text.format, /v1/messages' tools.
+    Case("grammar_rule_doubling_24", 400, body=_c(grammar=gbnf_doubling(24)), param="grammar"),
+    Case("grammar_alternatives_8000", 400, body=_c(grammar=gbnf_alternatives(8000)), param="grammar"),
+    Case("responses_text_format_ref_chain_15x2", 400, "/v1/responses", {"input": "x", "max_output_tokens": 2, "text": {
+        "format": {"type": "json_schema", "name": "s", "schema": ref_chain(15)}}}, param="response_format"),
+    Case("messages_tool_input_schema_ref_chain_8x6", 400, "/v1/messages", {
+        "max_tokens": 2, "messages": USER, "tool_choice": {"type": "any"},
+        "tools": [{"name": "f", "input_schema": ref_chain(8, 6)}]}, param=None),
 ]
 NORMAL_CHOICE = {"prompt": "ROMEO:", "max_tokens": 2, "temperature": 0, "guided_choice": ["yes", "no"]}
 
@@ -311,6 +330,21 @@ def tree_cpu_seconds(pid: int) -> float:
         except (OSError, ValueError):
             continue  # it ended meanwhile
     return total
+
+
+def grammar_workers(pid: int) -> dict[int, float]:
+    """The server's grammar worker processes (native_server.api.grammar_worker children of pid) and
+    their CPU seconds so far. Linux."""
+    found, tick = {}, os.sysconf("SC_CLK_TCK")
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        for child in (task / "children").read_text().split():
+            try:
+                if b"grammar_worker" in Path(f"/proc/{child}/cmdline").read_bytes():
+                    fields = Path(f"/proc/{child}/stat").read_text().rpartition(")")[2].split()
+                    found[int(child)] = sum(int(x) for x in fields[11:13]) / tick
+            except (OSError, ValueError):
+                continue  # it ended meanwhile
+    return found
 
 
 def tree_rss_mb(pid: int) -> tuple[float, float]:

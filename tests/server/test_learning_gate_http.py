@@ -60,7 +60,8 @@ def wait(server, check, timeout=120.0):
 def test_one_correction_a_delete_and_a_consolidation(server, client):
     base = {q: ask(client, q)[1] for q in (QUESTION, PARAPHRASE, OTHER)}
     rid, _ = ask(client, QUESTION, "alice")
-    r = httpx.post(f"{server.url}/v1/feedback", json={"id": rid, "rating": -1, "correction": "Mabqueen."})
+    r = httpx.post(f"{server.url}/v1/feedback", json={"id": rid, "rating": -1, "correction": "Mabqueen.",
+                                                            "user": "alice"})
     assert r.status_code == 200 and r.json()["status"] == "queued", r.text
     feedback_id = r.json()["id"]
     state = wait(server, lambda s: s["updates"] == 1)
@@ -76,16 +77,20 @@ def test_one_correction_a_delete_and_a_consolidation(server, client):
         "model": "tiny-shakespeare", "prompt": OTHER, "max_tokens": 4, "temperature": 0, "user": "alice"})
     assert completions.status_code == 200 and completions.json()["model"] == "tiny-shakespeare"
 
-    gone = httpx.delete(f"{server.url}/v1/feedback/{feedback_id}")
+    assert httpx.delete(f"{server.url}/v1/feedback/{feedback_id}").status_code == 403  # not alice: refused
+    assert httpx.delete(f"{server.url}/v1/feedback/{feedback_id}", params={"user": "bob"}).json()["error"][
+        "code"] == "permission_denied"
+    gone = httpx.delete(f"{server.url}/v1/feedback/{feedback_id}", params={"user": "alice"})
     assert gone.status_code == 200 and gone.json() == {"id": feedback_id, "object": "feedback.deleted",
                                                        "deleted": True}
     assert ask(client, QUESTION, "alice")[1] == base[QUESTION]
-    assert httpx.delete(f"{server.url}/v1/feedback/{feedback_id}").status_code == 404
+    assert httpx.delete(f"{server.url}/v1/feedback/{feedback_id}", params={"user": "alice"}).status_code == 404
     assert httpx.delete(f"{server.url}/v1/feedback/fb-unknown").json()["error"]["code"] == "not_found"
     assert status(server)["patterns"]["forgotten"] == 1
 
     rid, _ = ask(client, QUESTION, "alice")
-    httpx.post(f"{server.url}/v1/feedback", json={"id": rid, "rating": -1, "correction": "Mabqueen."})
+    httpx.post(f"{server.url}/v1/feedback", json={"id": rid, "rating": -1, "correction": "Mabqueen.",
+                                                            "user": "alice"})
     wait(server, lambda s: s["updates"] == 2)
     assert httpx.post(f"{server.url}/v1/learning/consolidate").status_code == 202
     state = wait(server, lambda s: s["consolidations"] == 1)

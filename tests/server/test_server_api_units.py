@@ -22,12 +22,12 @@ from starlette.routing import Route
 from native_server.api.app import create_app
 from native_server.api.context import ServerContext
 from native_server.api.errors import APIError
-from native_server.api.metrics import Histogram, ServerMetrics, histogram_lines
+from native_server.api.metrics import ServerMetrics, histogram_lines
 from native_server.api.middleware import APIKey, IsolationHeaders
 from native_server.engine.outputs import (CompletionOutput, EngineShutdownError, EngineStats, PromptTooLongError,
                                    QueueFullError, RequestOutput)
-from native_server.engine.outputs import Histogram as EngineHistogram
-from native_server.api.prompts import check_model, completion_prompts, fit_to_context, sampling_params
+from native_server.engine.outputs import Histogram
+from native_server.api.prompts import completion_prompts, fit_to_context, sampling_params
 from native_server.api.protocol import ChatCompletionRequest, CompletionRequest
 from native_server.api.request_body import RequestBody
 from native_server.serve import parse_size
@@ -112,10 +112,11 @@ def test_completion_prompts_refused(prompt):
 
 
 def test_model_names():
-    check_model(None, ("m", "/path/m"))
-    check_model("/path/m", ("m", "/path/m"))
+    """`model` may name the served model by its name or path (None: it), a LoRA adapter, else a 404."""
+    ctx = ServerContext(_ScriptedEngine([]), "m", ("m", "/path/m"), Path("."), None)
+    assert ctx.adapter_for(None) is None and ctx.adapter_for("/path/m") is None
     with pytest.raises(APIError) as err:
-        check_model("gpt-4", ("m",))
+        ctx.adapter_for("gpt-4")
     assert err.value.status == 404 and err.value.code == "model_not_found"
 
 
@@ -129,12 +130,12 @@ def test_histogram_buckets_are_cumulative_with_le_inclusive():
 
 
 def _stats() -> EngineStats:
-    ttft = EngineHistogram()
+    ttft = Histogram()
     ttft.observe(0.02)
     return EngineStats(num_running=1, num_waiting=2, kv_blocks_total=10, kv_blocks_used=4, kv_blocks_cached=3,
                        kv_blocks_free=6, block_size=16, prefix_cache_hits=16, prefix_cache_queries=64,
                        prompt_tokens=5, generation_tokens=2, num_preemptions=1, ttft=ttft,
-                       inter_token_latency=EngineHistogram())
+                       inter_token_latency=Histogram())
 
 
 def test_metrics_text():

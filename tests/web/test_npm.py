@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -28,8 +27,8 @@ from tests.paths import BUILTIN, REPO  # noqa: E402
 from tests.guided_cases import GUIDED, check_guided_run  # noqa: E402
 from tests.requires import tool  # noqa: E402
 from tests.tiny_models import build_tiny_model  # noqa: E402
+from tests.web.npm_project import NPM_DIR, install_packed, run as _run  # noqa: E402
 
-NPM_DIR = REPO / "npm"
 DRIVER = REPO / "tests" / "web" / "npm"
 PROMPT = "To be, or not"
 GREEDY = 48
@@ -41,36 +40,11 @@ SAMPLED = {"temperature": 0.8, "top_p": 0.9, "top_k": 40, "seed": 7, "max_tokens
 pytestmark = pytest.mark.slow
 
 
-def _run(cmd: list[str], cwd: Path, timeout: int = 600) -> subprocess.CompletedProcess:
-    return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout,
-                          env={**__import__("os").environ, "ONNXRUNTIME_NODE_INSTALL": "skip"})
-
-
 @pytest.fixture(scope="module")
 def scratch(tmp_path_factory) -> Path:
     """A fresh project with the packed tarball installed (offline)."""
-    tool("node"), tool("npm")
-    from web.wheels import build_wheels
-
-    try:
-        build_wheels(NPM_DIR / "wheels")
-    except (subprocess.CalledProcessError, RuntimeError) as error:
-        pytest.skip(f"the jinja2/markupsafe wheels are not cached and PyPI is unreachable ({error}): "
-                    "run `python -m web.wheels --out npm/wheels` once online (make test does)")
     root = tmp_path_factory.mktemp("npm")
-    packed = _run(["npm", "pack", "--json", "--pack-destination", str(root)], NPM_DIR)
-    assert packed.returncode == 0, packed.stderr
-    tarball = root / json.loads(packed.stdout)[0]["filename"]
-    project = root / "app"
-    project.mkdir()
-    (project / "package.json").write_text(json.dumps({"name": "scratch", "private": True, "type": "module"}))
-    # From npm's cache where it has the packages (make test fills it), else from the registry.
-    install = _run(["npm", "install", "--prefer-offline", "--no-audit", "--no-fund", str(tarball)], project)
-    if install.returncode != 0 and ("ENOTCACHED" in install.stderr or "ENOTFOUND" in install.stderr
-                                    or "EAI_AGAIN" in install.stderr):
-        pytest.skip("npm's cache lacks pyodide/onnxruntime-web and the npm registry is unreachable: "
-                    "run `make test-setup` once online (npm ci --prefix npm, then it fills npm's cache)")
-    assert install.returncode == 0, install.stderr
+    project = install_packed(root, root / "app")
     for name in ("run_engine.mjs", "chat_greedy.mjs", "complete_greedy.mjs", "guided_requests.mjs", "tsconfig.json"):
         shutil.copy(DRIVER / name, project / name)
     shutil.copy(NPM_DIR / "examples" / "chat.ts", project / "chat.ts")

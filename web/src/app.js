@@ -43,8 +43,18 @@ function progressRow(p) {
     $('progress').append(row);
   }
   const mb = (n) => (n / 1e6).toFixed(2);
-  row.querySelector('span').textContent = `${p.file}: ${mb(p.loaded)} / ${mb(p.total)} MB${p.cached ? ' (cache)' : ''}`;
+  const total = p.total ? `${mb(p.total)} MB` : '? MB';
+  row.querySelector('span').textContent = `${p.file}: ${mb(p.loaded)} / ${total}${p.cached ? ' (cache)' : ''}`;
   row.querySelector('progress').value = p.total ? p.loaded / p.total : 0;
+}
+
+// The status while loading: files still downloading say so, whatever else has started meanwhile.
+function loadProgress(p, pending) {
+  if (p.stage === 'download') {
+    progressRow(p);
+    if (p.total && p.loaded >= p.total) pending.delete(p.file); else pending.add(p.file); // total 0: not known yet
+  }
+  setStatus(pending.size ? 'downloading' : p.stage === 'boot' ? 'starting Python' : 'loading');
 }
 
 async function loadModel() {
@@ -53,10 +63,12 @@ async function loadModel() {
   showError(null);
   $('send').disabled = true;
   $('progress').textContent = '';
+  $('loadtime').textContent = '-'; // not the previous model's
   await state.engine?.dispose();
   state.engine = null;
   setStatus('loading');
   const started = performance.now();
+  const pending = new Set(); // files still downloading
   try {
     state.engine = await createEngine({
       model: here(url), worker: true, precision: $('precision').value, modelName: url,
@@ -64,7 +76,7 @@ async function loadModel() {
       pyodideURL: here('pyodide/'), wasmPaths: here('ort/'), ortURL: here('ort/ort.wasm.min.mjs'),
       ortWebgpuURL: here('ort/ort.webgpu.min.mjs'),
       wheelsURL: here('wheels/'), workerURL: here('ruvllm/worker.js'),
-      onProgress: (p) => (p.stage === 'download' ? progressRow(p) : setStatus(p.stage === 'boot' ? 'starting Python' : 'loading')),
+      onProgress: (p) => loadProgress(p, pending),
     });
     state.loads += 1;
     state.loadMs = performance.now() - started;
@@ -205,7 +217,10 @@ try {
   if (wanted.has('model')) $('model-url').value = wanted.get('model');
   if (wanted.has('precision')) $('precision').value = wanted.get('precision');
   if (wanted.has('device')) $('device-choice').value = wanted.get('device');
-  if (wanted.get('autoload') !== '0') await loadModel();
+  // A model named in the URL, or the only one built, loads at once; with a menu the user picks first.
+  const only = $('model').options.length === 1 && $('model').value;
+  if (wanted.get('autoload') !== '0' && (wanted.has('model') || only)) await loadModel();
+  else if (state.loads === 0) setStatus('choose a model');
 } catch (error) {
   showError(error);
 }

@@ -4,6 +4,7 @@
     cpu.py        CpuPagedAttention: decode rows in C, the rest as reference.py
     triton.py     TritonPagedAttention: CUDA (the CPU only under TRITON_INTERPRET=1)
     cold.py       the torch path over a two-tier (int8/int4) cache
+    torch_path.py the torch path's gather-then-attention, shared by reference.py and cold.py
 
 MPS keeps the torch path (Triton has no Metal backend). The backends import
 interface.py, never this module, so nothing here imports in a circle.

@@ -20,56 +20,51 @@ import torch
 from torch import Tensor
 
 from native_server.engine.attention.interface import PagedMetadata
+from native_server.engine.attention.torch_path import Gather, chunk_context, decode_rows
 from py_engine.models.attention import AttentionSpec, attention, two_tier_attention
 from py_engine.models.kv_quant import KVQuantConfig, fake_quantize_blocks
 
 
-def gather(key_cache: Tensor, value_cache: Tensor, cold, layer: int, tables: Tensor,
-           counts: Tensor) -> tuple[Tensor, Tensor]:
-    """Keys and values [S, KV, nb * bs, D] of tables [S, nb], whose first counts[s] ids are cold."""
-    S, nb = tables.shape
-    _, block_size, kv_heads, head_dim = key_cache.shape
-    is_cold = torch.arange(nb, device=tables.device)[None] < counts[:, None]  # [S, nb]
-    hot_ids = tables.masked_fill(is_cold, 0)
-    keys, values = key_cache[hot_ids], value_cache[hot_ids]  # [S, nb, bs, KV, D], copies
-    if bool(is_cold.any()):
-        keys[is_cold], values[is_cold] = cold.blocks(layer, tables[is_cold], key_cache.dtype)
-    shape = (S, nb * block_size, kv_heads, head_dim)
-    return keys.view(shape).transpose(1, 2), values.view(shape).transpose(1, 2)
+def two_tier_gather(key_cache: Tensor, value_cache: Tensor, pool, layer: int, counts: Tensor) -> Gather:
+    """The torch path's gather over both pools: of each table [S, nb] the first counts[seq] ids are cold blocks,
+    dequantized as they are read (kv_cache.ColdPool.blocks); the rest are hot. Keys and values [S, KV, nb * bs, D]."""
+    def gather(tables: Tensor, seqs: Tensor | slice) -> tuple[Tensor, Tensor]:
+        S, nb = tables.shape
+        _, block_size, kv_heads, head_dim = key_cache.shape
+        is_cold = torch.arange(nb, device=tables.device)[None] < counts[seqs][:, None]  # [S, nb]
+        hot_ids = tables.masked_fill(is_cold, 0)
+        keys, values = key_cache[hot_ids], value_cache[hot_ids]  # [S, nb, bs, KV, D], copies
+        if bool(is_cold.any()):
+            keys[is_cold], values[is_cold] = pool.blocks(layer, tables[is_cold], key_cache.dtype)
+        shape = (S, nb * block_size, kv_heads, head_dim)
+        return keys.view(shape).transpose(1, 2), values.view(shape).transpose(1, 2)
+    return gather
 
 
-def attend(q: Tensor, key_cache: Tensor, value_cache: Tensor, cold, layer: int, meta: PagedMetadata,
+def attend(q: Tensor, key_cache: Tensor, value_cache: Tensor, pool, layer: int, meta: PagedMetadata,
            spec: AttentionSpec, quant: KVQuantConfig) -> Tensor:
     """q [N, H, D] -> [N, H, D] (the TorchPagedAttention contract) over hot and cold blocks."""
     out = torch.empty_like(q)
     counts = torch.tensor(meta.cold_blocks, dtype=torch.long, device=q.device)  # [S]
-    block_size = key_cache.shape[1]
     if meta.decode_seqs.numel():
-        kv_pos = meta.decode_kv_positions  # [Sd, L]
-        tables = meta.block_tables[meta.decode_seqs, :kv_pos.shape[1] // block_size]  # [Sd, nb]
-        keys, values = gather(key_cache, value_cache, cold, layer, tables, counts[meta.decode_seqs])
-        q_pos = meta.positions[meta.decode_tokens][:, None]  # [Sd, 1]
-        qd = q[meta.decode_tokens][:, :, None]  # [Sd, H, 1, D]
-        out[meta.decode_tokens] = attention(qd, keys.to(q.dtype), values.to(q.dtype), q_pos, kv_pos, spec)[:, :, 0]
+        gather = two_tier_gather(key_cache, value_cache, pool, layer, counts)
+        out[meta.decode_tokens] = decode_rows(q, meta, spec, gather, key_cache.shape[1])
     for i in meta.prefill_seqs:
         start, end = meta.query_start[i], meta.query_start[i + 1]
-        out[start:end] = attend_chunk(q[start:end], key_cache, value_cache, cold, layer, meta, i, counts, spec, quant)
+        out[start:end] = attend_chunk(q[start:end], key_cache, value_cache, pool, layer, meta, i, counts, spec, quant)
     return out
 
 
-def attend_chunk(q: Tensor, key_cache: Tensor, value_cache: Tensor, cold, layer: int, meta: PagedMetadata, i: int,
-             counts: Tensor, spec: AttentionSpec, quant: KVQuantConfig) -> Tensor:
-    """Several queries of sequence i: q [T, H, D] -> [T, H, D]."""
-    length, block_size = meta.context_lens[i], key_cache.shape[1]
-    table = meta.block_tables[i:i + 1, :-(-length // block_size)]  # [1, nb]
-    keys, values = gather(key_cache, value_cache, cold, layer, table, counts[i:i + 1])  # [1, KV, nb * bs, D]
-    start, end = meta.query_start[i], meta.query_start[i + 1]
-    q_pos = meta.positions[start:end][None]  # [1, T]
-    kv_pos = torch.arange(length, device=q.device)  # [length]
+def attend_chunk(q: Tensor, key_cache: Tensor, value_cache: Tensor, pool, layer: int, meta: PagedMetadata, i: int,
+                 counts: Tensor, spec: AttentionSpec, quant: KVQuantConfig) -> Tensor:
+    """Several queries of sequence i: q [T, H, D] -> [T, H, D]. Blocks a later query reads cold while they are
+    still hot (this chunk's own) are quantized on the fly, each query reading the keys before its cold edge so."""
+    block_size = key_cache.shape[1]
+    gather = two_tier_gather(key_cache, value_cache, pool, layer, counts)
+    keys, values, q_pos, kv_pos = chunk_context(meta, i, block_size, gather, q.device)  # [1, KV, length, D]
     qi, dt = q.transpose(0, 1)[None], q.dtype  # [1, H, T, D]
     edges = quant.cold_edges(q_pos)  # [1, T]
     settled, top = meta.cold_blocks[i] * block_size, int(edges.max())
-    keys, values = keys[:, :, :length], values[:, :, :length]
     if top <= settled:  # every block a query here reads cold is in the cold pool
         return attention(qi, keys.to(dt), values.to(dt), q_pos, kv_pos, spec)[0].transpose(0, 1)
     cold_keys = keys.clone(memory_format=torch.contiguous_format)  # [1, KV, length, D]

@@ -14,7 +14,8 @@ from torch import Tensor
 
 from native_server.engine.attention import cold
 from native_server.engine.attention.interface import PagedMetadata
-from py_engine.models.attention import AttentionSpec, attention
+from native_server.engine.attention.torch_path import attend_chunk, decode_rows, hot_gather
+from py_engine.models.attention import AttentionSpec
 from py_engine.models.kv_quant import KVQuantConfig
 
 
@@ -35,46 +36,15 @@ class TorchPagedAttention:
     def attend(self, q: Tensor, key_cache: Tensor, value_cache: Tensor, meta: PagedMetadata,
                spec: AttentionSpec) -> Tensor:
         out = torch.empty_like(q)
+        gather, block_size = hot_gather(key_cache, value_cache), key_cache.shape[1]
         if meta.decode_seqs.numel():
-            out[meta.decode_tokens] = self._decode(q[meta.decode_tokens], key_cache, value_cache, meta, spec)
+            out[meta.decode_tokens] = decode_rows(q, meta, spec, gather, block_size)
         for i in meta.prefill_seqs:
             start, end = meta.query_start[i], meta.query_start[i + 1]
-            out[start:end] = self._prefill(q[start:end], key_cache, value_cache, meta, i, spec)
+            out[start:end] = attend_chunk(q[start:end], meta, i, spec, gather, block_size)
         return out
-
-    def _decode(self, q: Tensor, key_cache: Tensor, value_cache: Tensor, meta: PagedMetadata,
-                spec: AttentionSpec) -> Tensor:
-        """One query per sequence, all sequences padded to the longest context: q [Sd, H, D] -> [Sd, H, D]."""
-        kv_pos = meta.decode_kv_positions  # [Sd, L]
-        tables = meta.block_tables[meta.decode_seqs, :kv_pos.shape[1] // key_cache.shape[1]]  # [Sd, nb]
-        keys = _gather(key_cache, tables)  # [Sd, KV, L, D]
-        values = _gather(value_cache, tables)  # [Sd, KV, L, D]
-        q_pos = meta.positions[meta.decode_tokens][:, None]  # [Sd, 1]
-        out = attention(q[:, :, None], keys.to(q.dtype), values.to(q.dtype), q_pos, kv_pos, spec)  # [Sd, H, 1, D]
-        return out[:, :, 0]
-
-    def _prefill(self, q: Tensor, key_cache: Tensor, value_cache: Tensor, meta: PagedMetadata, i: int,
-                 spec: AttentionSpec) -> Tensor:
-        """Several queries of sequence i: q [T, H, D] -> [T, H, D]."""
-        length = meta.context_lens[i]
-        num_blocks = -(-length // key_cache.shape[1])
-        table = meta.block_tables[i:i + 1, :num_blocks]  # [1, nb]
-        keys = _gather(key_cache, table)[:, :, :length]  # [1, KV, length, D]
-        values = _gather(value_cache, table)[:, :, :length]  # [1, KV, length, D]
-        start, end = meta.query_start[i], meta.query_start[i + 1]
-        q_pos = meta.positions[start:end][None]  # [1, T]
-        kv_pos = torch.arange(length, device=q.device)  # [length]
-        out = attention(q.transpose(0, 1)[None], keys.to(q.dtype), values.to(q.dtype), q_pos, kv_pos, spec)
-        return out[0].transpose(0, 1)  # [1, H, T, D] -> [T, H, D]
 
     def attend_cold(self, q: Tensor, key_cache: Tensor, value_cache: Tensor, pool, layer: int,
                     meta: PagedMetadata, spec: AttentionSpec, quant: KVQuantConfig) -> Tensor:
         return cold.attend(q, key_cache, value_cache, pool, layer, meta, spec, quant)
 
-
-def _gather(cache: Tensor, tables: Tensor) -> Tensor:
-    """The blocks of each table, in order: cache [blocks, bs, KV, D], tables [S, nb] -> [S, KV, nb * bs, D]."""
-    S, nb = tables.shape
-    _, block_size, kv_heads, head_dim = cache.shape
-    blocks = cache[tables]  # [S, nb, bs, KV, D]
-    return blocks.view(S, nb * block_size, kv_heads, head_dim).transpose(1, 2)
