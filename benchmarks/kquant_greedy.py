@@ -59,8 +59,8 @@ def main() -> None:
     import torch
     import transformers
 
-    from decode_speed import machine
-    from kquant_speed import LLAMA_BIN, model_file
+    from common import llama_cpp_bin, machine
+    from kquant_speed import model_file
     from py_engine import LLM, SamplingParams
     from py_engine.quant.linear import set_int8_activations
 
@@ -68,9 +68,10 @@ def main() -> None:
     parser.add_argument("--quants", default="Q4_K_M,Q5_K_M,Q6_K")
     parser.add_argument("--tokens", type=int, default=32)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--llama-cpp-bin", type=Path, default=LLAMA_BIN)
+    parser.add_argument("--llama-cpp-bin", type=Path, help="llama.cpp's bin folder (default: `make bench-anchors`'s)")
     parser.add_argument("--out", type=Path, default=HERE / "results" / "kquant_greedy.json")
     args = parser.parse_args()
+    args.llama_cpp_bin = llama_cpp_bin(args.llama_cpp_bin)  # exits saying how to build the tools
     torch.set_num_threads(args.threads)
     info, results = machine(), {}
     params = SamplingParams.greedy(max_tokens=args.tokens, ignore_eos=True)
