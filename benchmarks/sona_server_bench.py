@@ -47,7 +47,8 @@ def feeder(url: str, stop: threading.Event, counts: dict) -> None:
                 "temperature": 0, "user": session})
             if r.status_code == 200:
                 f = client.post("/v1/feedback", json={"id": r.json()["id"], "rating": -1,
-                                                      "correction": f"Queen Mab rules land {k}."})
+                                                      "correction": f"Queen Mab rules land {k}.",
+                                                      "user": session})  # the completion's session (else 403)
                 counts[f.status_code] = counts.get(f.status_code, 0) + 1
             k += 1
             stop.wait(0.2)

@@ -116,6 +116,7 @@ def invariance_child(source: str, model: str, quantization: str, threads: int, p
 
     llm = LLM(model, device="cpu", quantization=None if quantization == "none" else quantization)
     text = (REPO / "py_engine" / "data" / "tiny-shakespeare" / "validation.txt").read_text(encoding="utf-8")
+    prompt = min(prompt, llm.max_context - new - 1)  # the built-in model's context is 256
     ids = llm.tokenizer.encode(text[: prompt * 16], add_special_tokens=False)[:prompt]
     backend = llm._new_backend()
     backend.argmax(backend.prefill(ids[:40]))  # warm-up: kernels built, caches allocated (a 32+ row chunk)
@@ -126,7 +127,8 @@ def invariance_child(source: str, model: str, quantization: str, threads: int, p
     while len(tokens) < new:
         tokens.append(backend.argmax(backend.decode(tokens[-1])))
     t2 = time.perf_counter()
-    return {"prefill_tps": len(ids) / (t1 - t0), "decode_tps": (new - 1) / (t2 - t1), "tokens": tokens}
+    return {"prompt_tokens": len(ids), "prefill_tps": len(ids) / (t1 - t0), "decode_tps": (new - 1) / (t2 - t1),
+            "tokens": tokens}
 
 
 INVARIANCE_MODELS = [(NAME, "none"), ("tiny-shakespeare", "none"), ("tiny-shakespeare", "int8")]
@@ -351,12 +353,14 @@ def main() -> int:
     p.add_argument("--prefill-tokens", type=int, default=256, help="the invariance part's prompt length")
     p.add_argument("--llama-draft", type=Path, help="a draft GGUF for llama-server --model-draft")
     p.add_argument("--out", type=Path, default=RESULTS)
+    p.add_argument("--note", default="", help="recorded in the JSON (e.g. whether bench.lock was held)")
     args = p.parse_args()
     logs = Path(os.environ.get("TMPDIR", "/tmp")) / "spec_decode_logs"
     logs.mkdir(parents=True, exist_ok=True)
     parts = args.parts.split(",")
     meta = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "model": args.model, "threads": args.threads,
-            "max_tokens": args.max_tokens, "rounds": args.rounds, "configs": args.configs, **machine()}
+            "max_tokens": args.max_tokens, "rounds": args.rounds, "configs": args.configs, "note": args.note,
+            **machine()}
     result = {"meta": meta}
     for part in parts:
         load = os.getloadavg()
@@ -374,6 +378,8 @@ def main() -> int:
         else:
             raise SystemExit(f"unknown part {part!r}")
         result[part]["loadavg"] = {"before": load, "after": os.getloadavg()}
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(result, indent=1) + "\n")  # each part as it ends: a later one may fail
     meta["loadavg_end"] = os.getloadavg()
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1) + "\n")

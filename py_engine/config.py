@@ -297,6 +297,12 @@ def longrope_switch_length(config: ModelConfig) -> int | None:
     return rope.original_max_position_embeddings or config.max_position_embeddings
 
 
+def longrope_recomputes(switch_length: int | None, tokens: int) -> bool:
+    """Whether a sequence of `tokens` tokens, the last just appended, has just crossed LongRoPE's switch length
+    (longrope_switch_length): its backend then prefills every token again, with the long factors."""
+    return switch_length is not None and tokens == switch_length + 1
+
+
 def _read_json(path: str | Path, name: str) -> tuple[Path, Any]:
     """A JSON file (or `name` inside a directory), with one ConfigError for missing or malformed."""
     path = Path(path)

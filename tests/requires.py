@@ -28,13 +28,14 @@ def allowed_in_ci(reason: str) -> bool:
 
 def kernels_missing() -> str | None:
     """Why the CPU kernels (py_engine.kernels) do not load here, as a skip reason; None when they do."""
-    from py_engine.kernels import _supported_cpu, cpu_kernels
+    from py_engine.kernels import cpu_kernels
+    from py_engine.kernels.build import supported_cpu
 
     if cpu_kernels() is not None:
         return None
     if os.environ.get("RUVLLM_NO_KERNELS"):
         return "RUVLLM_NO_KERNELS is set: unset it to test the CPU kernels"
-    if not _supported_cpu():
+    if not supported_cpu():
         return f"{HARDWARE}the CPU kernels need AVX2 and FMA on x86-64 Linux ({platform.machine()} here)"
     if not (shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")):
         return "no C compiler for the CPU kernels: apt-get install gcc"

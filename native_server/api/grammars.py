@@ -13,7 +13,8 @@ In order, for each request's grammar:
      decode of a big DFA is not the event loop's) and the engine finds them on the request's params.
 A worker that does not answer within the budget's seconds plus a grace is killed and replaced (the
 budget stops a compile itself; the kill is for what the budget does not see), and so is one whose
-memory grew past RECYCLE_BYTES. Workers start when first needed, and a spare beside each one taken
+memory grew past RECYCLE_BYTES; one that dies without a reply is replaced and the job tried once
+more (it may have died while idle), and each compile runs under a CPU-time limit (SIGXCPU). Workers start when first needed, and a spare beside each one taken
 while there are fewer than slots; a start-up (the vocabulary trie) is not a request's time.
 """
 from __future__ import annotations
@@ -45,6 +46,10 @@ FAILURES_KEPT = 256
 
 class GrammarQueueFull(GuidedError):
     """Too many of this client's grammars are waiting for a compile slot (a 429)."""
+
+
+class _WorkerDied(Exception):
+    """A worker ended without a reply (not on its CPU limit)."""
 
 
 class GrammarCompiler:
@@ -110,6 +115,21 @@ class GrammarCompiler:
         return await asyncio.to_thread(_grammar_of, reply, trie, eos)
 
     async def _call(self, job: bytes, trie: Any) -> dict[str, Any]:
+        """The job's reply from a worker. A worker that dies without a reply (not on its CPU limit) is
+        retried once on a fresh one: an idle worker killed from outside looks alive until the loop
+        reaps it, and that must not cost a good grammar its 400 (and a place among the remembered
+        failures); a grammar that kills two workers is refused."""
+        try:
+            return await self._call_once(job, trie)
+        except _WorkerDied:
+            pass
+        try:
+            return await self._call_once(job, trie)
+        except _WorkerDied as died:
+            raise GrammarTooLargeError(f"the grammar compiler failed twice ({died}); simplify the schema or "
+                                       "regex") from None
+
+    async def _call_once(self, job: bytes, trie: Any) -> dict[str, Any]:
         worker = await self._worker(trie)
         try:
             reply = marshal.loads(await asyncio.wait_for(worker.call(job), self.seconds + GRACE_SECONDS))
@@ -122,8 +142,7 @@ class GrammarCompiler:
             if await _ended_by(worker, signal.SIGXCPU):  # its CPU limit (workers.limit_cpu): a time bound
                 raise GrammarTimeoutError(f"compiling the grammar used more than {self.cpu_seconds:g} s of CPU; "
                                           "simplify the schema or regex") from None
-            raise GrammarTooLargeError(f"the grammar compiler failed ({type(exc).__name__}); simplify the schema "
-                                       "or regex") from None
+            raise _WorkerDied(type(exc).__name__) from None
         except BaseException:  # cancelled: its reply would be out of step
             self._drop(worker, "killed")
             raise

@@ -19,7 +19,7 @@ from typing import Sequence
 
 import numpy as np
 
-from py_engine.config import ConfigError, ModelConfig, longrope_switch_length
+from py_engine.config import ConfigError, ModelConfig, longrope_recomputes, longrope_switch_length
 
 FORMAT_VERSION = 1  # the newest export.contract.FORMAT_VERSION this reader understands
 FILES = {"fp32": "model.onnx", "fp16": "model_fp16.onnx", "int8": "model_quantized.onnx", "int4": "model_q4.onnx",
@@ -170,7 +170,7 @@ class OnnxBackend:
 
     def decode(self, token_id: int) -> np.ndarray:
         self.tokens.append(token_id)
-        if self.switch_length is not None and len(self.tokens) == self.switch_length + 1:
+        if longrope_recomputes(self.switch_length, len(self.tokens)):
             return self.prefill(self.tokens)
         return self._forward([token_id])
 

@@ -24,7 +24,7 @@ import torch
 
 from py_engine.adapters.config import DEFAULT_MAX_RANK
 from py_engine.chat import ChatConfig, load_chat_config, render_chat
-from py_engine.config import GenerationConfig, ModelConfig
+from py_engine.config import GenerationConfig, ModelConfig, longrope_recomputes
 from py_engine.generate import Completion, GenerationChunk, complete, eos_token_ids, start_ids, stream
 from py_engine.hub import resolve_model
 from py_engine.models import CausalLM, DenseKVCache, longrope_switch_length
@@ -141,7 +141,7 @@ class TorchBackend:
 
     def _decode(self, token_id: int) -> torch.Tensor:
         self.tokens.append(token_id)
-        if self.switch_length is not None and len(self.tokens) == self.switch_length + 1:
+        if longrope_recomputes(self.switch_length, len(self.tokens)):
             return self._prefill(self.tokens)
         return self._forward([token_id])
 

@@ -19,18 +19,10 @@ layer or a new cache makes it fall back and lay the plan out again. Forward
 hooks on the blocks are not called on this path; `stack_enabled = False`
 turns it off (the benchmarks' `ruvllm:nostack`).
 
-LoRA (py_engine.adapters): a LoraLinear's base is laid out as any projection,
-and before each step `configure` points its Proj at the fp32 A and B^T of
-the adapter the model's AdapterMix names (one slot: the sequence's), which
-step.c adds as y += B (A x). X-LoRA's per-token weights (one row: [1, S] or
-[1, L, S]) point every projection at all loaded adapters' columns and fill one
-buffer of per-column weights per step (one index_select), which step.c applies
-as y += B (w * (A x)); so both of X-LoRA's passes run here. Several rows of
-weights (the server's batches) take the module path. An adapter added with
-`merge=True` (X-LoRA's frozen non-granular mix: one sequence, constant weights)
-runs merged: its delta is added once into per-sequence copies of the float base
-weights it touches (up to MERGE_LIMIT bytes of copies), so its steps cost the
-base model's; quantized projections keep the unmerged columns.
+LoRA and X-LoRA (py_engine.adapters): a LoraLinear's base is laid out as any
+projection; which adapter columns (or merged weight copies) each step reads is
+stack_adapters.py's StackAdapters, one per plan. The ctypes mirrors of step.c's
+structures are step_layout.py's.
 
 A paged cache (the server: one sequence decoding one token, handed over as a
 `PagedStepView` by native_server's PagedKVStep.decode_view) is one kind of
@@ -55,54 +47,17 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..adapters.layer import AdapterMix, LoraLinear, StackColumns
+from ..adapters.layer import LoraLinear
 from ..kernels import ColdTier, CpuKernels
 from ..kernels.paged import KV_TYPES, MAX_GROUP_FLOATS, MAX_HEAD_DIM, PagedDecode, PagedStepView
 from ..models.kv_cache import DenseKVCache, TwoTierDenseKVCache
 from ..models.transformer import DecoderLayer, DecoderModel
 from .layers import DTYPES, KernelAttention, KernelMLP, KernelRMSNorm
 from .linears import FusedLinear, KernelLinear
+from .stack_adapters import StackAdapters
+from .step_layout import P, Layer, NotStackable, Proj, Step
 
-P = ctypes.c_void_p
-MERGE_LIMIT = 512 << 20  # bytes of merged weight copies a merge=True adapter may take, else it runs unmerged
 SETUPS = 4  # (cache, adapter state) setups kept
-
-
-class Proj(ctypes.Structure):
-    """step.c's proj_t: one projection, quantized (QuantPlan's matrices) or float (weights)."""
-
-    _fields_ = [("parts", P), ("biases", P), ("ns", P), ("quant", ctypes.c_int32), ("n_parts", ctypes.c_int32),
-                ("mode", ctypes.c_int32), ("gated", ctypes.c_int32), ("out", ctypes.c_int64), ("lora", P)]
-
-
-class Lora(ctypes.Structure):
-    """step.c's lora_t: A [r, in], scaled B^T [r, rows], each column's rows lo..hi and weight, fp32."""
-
-    _fields_ = [("A", P), ("Bt", P), ("r", ctypes.c_int64), ("lo", P), ("hi", P), ("scale", P)]
-
-
-class Layer(ctypes.Structure):
-    """step.c's step_layer_t."""
-
-    _fields_ = [("norm_attn", P), ("norm_mlp", P), ("qkv", Proj), ("o", Proj), ("gate_up", Proj), ("down", Proj),
-                ("keys", P), ("values", P), ("window", ctypes.c_int64), ("scale", ctypes.c_float),
-                ("softcap", ctypes.c_float), ("cold", ColdTier)]
-
-
-class Step(ctypes.Structure):
-    """step.c's step_t."""
-
-    _fields_ = [("layers", P), ("final_norm", P), ("n_layers", ctypes.c_int64), ("hidden", ctypes.c_int64),
-                ("H", ctypes.c_int64), ("KV", ctypes.c_int64), ("D", ctypes.c_int64), ("max_len", ctypes.c_int64),
-                ("inter", ctypes.c_int64), ("eps", ctypes.c_float), ("unit_offset", ctypes.c_int32),
-                ("bf16", ctypes.c_int32), ("h", P), ("qkv", P), ("attn", P), ("wide", P), ("act", P), ("tmp", P),
-                ("scratch", P), ("lora_h", P), ("lora_x", P), ("lora_d", P), ("cold_tokens", ctypes.c_int64),
-                ("cold_bits", ctypes.c_int64), ("cold_bs", ctypes.c_int64), ("cold_max_blocks", ctypes.c_int64),
-                ("paged", P), ("q", P), ("slot", ctypes.c_int64)]
-
-
-class NotStackable(Exception):
-    """Why a model or a step cannot take the one-call path (internal: it falls back)."""
 
 
 class StackPlan:
@@ -113,10 +68,9 @@ class StackPlan:
         self.lock = threading.Lock()  # steps from several threads (one model, several caches) take turns
         self.checks: list[tuple[dict, str, object]] = []  # (a __dict__/_modules/_parameters, key, the object)
         self.keep: list[object] = []  # what the C structures point into
-        self.loras: list[tuple[int, str, LoraLinear]] = []  # (layer, Proj field, wrapper): adapters set per step
+        self.adapters = StackAdapters(self)  # LoRA / X-LoRA columns and merges (stack_adapters.py)
         self.float_parts: dict[tuple[int, str], tuple] = {}  # (layer, field) -> float (weights, biases, gated)
         self._last_float: tuple | None = None
-        self.mix: AdapterMix | None = None
         layers = list(model.layers)
         first = layers[0] if layers else None
         if not layers or not isinstance(first, DecoderLayer):
@@ -144,11 +98,7 @@ class StackPlan:
                          self.kv_heads, self.head_dim, 0, self.inter, self.eps, int(self.unit_offset),
                          int(dtype == torch.bfloat16), b["h"].data_ptr(), b["qkv"].data_ptr(), b["attn"].data_ptr(),
                          b["wide"].data_ptr(), b["act"].data_ptr(), b["tmp"].data_ptr(), None, None, None, None)
-        self._version: int | None = None  # the mix version the setups and columns below were made for
         self._setups: dict[tuple, _Setup] = {}  # (id(kv), adapter state) -> its setup, oldest first
-        self._lora_structs: dict[tuple[int, int | None], tuple[Lora, StackColumns] | None] = {}
-        self._merged: dict[tuple[int, str, int], tuple[Proj, list]] = {}  # (layer, field, slot) -> merged Proj
-        self._merge_bufs: dict[tuple[int, str, int, int], tuple[Tensor, Tensor]] = {}  # its weights' memory
         widest_in = max(self.hidden, self.heads * self.head_dim, self.inter)
         widest_out = max((self.heads + 2 * self.kv_heads) * self.head_dim, self.hidden, 2 * self.inter)
         self.lora_x, self.lora_d = torch.empty(widest_in), torch.empty(widest_out)  # step.c's fp32 x and delta
@@ -205,11 +155,8 @@ class StackPlan:
         self._watch(parent._modules, name, module)
         if not isinstance(module, LoraLinear):
             return module
-        if self.mix is not None and module.mix is not self.mix:
-            raise NotStackable("projections of one model follow different adapter mixes")
-        self.mix = module.mix
+        self.adapters.add(i, field, module)
         self._watch(module._modules, "base", module.base)
-        self.loras.append((i, field, module))
         return module.base
 
     def _norm(self, norm: nn.Module) -> int:
@@ -286,9 +233,10 @@ class StackPlan:
         adapter (one slot) or one row of per-adapter weights (X-LoRA), whose per-column weights are filled
         in here. False for several rows of weights, which the module path runs; NotStackable for a cache
         the step cannot take."""
-        mix = self.mix
-        self._sync()
-        state = self._adapter_state(mix)
+        mix = self.adapters.mix
+        if self.adapters.sync():
+            self._setups.clear()
+        state = StackAdapters.state(mix)
         if state is None:
             return False
         key = (_cache_id(kv), state)
@@ -310,37 +258,12 @@ class StackPlan:
                                out=setup.scales)
         return True
 
-    def _sync(self) -> None:
-        """Forget the setups and columns of adapters that were added or removed since (mix.version)."""
-        mix = self.mix
-        if mix is not None and mix.version != self._version:
-            self._setups.clear()
-            self._lora_structs.clear()
-            self._merged.clear()
-            self._merge_bufs = {k: v for k, v in self._merge_bufs.items() if k[3] in mix.merge_slots}
-            self._version = mix.version
-
     def premerge(self, slot: int) -> None:
         """Merge a merge=True adapter's weight copies now rather than in the first step that runs it (X-LoRA
         calls this in the call that freezes its mix)."""
-        self._sync()
-        if self.mix is not None and slot in self.mix.merge_slots and self._merge_fits(slot):
-            for i, field, wrapper in self.loras:
-                if (i, field) in self.float_parts:
-                    self._merged_proj(i, field, wrapper, slot)
-
-    @staticmethod
-    def _adapter_state(mix: AdapterMix | None) -> tuple | None:
-        """What the adapter columns of a step depend on: ("slot", slot) (-1: none) or ("weights", shape);
-        None when this step cannot take the mix (several rows)."""
-        if mix is None:
-            return ("slot", -1)
-        w = mix.weights
-        if w is not None:
-            return ("weights", tuple(w.shape)) if w.shape[0] == 1 and w.dim() in (2, 3) else None
-        if mix.rows is not None:
-            return ("slot", int(mix.rows[0])) if mix.rows.numel() == 1 else None
-        return ("slot", -1 if mix.slot is None else mix.slot)
+        if self.adapters.sync():
+            self._setups.clear()
+        self.adapters.premerge(slot)
 
     def _use(self, setup: "_Setup") -> None:
         self.layers, self.step.layers = setup.layers, ctypes.addressof(setup.layers)
@@ -356,7 +279,7 @@ class StackPlan:
             raise NotStackable("the cache has another number of layers")
         if isinstance(kv, PagedStepView):
             setup = self._paged_setup(kv)
-            return setup if self._set_adapters(setup, state) else None
+            return setup if self.adapters.set_columns(setup, state) else None
         shape = (1, self.kv_heads, kv.max_len, self.head_dim)
         for k, v in zip(kv.keys, kv.values):
             if any(t.shape != shape or t.dtype != self.dtype or not t.is_cpu or not t.is_contiguous() for t in (k, v)):
@@ -371,7 +294,7 @@ class StackPlan:
         groups = self.heads // self.kv_heads
         scratch = torch.empty(self.kv_heads * ((groups + 1) * self.head_dim + kv.max_len), dtype=torch.float32)
         setup = _Setup(kv, layers, (kv.quant.bits if two_tier else 0, tier.bs, tier.max_blocks), scratch)
-        return setup if self._set_adapters(setup, state) else None
+        return setup if self.adapters.set_columns(setup, state) else None
 
     def _paged_setup(self, view: PagedStepView) -> "_Setup":
         """The layers pointed at a paged cache's blocks (and cold pool); each step then sets its row (set_row)."""
@@ -408,104 +331,6 @@ class StackPlan:
         setup.length[0], setup.row[2], self.step.slot = view.length, view.n_cold, view.slot
         setup.paged.n_cold = ctypes.addressof(setup.row) + 16 if view.n_cold else None
         self.kv = view
-
-    def _set_adapters(self, setup: "_Setup", state: tuple) -> bool:
-        """Point each adapted Proj of the setup's layers at its columns for `state`: one slot's (merged into
-        copies of the weights for a merge slot), or every slot's, each column reading its weight from
-        setup.scales at setup.scale_index of a row of weights [S] or [L, S] (flattened)."""
-        kind, value = state
-        slot = value if kind == "slot" else None
-        if slot == -1:
-            return True
-        merged = slot is not None and slot in self.mix.merge_slots and self._merge_fits(slot)
-        found = []  # (layer, field, its columns)
-        for i, field, wrapper in self.loras:
-            if merged and (i, field) in self.float_parts:
-                proj = self._merged_proj(i, field, wrapper, slot)
-                if proj is not None:
-                    setattr(setup.layers[i], field, proj)
-                continue
-            entry = self._lora_struct(wrapper, slot)
-            if entry is not None:
-                found.append((i, field, entry))
-        if kind == "weights":
-            index, S = [], value[-1]
-            for _, _, (_, cols) in found:
-                if len(value) == 3 and bool((cols.layer < 0).any()):
-                    return False  # a segment without its layer index: the module path says why
-                index.append(cols.layer * S + cols.slot if len(value) == 3 else cols.slot)
-            setup.scale_index = torch.cat(index) if index else torch.zeros(0, dtype=torch.long)
-            setup.scales = torch.empty(setup.scale_index.numel())
-        offset, largest = 0, 0
-        for i, field, (lora, _) in found:
-            if setup.scales is not None:  # a Lora per setup: its scale pointer is the setup's
-                lora = Lora(lora.A, lora.Bt, lora.r, lora.lo, lora.hi, setup.scales.data_ptr() + 4 * offset)
-                setup.keep.append(lora)
-            getattr(setup.layers[i], field).lora = ctypes.addressof(lora)
-            offset, largest = offset + lora.r, max(largest, lora.r)
-        setup.lora_h = torch.empty(max(largest, 1))
-        return True
-
-    def _lora_struct(self, wrapper: LoraLinear, slot: int | None) -> tuple[Lora, StackColumns] | None:
-        key = (id(wrapper), slot)
-        if key not in self._lora_structs:
-            cols = wrapper.stack_columns(slot)
-            self._lora_structs[key] = None if cols is None else (
-                Lora(cols.A.data_ptr(), cols.Bt.data_ptr(), cols.A.shape[0], cols.lo.data_ptr(), cols.hi.data_ptr(),
-                     None), cols)
-        return self._lora_structs[key]
-
-    def _merge_fits(self, slot: int) -> bool:
-        """Whether copies of the float weights a merge slot's adapter touches fit MERGE_LIMIT."""
-        size = sum(w.numel() * w.element_size() for i, field, wrapper in self.loras
-                   if (i, field) in self.float_parts and slot in wrapper.entries
-                   for w in self.float_parts[(i, field)][0])
-        return size <= MERGE_LIMIT
-
-    def _merged_proj(self, i: int, field: str, wrapper: LoraLinear, slot: int) -> Proj | None:
-        """The float projection (layer i, field) with the slot's adapter merged into copies of its weights:
-        W + scaling B A, accumulated in fp32 and rounded once to the dtype (None: the adapter leaves it
-        alone). Costs rank x weights multiply-adds (a few ms for the built-in model), once per sequence."""
-        key = (i, field, slot)
-        if key not in self._merged:
-            segments = wrapper.entries.get(slot)
-            if not segments:
-                self._merged[key] = None
-            else:
-                weights, biases, gated = self.float_parts[(i, field)]
-                merged, row = [], 0
-                for p, w in enumerate(weights):  # each part (q, k, v; gate, up), plus the segments reaching its rows
-                    end, work, out = row, *self._merge_buffers(i, field, p, slot, w)
-                    end += w.shape[0]
-                    reach = [(m, max(row, off), min(end, off + wrapper.splits[seg]), off) for seg, m in segments.items()
-                             for off in [wrapper.offsets[seg]] if max(row, off) < min(end, off + wrapper.splits[seg])]
-                    if len(reach) == 1 and reach[0][1:3] == (row, end) and w.dtype == torch.float32:
-                        m, a, b, off = reach[0]  # one segment covers the part: W + s B A in one pass over W
-                        torch.addmm(w, m.B[a - off:b - off], m.A, alpha=m.scaling, out=work)
-                    else:
-                        work.copy_(w)
-                        for m, a, b, off in reach:
-                            work[a - row:b - row].addmm_(m.B[a - off:b - off], m.A, alpha=m.scaling)
-                    if out is not work:
-                        out.copy_(work)
-                    merged.append(out)
-                    row = end
-                keep: list = []
-                self._merged[key] = (self._float_proj(merged, biases, gated, keep), keep)
-        entry = self._merged[key]
-        return None if entry is None else entry[0]
-
-    def _merge_buffers(self, i: int, field: str, part: int, slot: int, w: Tensor) -> tuple[Tensor, Tensor]:
-        """(fp32 work, result in the dtype) for one merged part, kept from sequence to sequence: a slot's
-        next merge (X-LoRA's next frozen mix) writes the same memory instead of faulting in fresh pages,
-        which took longer than the merge's arithmetic."""
-        key = (i, field, part, slot)
-        bufs = self._merge_bufs.get(key)
-        if bufs is None or bufs[0].shape != w.shape:
-            with torch.inference_mode(False):  # normal tensors: the next merge may run outside inference mode
-                work = torch.empty(w.shape, dtype=torch.float32)
-                bufs = self._merge_bufs[key] = (work, work if self.dtype == torch.float32 else torch.empty_like(w))
-        return bufs
 
     # running it ---------------------------------------------------------------------------------------------
     def __call__(self, x: Tensor, cos: Tensor, sin: Tensor, position: int) -> Tensor:

@@ -17,7 +17,7 @@ from typing import Sequence
 import torch
 from torch import Tensor
 
-from . import CpuKernels
+from .binding import CpuKernels
 
 P, I64, F32, I32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_int32
 MAX_HEAD_DIM = 512  # paged.c's bounds on its stack arrays

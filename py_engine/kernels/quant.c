@@ -33,8 +33,8 @@
 #include "linear.h"
 #include "pool.h"
 
+#include "gate.h"
 #include "quant.h"
-#include "vmath.h"
 
 /* 8 codes as fp32: 4-bit ones from a byte vector of nibble values, 8-bit ones straight from memory. */
 static inline __m256 codes8(__m128i bytes) { return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes)); }
@@ -250,71 +250,6 @@ static void pad_x(const void *x, int x_bf16, int64_t M, int64_t K, int64_t nb, f
 /* y[M, sum N_p] = x[M, K] @ concat(W_p)^T (+ concat(bias_p)) for n_parts matrices with the same
  * sub-block count per row. mode: 0 int8 x per sub-block, 1 W8A8 (int8 x, one d per row), 2 exact (fp32 x,
  * dequantize-then-FMA). */
-static inline float as_stored(float v, int bf16) { /* the value a bf16 tensor would hold */
-  if (!bf16) return v;
-  const uint16_t h = to_bf16(v);
-  return load1(&h, 1, 0);
-}
-
-/* gated [M, N] = silu(y[:, :N]) * y[:, N:] for y [M, 2N], each value by vmath.h's silu_mul8 (torch's roundings
- * in bf16). Vectorized: on one thread, scalar expf took ~3 us per 1000 values, ~0.4 ms of a 24-layer token. */
-static void gate(const void *y, void *gated, int bf16, int64_t M, int64_t N, int64_t ldo) {
-  for (int64_t m = 0; m < M; ++m) {
-    int64_t n = 0;
-    for (; n + 8 <= N; n += 8) {
-      const __m256 g = load_x8(y, bf16, m * 2 * N + n, m * 2 * N + n + 8);
-      const __m256 u = load_x8(y, bf16, m * 2 * N + N + n, m * 2 * N + N + n + 8);
-      const __m256 v = silu_mul8(g, u, bf16);
-      if (bf16) {
-        const __m256i h = _mm256_srli_epi32(_mm256_castps_si256(v), 16); /* already rounded: the top halves */
-        const __m128i packed = _mm_packus_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
-        _mm_storeu_si128((__m128i *)((uint16_t *)gated + m * ldo + n), packed);
-      } else {
-        _mm256_storeu_ps((float *)gated + m * ldo + n, v);
-      }
-    }
-    if (n < N) { /* the tail as one padded vector: the same operations as the lanes above */
-      float g[8], u[8], v[8];
-      for (int64_t i = n; i < N; ++i) g[i - n] = load1(y, bf16, m * 2 * N + i), u[i - n] = load1(y, bf16, m * 2 * N + N + i);
-      silu_mul_n(g, u, v, (int)(N - n), bf16);
-      for (int64_t i = n; i < N; ++i) {
-        if (bf16) ((uint16_t *)gated)[m * ldo + i] = to_bf16(v[i - n]);
-        else ((float *)gated)[m * ldo + i] = v[i - n];
-      }
-    }
-  }
-}
-
-typedef struct {
-  const void *y;
-  void *gated;
-  int bf16;
-  int64_t M, N, ldo, rows;
-} gate_t;
-
-static void gate_chunk(const void *context, int64_t c) {
-  const gate_t *a = context;
-  const int64_t m0 = c * a->rows, m1 = m0 + a->rows < a->M ? m0 + a->rows : a->M;
-  const int64_t in = a->bf16 ? 2 : 4;
-  gate((const char *)a->y + m0 * 2 * a->N * in, (char *)a->gated + m0 * a->ldo * in, a->bf16, m1 - m0, a->N, a->ldo);
-}
-
-/* gated [M, N] (rows ldo apart) = silu(y[:, :N]) * y[:, N:] for y [M, 2N], rows split over the pool. */
-static void gate_rows(const void *y, void *gated, int bf16, int64_t M, int64_t N, int64_t ldo) {
-  gate_t a = {y, gated, bf16, M, N, ldo, 0};
-  a.rows = 16384 / N + 1; /* ~64 KB of output a chunk */
-  if (a.rows >= M) gate(y, gated, bf16, M, N, ldo); /* decode: no pool wake-up for one chunk */
-  else pool_run((M + a.rows - 1) / a.rows, gate_chunk, &a, sizeof a);
-}
-
-/* gated [M, N] = silu(y[:, :N]) * y[:, N:] for y [M, 2N] (fp32 or bf16: the dtype's roundings, as gate()),
- * rows split over the pool: in a 128-token prefill torch's single-threaded silu and product took ~7% of the CPU. */
-int rk_gate(const void *y, void *gated, int bf16, int64_t M, int64_t N) {
-  if (M < 1 || N < 1) return -1;
-  gate_rows(y, gated, bf16, M, N, N);
-  return 0;
-}
-
 /* Rows n0..n1 of w, as a matrix of their own. */
 static qmat_t rows_of(const qmat_t *w, int64_t n0, int64_t n1) {
   qmat_t r = *w;
@@ -393,7 +328,7 @@ static int gated_blocks(qjob_t *job, const qmat_t *parts, void *gated, float *xg
     const int64_t c1 = c0 + cb < N ? c0 + cb : N;
     const qmat_t two[2] = {rows_of(&parts[0], c0, c1), rows_of(&parts[1], c0, c1)};
     run_parts(job, 2, two, yb, xg, xs, chunk);
-    gate_rows(yb, (char *)gated + c0 * ysize, job->y_bf16, M, c1 - c0, N);
+    rk_gate_rows(yb, (char *)gated + c0 * ysize, job->y_bf16, M, c1 - c0, N);
   }
   return 0;
 }
@@ -452,70 +387,3 @@ int64_t rk_quant_tile_rows(void) { return INT64_MAX; }
 /* The same for one layout (bits4: 4-bit or fewer codes): INT64_MAX where every count of rows takes int8 x
  * (builds with qpanel.c's panels, every layout; the argument keeps room for a per-layout answer). */
 int64_t rk_quant_int8_rows(int bits4) { (void)bits4; return Q_PANELS_BUILT ? INT64_MAX : rk_quant_tile_rows(); }
-
-/* Round-to-nearest quantization of W [N, K] (fp32 or bf16) in blocks along K, with the
- * arithmetic of py_engine/quant/rtn.py's quantize_rtn step for step in fp32 (and so the same
- * bytes; tests/test_quant_transform.py checks): K zero-padded to whole blocks; symmetric:
- * s = m / -2^(bits-1) for m the value of largest magnitude (the minimum on a tie), z = 2^(bits-1);
- * asymmetric: s = (max(w, 0) - min(w, 0)) / top, z = roundf(-min / s); q = roundf(w * (1 / s) + z)
- * clamped to [0, top]. quantize_rtn's ~20 torch passes took 30-50 s for a 0.5B model on a busy
- * 2-core machine; this is one pass, rows split over the pool. */
-typedef struct {
-  const void *w;
-  int w_bf16, bits, symmetric;
-  int64_t N, K, block, blocks, rows_per_chunk;
-  uint8_t *codes, *zeros;
-  float *scales;
-} rtn_t;
-
-static inline float round_away(float x) { return roundf(x); } /* C's roundf: ties away from zero */
-
-static void rtn_chunk(const void *context, int64_t c) {
-  const rtn_t *a = context;
-  const int64_t n0 = c * a->rows_per_chunk, n1 = n0 + a->rows_per_chunk < a->N ? n0 + a->rows_per_chunk : a->N;
-  const float top = (float)((1 << a->bits) - 1), mid = (float)(1 << (a->bits - 1));
-  for (int64_t n = n0; n < n1; ++n) {
-    for (int64_t b = 0; b < a->blocks; ++b) {
-      const int64_t k0 = b * a->block, k1 = k0 + a->block < a->K ? k0 + a->block : a->K;
-      float lo = k1 - k0 < a->block ? 0.f : INFINITY, hi = k1 - k0 < a->block ? 0.f : -INFINITY; /* padding */
-      for (int64_t k = k0; k < k1; ++k) {
-        const float v = load1(a->w, a->w_bf16, n * a->K + k);
-        lo = v < lo ? v : lo;
-        hi = v > hi ? v : hi;
-      }
-      float scale, zero;
-      if (a->symmetric) {
-        const float m = fabsf(hi) > fabsf(lo) ? hi : lo;
-        scale = m / -mid;
-        zero = mid;
-      } else {
-        lo = lo < 0.f ? lo : 0.f;
-        hi = hi > 0.f ? hi : 0.f;
-        scale = (hi - lo) / top;
-        const float zf = scale != 0.f ? 0.f - lo / scale : lo;
-        zero = round_away(zf);
-        zero = zero < 0.f ? 0.f : zero > top ? top : zero;
-      }
-      const float r = scale != 0.f ? 1.f / scale : 0.f;
-      uint8_t *q = a->codes + n * a->blocks * a->block + k0;
-      for (int64_t k = k0; k < k0 + a->block; ++k) {
-        const float v = k < k1 ? load1(a->w, a->w_bf16, n * a->K + k) : 0.f;
-        const float p = v * r;
-        float x = round_away(p + zero);
-        x = x < 0.f ? 0.f : x > top ? top : x;
-        q[k - k0] = (uint8_t)x;
-      }
-      a->scales[n * a->blocks + b] = scale;
-      a->zeros[n * a->blocks + b] = (uint8_t)zero;
-    }
-  }
-}
-
-int rk_quantize_rtn(const void *w, int w_bf16, int64_t N, int64_t K, int bits, int64_t block, int symmetric,
-                    uint8_t *codes, float *scales, uint8_t *zeros) {
-  if (N < 1 || K < 1 || block < 1 || bits < 2 || bits > 8) return -1;
-  rtn_t a = {w, w_bf16, bits, symmetric, N, K, block, (K + block - 1) / block, 0, codes, zeros, scales};
-  a.rows_per_chunk = 65536 / K + 1;
-  pool_run((N + a.rows_per_chunk - 1) / a.rows_per_chunk, rtn_chunk, &a, sizeof a);
-  return 0;
-}

@@ -1,4 +1,4 @@
-/* Vector math shared by the kernels (quant.c's SiLU gate, paged.c's softmax). */
+/* Vector math shared by the kernels (gate.c's SiLU gate, paged.c's softmax). */
 #pragma once
 #include <immintrin.h>
 

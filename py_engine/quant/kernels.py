@@ -274,7 +274,7 @@ def cpu_kernels_for(x: Tensor) -> CpuKernels | None:
 
 
 def quantize_rtn_native(weight: Tensor, bits: int, block_size: int | None, symmetric: bool) -> QuantizedWeight | None:
-    """rtn.quantize_rtn's result, byte for byte, from one pass in C (quant.c's rk_quantize_rtn);
+    """rtn.quantize_rtn's result, byte for byte, from one pass in C (rtn.c's rk_quantize_rtn);
     None where the kernels cannot take the weight (then call quantize_rtn)."""
     kernels = cpu_kernels()
     if kernels is None or weight.device.type != "cpu" or weight.dtype not in (torch.float32, torch.bfloat16):

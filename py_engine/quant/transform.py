@@ -131,7 +131,7 @@ def rtn(weight: Tensor, bits: int, block_size: int | None, symmetric: bool, chun
         pages: MappedPages | None = None) -> QuantizedWeight:
     """quantize_rtn's bytes, a block of RTN_CHUNK values (whole rows) at a time: rows are independent.
 
-    In one C pass each on the CPU kernels (quant.c's rk_quantize_rtn: torch's ~20 passes took
+    In one C pass each on the CPU kernels (rtn.c's rk_quantize_rtn: torch's ~20 passes took
     30-50 s for a 0.5B model on a busy 2-core machine), else with quantize_rtn (whole, the
     151936 x 896 LM head made ~10 temporaries of 0.5 GB). With `pages`, each block's mapped
     float pages are given back once read, so a large head never becomes resident whole.

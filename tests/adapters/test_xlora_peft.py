@@ -183,7 +183,8 @@ def test_non_granular_decode_in_the_c_step_equals_module_path(family, layerwise,
     assert worst < (TOL if dtype == "float32" else 0.1), fam
     stack = model.lm.model._stack
     assert n_fast == 2 * 2 + (len(ids) - 5 - 2) - 1, "granular calls: two C calls; frozen: one"
+    adapters = stack.adapters
     if quantization:  # nothing merged: the frozen mix's columns on every adapted projection
-        assert not stack._merged and all(getattr(stack.layers[i], f).lora for i, f, _ in stack.loras)
+        assert not adapters._merged and all(getattr(stack.layers[i], f).lora for i, f, _ in adapters.loras)
     else:
-        assert stack._merged and all(e is not None for e in stack._merged.values()), "the frozen mix ran merged"
+        assert adapters._merged and all(e is not None for e in adapters._merged.values()), "the frozen mix ran merged"

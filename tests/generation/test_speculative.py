@@ -83,6 +83,9 @@ def test_draft_length_drafts_as_far_as_it_pays():
     length.record(2, 1)
     assert length.wait == 8  # ... unless this one paid
     assert DraftLength(0.0, 4, StepCosts(4)).choose(10) == 4  # floor 0: always k
+    drafting = StepCosts(4)
+    drafting.record(3, 0.05)  # drafts were timed but no plain step yet: the next step is a plain one, timed
+    assert DraftLength(0.2, 4, drafting).choose(10) == 0
 
 
 def _same(a, b):
@@ -201,3 +204,30 @@ def test_a_draft_with_another_vocabulary_is_one_clear_error(tmp_path):
 def test_speculation_refuses_what_it_could_change():
     with pytest.raises(ValueError, match="two-tier KV cache"):
         LLM("tiny-shakespeare", kv_cache_dtype="int8", speculative="ngram")
+
+
+@needs_kernels
+@pytest.mark.parametrize("proposer", ["ngram", "draft"])
+def test_greedy_with_speculation_is_transformers_greedy(tmp_path, proposer):
+    """The reference itself: transformers' generate (do_sample=False) on a tiny random Llama, against ruvllm with
+    prompt lookup (k = 4) or a draft model (the same model in int4, k = 3) on the CPU kernels."""
+    transformers = pytest.importorskip("transformers")
+    from tests.tiny_models import TEXT, build_tiny_model
+
+    folder = build_tiny_model(tmp_path / "tiny", "llama", seed=5, initializer_range=0.5)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()
+    spec = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "acceptance_floor": 0} \
+        if proposer == "ngram" else {"model": str(folder), "quantization": "int4", "num_speculative_tokens": 3,
+                                     "acceptance_floor": 0}
+    llm = LLM(str(folder), speculative=spec)
+    counts = []
+    for start in (0, 90, 200):
+        ids = llm.tokenizer.encode(TEXT[start:start + 120], add_special_tokens=False)
+        with torch.no_grad():
+            expected = hf.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=32, min_new_tokens=32,
+                                   pad_token_id=0)[0, len(ids):].tolist()
+        got = llm.generate(ids, SamplingParams(temperature=0, max_tokens=32, ignore_eos=True))
+        assert got.token_ids == expected
+        counts.append((got.speculative["num_draft_tokens"], got.speculative["num_accepted_tokens"]))
+    drafted, accepted = map(sum, zip(*counts))
+    assert drafted > 0 and (accepted > 0 or proposer == "ngram")  # a random model seldom repeats its prompt

@@ -332,6 +332,21 @@ def tree_cpu_seconds(pid: int) -> float:
     return total
 
 
+def grammar_workers(pid: int) -> dict[int, float]:
+    """The server's grammar worker processes (native_server.api.grammar_worker children of pid) and
+    their CPU seconds so far. Linux."""
+    found, tick = {}, os.sysconf("SC_CLK_TCK")
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        for child in (task / "children").read_text().split():
+            try:
+                if b"grammar_worker" in Path(f"/proc/{child}/cmdline").read_bytes():
+                    fields = Path(f"/proc/{child}/stat").read_text().rpartition(")")[2].split()
+                    found[int(child)] = sum(int(x) for x in fields[11:13]) / tick
+            except (OSError, ValueError):
+                continue  # it ended meanwhile
+    return found
+
+
 def tree_rss_mb(pid: int) -> tuple[float, float]:
     """(the process's RSS, its descendants' RSS) in MiB (Linux)."""
     own, below, todo = 0.0, 0.0, [pid]

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import threading
 import time
 from pathlib import Path
@@ -25,7 +26,8 @@ import httpx
 import pytest
 
 from tests.server.hostile_requests import (ANY, BUILTIN, CASES, FAULTY_FORWARD, GRAMMAR_CASES, NORMAL_CHOICE,
-                                          OK_COMPLETION, USER, error_shape, hostile_model, open_and_drop, send,
+                                          OK_COMPLETION, USER, error_shape, grammar_workers, hostile_model,
+                                          open_and_drop, send,
                                           stalled_upload, storm_body, tree_cpu_seconds, tree_rss_mb,
                                           web_dir_with_dotfiles)
 from tests.server.server_harness import API_KEY, Server, metric, no_traceback, rss_mb, running_server, wait_until
@@ -138,6 +140,39 @@ def test_a_grammar_storm_stalls_nobody_and_leaves_no_memory(server, http):
     assert growth < 100, f"the server's RSS grew {growth:.0f} MiB over the storm"
     workers = tree_rss_mb(server.process.pid)[1]
     assert workers < 1024, f"the server's workers hold {workers:.0f} MiB"
+    assert_still_serving(http)
+
+
+def test_a_killed_grammar_worker_costs_one_request_and_the_server_goes_on(server, http):
+    """Workers killed from outside (an operator, the OOM killer) cost no request: a compile that finds
+    its worker dead (idle ones look alive until the loop reaps them; before the retry one in three
+    such requests got a 400) or loses it midway runs again on a fresh one, and everything else goes on."""
+    pid = server.process.pid
+    assert http.post("/v1/completions", json=NORMAL_CHOICE, headers=AUTH).status_code == 200  # cached from here
+    for worker in grammar_workers(pid):
+        os.kill(worker, signal.SIGKILL)
+    fresh = {**NORMAL_CHOICE, "guided_choice": ["killed", "idle"]}
+    assert http.post("/v1/completions", json=fresh, headers=AUTH).status_code == 200
+    replies: list[httpx.Response] = []
+    slow = {**OK_COMPLETION, "guided_regex": "(a|b|c)*a(a|b|c){15}"}  # ~1-3 s of compile to 50,000 DFA states
+    thread = threading.Thread(target=lambda: replies.append(http.post("/v1/completions", json=slow, headers=AUTH)))
+    thread.start()
+    busy, deadline = None, time.monotonic() + 30
+    while busy is None and thread.is_alive() and time.monotonic() < deadline:
+        before = grammar_workers(pid)
+        time.sleep(0.1)
+        busy = next((w for w, cpu in grammar_workers(pid).items() if cpu > before.get(w, cpu)), None)
+    assert busy is not None, "no worker was seen compiling"
+    os.kill(busy, signal.SIGKILL)
+    thread.join(60)
+    # the job is tried once more on a fresh worker (the one killed might have died idle): the regex's own 400
+    assert replies[0].status_code == 400 and "DFA states" in error_shape(replies[0])["message"], replies[0].text
+    assert busy not in grammar_workers(pid)
+    started = time.monotonic()
+    assert http.post("/v1/completions", json=NORMAL_CHOICE, headers=AUTH).status_code == 200
+    assert time.monotonic() - started < 10
+    assert http.post("/v1/completions", json={**fresh, "guided_choice": ["killed", "busy"]},
+                     headers=AUTH).status_code == 200
     assert_still_serving(http)
 
 

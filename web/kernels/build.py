@@ -23,7 +23,9 @@ SOURCES = ("engine.c", "qdot.c", "pool.c", "alloc.c")
 FLAGS = ["-target", "wasm32-freestanding", "-O3", "-msimd128", "-matomics", "-mbulk-memory", "-mnontrapping-fptoint",
          "-mmutable-globals", "-nostdlib", "-fvisibility=default", "-Wall", "-Werror", "-Wl,--no-entry",
          "-Wl,--export-dynamic", "-Wl,--import-memory", "-Wl,--shared-memory", "-Wl,--max-memory=4294901760",
-         "-Wl,--export=__stack_pointer", "-Wl,--export=__heap_base", "-Wl,-z,stack-size=262144"]
+         "-Wl,--export=__stack_pointer", "-Wl,--export=__heap_base", "-Wl,-z,stack-size=262144",
+         # no debug sections: they hold the checkout's absolute paths, so a build would differ per clone
+         "-g0", "-Wl,--strip-debug"]
 BUILDS = {"rkw.wasm": [], "rkw-relaxed.wasm": ["-mrelaxed-simd", "-DRKW_RELAXED"]}
 
 
