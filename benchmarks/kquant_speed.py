@@ -170,12 +170,15 @@ def run_ruvllm(path: Path, prompt: int, new_tokens: int, threads: int) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def run_llama_bench(path: Path, prompt: int, new_tokens: int, threads: int, bin_dir: Path) -> dict:
+def run_llama_bench(path: Path, prompt: int, new_tokens: int, threads: int, bin_dir: Path, passive: bool) -> dict:
+    """passive: llama.cpp's threads sleep rather than spin while waiting (--poll 0, OMP_WAIT_POLICY=passive), as
+    smollm2_speed.py --passive: on a loaded shared machine spinning threads lose most of their time slices."""
     from decode_engines import RssWatch
 
+    extra, env = (["--poll", "0"], {**os.environ, "OMP_WAIT_POLICY": "passive"}) if passive else ([], None)
     cmd = [str(bin_dir / "llama-bench"), "-m", str(path), "-p", str(prompt), "-n", str(new_tokens), "-t",
-           str(threads), "-r", "1", "-o", "json"]
-    with RssWatch(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)) as watch:
+           str(threads), "-r", "1", "-o", "json", *extra]
+    with RssWatch(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)) as watch:
         out, err = watch.process.communicate()
     if watch.process.returncode:
         raise SystemExit(f"llama-bench on {path.name} failed:\n{err[-3000:]}")
@@ -223,6 +226,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--llama-cpp-bin", type=Path, help="llama.cpp's bin folder (default: `make bench-anchors`'s)")
     parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--passive", action="store_true", help="llama.cpp's threads sleep while waiting (--poll 0, "
+                        "OMP_WAIT_POLICY=passive): for a loaded machine")
     args = parser.parse_args()
     args.llama_cpp_bin = llama_cpp_bin(args.llama_cpp_bin)  # exits saying how to build the tools
     info = machine()
@@ -242,7 +247,7 @@ def main() -> None:
                     continue
                 result[engine] = (run_ruvllm(path, args.prompt, args.new_tokens, args.threads) if engine == "ruvllm"
                                   else run_llama_bench(path, args.prompt, args.new_tokens, args.threads,
-                                                       args.llama_cpp_bin))
+                                                       args.llama_cpp_bin, args.passive))
             runs[key].append(result)
             print(f"round {r + 1} {key}: " + ", ".join(
                 f"{e} pp {v['prefill_tok_s']:.1f} tg {v['decode_tok_s']:.1f} rss {v['peak_rss_mb']}"

@@ -95,7 +95,8 @@ class DraftLength:
     A step with k drafts yields 1 + p + ... + p^k tokens on average, p being the chance a draft is accepted
     when the one before it was (estimated per sequence from its recent steps: accepted drafts over accepted
     + first rejected, decayed by DECAY a step, starting from PRIOR); it costs StepCosts.cost(k). k = 0 is
-    plain decoding. An estimate below `floor` drafts nothing. A sequence that stopped drafting tries one
+    plain decoding, timed once before anything else is estimated against it. An estimate below `floor` drafts
+    nothing. A sequence that stopped drafting tries one
     step of drafts again after PROBE steps, the wait doubling while the tries fail (up to MAX_PROBE) and
     reset when one pays. floor 0 turns all of this off: always K drafts. Speculation changes no output,
     so this trades only speed."""
@@ -121,6 +122,8 @@ class DraftLength:
             return 0
         if self.floor <= 0.0:
             return k_max
+        if self.costs.seconds[0] is None and any(t is not None for t in self.costs.seconds):
+            return 0  # time one plain step: drafting's costs are known, the cost it must beat is not
         best = self._best(k_max)
         if best == 0 and self.idle >= self.wait:  # a probe: draft once to see whether the text changed
             best = max(1, self._best(k_max, p=self.PRIOR[0] / self.PRIOR[1] + 0.3))

@@ -83,6 +83,9 @@ def test_draft_length_drafts_as_far_as_it_pays():
     length.record(2, 1)
     assert length.wait == 8  # ... unless this one paid
     assert DraftLength(0.0, 4, StepCosts(4)).choose(10) == 4  # floor 0: always k
+    drafting = StepCosts(4)
+    drafting.record(3, 0.05)  # drafts were timed but no plain step yet: the next step is a plain one, timed
+    assert DraftLength(0.2, 4, drafting).choose(10) == 0
 
 
 def _same(a, b):
