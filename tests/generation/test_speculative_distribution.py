@@ -189,7 +189,8 @@ def test_sampled_output_has_the_target_distribution(models, temperature, top_p, 
         after = token_probabilities(target.row((*PROMPT, FORCED, second)), params)
         speculation = FixedDrafts([second, max(after, key=after.get)])
     else:
-        config = SpeculativeConfig(method="draft_model", model="tiny-draft", num_speculative_tokens=2)
+        config = SpeculativeConfig(method="draft_model", model="tiny-draft", num_speculative_tokens=2,
+                                   acceptance_floor=0)  # every step drafts: the rule is what is tested
         speculation = Speculation(config, draft_backend=lambda: MemoBackend(models[1]))
     _, singles, pairs = draw(models, params, speculation)
     assert chi2_pvalue(singles, p2, DRAWS) > 1e-3
