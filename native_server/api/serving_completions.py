@@ -58,7 +58,7 @@ async def create_completion(ctx: ServerContext, request: CompletionRequest, raw:
     prompts = await asyncio.to_thread(completion_prompts, request, ctx.tokenizer, ctx.vocab_size)
     request_id = f"cmpl-{uuid.uuid4().hex}"
     learned = None if adapter else (await gated_route(ctx, session_of(request),
-                                                      completion_question(ctx, request.prompt)))[0]
+                                                      lambda: completion_question(ctx, request.prompt)))[0]
     jobs = _jobs(ctx, request, prompts, request_id, adapter or learned)
     await prepare(ctx, jobs[0].params, client_of(request, raw))  # a grammar: cached, or in a worker process
     n = jobs[0].params.n

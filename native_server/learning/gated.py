@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections import OrderedDict
-from typing import Any
+from typing import Any, Callable
 
 PATTERN_PREFIX = "#sona/p/"
 
@@ -65,16 +65,22 @@ class PatternSlots:
             return False
 
 
-async def gated_route(ctx: Any, session: str | None, question: str) -> tuple[str | None, list[dict[str, str]]]:
+async def gated_route(ctx: Any, session: str | None,
+                      question: str | Callable[[], str]) -> tuple[str | None, list[dict[str, str]]]:
     """The adapter name and the context messages a request runs with (None, [] when learning is off,
-    the gate is off (then the session's adapter, as before), or no pattern is near)."""
+    the gate is off (then the session's adapter, as before), or no pattern is near). `question` may be a
+    function: it is worked out only when the gate will ask (a token prompt is decoded only then)."""
     learner = getattr(ctx, "learner", None)
     if learner is None:
         return None, []
     sona = learner.sona
     if sona.recall is None:
         return (ctx.slots.name_for(session) if ctx.slots is not None else None), []
-    if not question or not sona.recall.gate.worth_asking(session):
+    if not sona.recall.gate.worth_asking(session):
+        return None, []
+    if callable(question):
+        question = question()
+    if not question:
         return None, []
     route = await asyncio.to_thread(sona.route, session, question)
     if route.match is None:
