@@ -93,7 +93,9 @@ class Chars(_Node):
 
 
 @dataclass(frozen=True, eq=False, slots=True)
-class Concat(_Node):
+class _Items(_Node):
+    """A node over a tuple of children; Concat and Alt differ only in what the automaton makes of them
+    (the type's name is in the hash, so a Concat never equals an Alt of the same items)."""
     items: tuple["Node", ...]
     weight: int = field(init=False, repr=False)
     hash_: int = field(init=False, repr=False)
@@ -106,16 +108,13 @@ class Concat(_Node):
 
 
 @dataclass(frozen=True, eq=False, slots=True)
-class Alt(_Node):
-    items: tuple["Node", ...]
-    weight: int = field(init=False, repr=False)
-    hash_: int = field(init=False, repr=False)
+class Concat(_Items):
+    pass
 
-    def __post_init__(self) -> None:
-        self._seal(1 + sum(x.weight for x in self.items), self.fields(), 1 + len(self.items))
 
-    def fields(self) -> tuple:
-        return (self.items,)
+@dataclass(frozen=True, eq=False, slots=True)
+class Alt(_Items):
+    pass
 
 
 @dataclass(frozen=True, eq=False, slots=True)
