@@ -17,9 +17,7 @@ pytest.importorskip("onnxruntime")
 pytest.importorskip("torch")
 pytest.importorskip("playwright")
 
-from tests.paths import REPO  # noqa: E402
-from tests.tiny_models import build_tiny_model  # noqa: E402
-from tests.web.web_harness import CHROMIUM, browser, static_server  # noqa: E402
+from tests.web.web_harness import browser, require_page, static_server, tiny_page  # noqa: E402
 
 LOAD_TIMEOUT_MS = 180_000
 VIEWPORT = {"width": 1280, "height": 900}
@@ -29,21 +27,8 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def dist(tmp_path_factory) -> Path:
-    if not Path(CHROMIUM).exists():
-        pytest.skip("Chromium is missing: apt-get install -y chromium (make test does, as root)")
-    if not (REPO / "npm" / "node_modules" / "pyodide").is_dir():
-        pytest.skip("npm/node_modules lacks pyodide: run `npm ci --prefix npm` (make test does)")
-    from export.exporter import export_model
-    from export.options import ExportOptions
-    from web.build import build_dist
-
-    root = tmp_path_factory.mktemp("web-first")
-    models = {}
-    for family in ("qwen2", "llama"):
-        hf = build_tiny_model(root / family, family)
-        export_model(hf, root / f"{family}-onnx", ExportOptions(precision="fp32", target="web"))
-        models[family] = root / f"{family}-onnx"
-    return build_dist(root / "dist", models, builtin=False)
+    require_page()
+    return tiny_page(tmp_path_factory.mktemp("web-first"), builtin=False)
 
 
 def test_a_first_visit_waits_for_the_choice_and_keeps_the_metrics_in_view(dist, tmp_path):

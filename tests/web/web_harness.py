@@ -71,3 +71,31 @@ def browser(profile: Path, webgpu: bool = False) -> Iterator[tuple[object, list[
             yield context, requests
         finally:
             context.close()
+
+
+def require_page() -> None:
+    """Skip (locally; CI=true fails) when the page cannot be built or shown here."""
+    import pytest
+
+    from tests.paths import REPO
+
+    if not Path(CHROMIUM).exists():
+        pytest.skip("Chromium is missing: apt-get install -y chromium (make test does, as root)")
+    if not (REPO / "npm" / "node_modules" / "pyodide").is_dir():
+        pytest.skip("npm/node_modules lacks pyodide: run `npm ci --prefix npm` (make test does)")
+
+
+def tiny_page(root: Path, builtin: bool) -> Path:
+    """The page (web/dist) over two tiny random models, qwen2 and llama, exported fp32 for the web;
+    with the built-in model too when `builtin`."""
+    from export.exporter import export_model
+    from export.options import ExportOptions
+    from tests.tiny_models import build_tiny_model
+    from web.build import build_dist
+
+    models = {}
+    for family in ("qwen2", "llama"):
+        hf = build_tiny_model(root / family, family)
+        export_model(hf, root / f"{family}-onnx", ExportOptions(precision="fp32", target="web"))
+        models[family] = root / f"{family}-onnx"
+    return build_dist(root / "dist", models, builtin=builtin)
