@@ -30,6 +30,16 @@
 #else
 #define Q_PANELS_BUILT 0
 #endif
+/* Up to Q_ROWS_MAX rows of x (decode, a speculative step's k + 1, small server batches) run qrow.c's row-wise
+ * integer dots on AVX-512 VNNI builds (Q_ROWS_MAX=0: never, an A/B build); the same bits as qtile.c's. */
+#ifndef Q_ROWS_MAX
+#define Q_ROWS_MAX 4
+#endif
+#if Q_ROWS_MAX > 0 && defined(__AVX512VNNI__) && defined(__AVX512BW__)
+#define Q_ROWS_BUILT 1
+#else
+#define Q_ROWS_BUILT 0
+#endif
 #define Q_MIN_CHUNK_BYTES 32768
 #define Q_MAX_CHUNK_BYTES 524288
 /* bytes of packed panels a chunk takes (qpanel.c's per-thread buffer stays in L2) */
@@ -154,6 +164,8 @@ static inline int q_panels_fit(const qmat_t *w, int64_t M, int mode) {
 int q_panels(const qjob_t *j, const qpart_t *a, int64_t n0, int64_t n1);
 /* Rows n0..n1 of part a against every row of x in virtual panels (qtile.c), the panels' arithmetic. */
 void q_tiles(const qjob_t *j, const qpart_t *a, int64_t n0, int64_t n1);
+/* The same for M <= Q_ROWS_MAX rows of x (qrow.c, Q_ROWS_BUILT); -1 when its buffer cannot be had. */
+int q_rows(const qjob_t *j, const qpart_t *a, int64_t n0, int64_t n1);
 
 /* ggml blocks (kquant.c): rows n0..n1 of part a against every row of the int8 x, in tiles (decode and batches) */
 void kq_rows(const qjob_t *j, const qpart_t *a, int64_t n0, int64_t n1);
