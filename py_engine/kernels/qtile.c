@@ -246,6 +246,9 @@ static inline __attribute__((always_inline)) void vblock(const qjob_t *j, const 
 
 void q_tiles(const qjob_t *j, const qpart_t *a, int64_t n0, int64_t n1) {
   _Static_assert(VT_X == 4, "VBLOCK_CASES spells out 1..3 and VT_X");
+#if Q_ROWS_BUILT
+  if (j->M <= Q_ROWS_MAX && q_rows(j, a, n0, n1) == 0) return; /* qrow.c: the same bits, no codes turned */
+#endif
   for (int64_t n = n0; n < n1; n += VT_ROWS) {
     const int live = n1 - n < VT_ROWS ? (int)(n1 - n) : VT_ROWS;
     for (int64_t m0 = 0; m0 < j->M; m0 += VT_X) {

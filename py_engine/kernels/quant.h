@@ -30,6 +30,16 @@
 #else
 #define Q_PANELS_BUILT 0
 #endif
+/* Up to Q_ROWS_MAX rows of x (decode, a speculative step's k + 1, small server batches) run qrow.c's row-wise
+ * integer dots on AVX-512 VNNI builds (Q_ROWS_MAX=0: never, an A/B build); the same bits as qtile.c's. */
+#ifndef Q_ROWS_MAX
+#define Q_ROWS_MAX 4
+#endif
+#if Q_ROWS_MAX > 0 && defined(__AVX512VNNI__) && defined(__AVX512BW__)
+#define Q_ROWS_BUILT 1
+#else
+#define Q_ROWS_BUILT 0
+#endif
 #define Q_MIN_CHUNK_BYTES 32768
 #define Q_MAX_CHUNK_BYTES 524288
 /* bytes of packed panels a chunk takes (qpanel.c's per-thread buffer stays in L2) */
@@ -160,6 +170,8 @@ void q_tiles(const qjob_t *j, const qpart_t *a, int64_t n0, int64_t n1);
 /* The same for a Q5_0 / Q5_1 matrix (qtile.c): its blocks read in place, the canonical sum with s = d, mn = 16 d
  * or -m per block. */
 void q5_tiles(const qjob_t *j, const qpart_t *a, int64_t n0, int64_t n1);
+/* The same for M <= Q_ROWS_MAX rows of x (qrow.c, Q_ROWS_BUILT); -1 when its buffer cannot be had. */
+int q_rows(const qjob_t *j, const qpart_t *a, int64_t n0, int64_t n1);
 
 /* ggml blocks (kquant.c): rows n0..n1 of part a against every row of the int8 x, in tiles (decode and batches) */
 void kq_rows(const qjob_t *j, const qpart_t *a, int64_t n0, int64_t n1);
