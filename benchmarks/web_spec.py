@@ -1,6 +1,6 @@
 """Prompt lookup speculation in the npm package (issue 32's browser/npm part): decode speed with it off and on.
 
-    flock /work/notes/bench.lock .venv/bin/python benchmarks/web_spec.py [--rounds 2] [--max-tokens 96] [--threads 2]
+    flock /tmp/ruvllm-bench.lock .venv/bin/python benchmarks/web_spec.py [--rounds 2] [--max-tokens 96] [--threads 2]
 
 SmolLM2-135M-Instruct's Q4_1 GGUF exported int4 for the web (benchmarks/web_bench.py's export, kept in
 .cache/web-bench), run by the npm package in Node (benchmarks/web/spec_bench.mjs: Pyodide for the tokenizer,
@@ -20,7 +20,6 @@ import json
 import os
 import statistics
 import subprocess
-import sys
 import time
 
 from common import REPO, machine  # noqa: E402  (also puts the clone's root on sys.path)
@@ -61,10 +60,9 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=5, help="prompts of each set")
     parser.add_argument("--cost-reps", type=int, default=15, help="passes timed per row count (step costs)")
     args = parser.parse_args()
-    sys.path.insert(0, str(REPO / "benchmarks"))
-    from spec_decode import CHAT, GROUNDED
+    from benchmarks.spec_decode import CHAT, GROUNDED
+    from benchmarks.web_bench import export_smollm2
     from web.wheels import build_wheels
-    from web_bench import export_smollm2
 
     export, _ = export_smollm2()
     build_wheels(REPO / "npm" / "wheels")  # the package's py_engine wheel from this checkout
