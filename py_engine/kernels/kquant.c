@@ -535,6 +535,10 @@ void kq_rows(const qjob_t *j, const qpart_t *a, int64_t n0, int64_t n1) {
     q5_tiles(j, a, n0, n1); /* qtile.c: the canonical sum, as the panels (quant.h) */
     return;
   }
+  if (kq_canonical(a->w.kind)) { /* Q4_K, Q5_K, Q6_K: qtile.c's qk_tiles, the panels' sums */
+    qk_tiles(j, a, n0, n1);
+    return;
+  }
 #if KQ_512
   if (j->M > 1) {
     ktiles2(j, a, n0, n1);
