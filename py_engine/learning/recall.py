@@ -93,13 +93,15 @@ class Recall:
         self.trainer = InstantTrainer(model, config)
 
     # --- teaching -------------------------------------------------------------------------------------
-    def teach(self, record: dict[str, Any], example: Example) -> tuple[Pattern, TrainStats | None]:
-        """Store the record as a pattern with its MicroLoRA (trained here when `apply` uses one)."""
+    def teach(self, record: dict[str, Any], example: Example,
+              under: Modules | None = None) -> tuple[Pattern, TrainStats | None]:
+        """Store the record as a pattern with its MicroLoRA (trained here when `apply` uses one) over `under`
+        (the consolidated adapter, hooked into the model by the caller)."""
         question = question_of(record, self.tokenizer)
         embedding = self.gate.embed(question)
         stats, modules = None, None
         if self.config.apply != "context" and self.config.micro_steps > 0:
-            lora, stats = self.trainer.train(example)
+            lora, stats = self.trainer.train(example, under)
             modules = lora.adapter()
         pattern_id = str(record.get("id") or f"fb-{uuid.uuid4().hex}")
         answer = record.get("correction") or (record.get("output") or {}).get("text") or \

@@ -158,7 +158,7 @@ class Sona:
             stats = None
             if self.recall is not None:
                 with applied(self.model, self.consolidated):
-                    pattern, stats = self.recall.teach(record, example)
+                    pattern, stats = self.recall.teach(record, example, self.consolidated)
                 return Update(session, True, time.perf_counter() - start, stats, pattern.id)
             if session is not None and self.config.micro_steps > 0:
                 lora = self.micro(session)
