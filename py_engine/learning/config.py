@@ -26,8 +26,13 @@ request whose question is at least `gate_threshold` similar to a pattern of
 its session (or a global one) and shares its keywords (`gate_keywords`) gets
 what `apply` says: "lora" (the pattern's MicroLoRA), "both" (and the pattern
 as a previous turn of the chat) or "context"; a request near no pattern
-runs on the base. Consolidation trains one LoRA on the patterns, as they are
-applied, makes them global, and keeps the gate. `gate=False` is the
+runs on the base. Consolidation trains one LoRA of rank `rank` in the
+MicroLoRAs' shape on every pattern at once (at most `consolidate_steps`
+steps at `micro_lr`), keeping the base's predictions on `keep_tokens` of its
+own sampled text (KL, `keep_weight`; consolidate.py), makes the patterns
+global (each then brings, in every session, the consolidated adapter and,
+with `global_micro`, its own MicroLoRA over it), and keeps the gate; `layers`, `target_modules`, `lr`, `epochs`,
+`batch_size` and the EWC fields are gate=False's consolidation. `gate=False` is the
 per-session MicroLoRA on every request of the session (the ablation).
 """
 from __future__ import annotations
@@ -59,6 +64,10 @@ class SonaConfig:
     ewc_lambda: float = 10.0
     fisher_tokens: int = 4096
     fisher_window: int = 32  # tokens per Fisher sample: smaller is closer to a per-token Fisher
+    consolidate_steps: int = 400  # with the gate: the most steps of the patterns' LoRA (consolidate.py)
+    keep_tokens: int = 512  # with the gate: tokens of the base's own (sampled) text whose predictions are kept
+    keep_weight: float = 1.0  # with the gate: weight of the KL that keeps them
+    global_micro: bool = True  # a promoted pattern brings its own MicroLoRA over the consolidated adapter
     consolidate_every: int = 16  # feedbacks; 0: only on request or interval
     consolidate_interval_s: float = 0.0  # 0: no timer
     fold_sessions: float = 0.0
@@ -83,14 +92,15 @@ class SonaConfig:
                              ("micro_anchors", 0, 64),
                              ("rank", 1, 256), ("layers", 0, 1024), ("epochs", 0, 1000), ("batch_size", 1, 1024),
                              ("fisher_tokens", 0, 1 << 22), ("fisher_window", 2, 1 << 16),
-                             ("consolidate_every", 0, 1 << 20),
+                             ("consolidate_every", 0, 1 << 20), ("consolidate_steps", 1, 100_000),
+                             ("keep_tokens", 0, 1 << 16),
                              ("max_sessions", 1, 1 << 20), ("max_target_tokens", 1, 1 << 16),
                              ("embed_layer", 0, 1024), ("max_patterns", 1, 1 << 20),
                              ("max_patterns_per_session", 1, 1 << 20)):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or not lo <= value <= hi:
                 raise ValueError(f"{name}: an integer in [{lo}, {hi}], got {value!r}")
-        for name in ("micro_anchor_weight", "micro_lr", "lr", "ewc_lambda", "consolidate_interval_s", "fold_sessions"):
+        for name in ("keep_weight", "micro_anchor_weight", "micro_lr", "lr", "ewc_lambda", "consolidate_interval_s", "fold_sessions"):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
                 raise ValueError(f"{name}: a finite number >= 0, got {value!r}")
@@ -103,7 +113,7 @@ class SonaConfig:
             raise ValueError(f"embedder: minilm or model, got {self.embedder!r}")
         if not isinstance(self.gate_threshold, (int, float)) or not -1.0 <= self.gate_threshold <= 1.0:
             raise ValueError(f"gate_threshold: a cosine similarity in [-1, 1], got {self.gate_threshold!r}")
-        for name in ("gate", "gate_keywords"):
+        for name in ("gate", "gate_keywords", "global_micro"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name}: true or false, got {getattr(self, name)!r}")
 

@@ -156,22 +156,26 @@ class InstantTrainer:
         both = head(queries).float()  # one read of the head for both: [2N, V]
         return Captured(got["x"][0, local].float(), got["attn"][0, local].float(), both[:n], both[n:])
 
-    def fit(self, lora: TrainableLora, captured: Captured, targets: Tensor) -> tuple[int, float, float]:
+    def fit(self, lora: TrainableLora, captured: Captured, targets: Tensor, *, steps: int | None = None,
+            lr: float | None = None, keep: Any = None) -> tuple[int, float, float]:
         """Adam steps on the cut loss until each answer token wins; (steps, first loss, last loss).
 
         The cut softmax cannot see a token outside its candidates rising: whenever it says done, the full
-        head checks, and the tokens that beat the answer there join the candidates (then training goes on)."""
+        head checks, and the tokens that beat the answer there join the candidates (then training goes on).
+        `keep` (consolidate.Keep): a term added to the loss that holds other rows' distributions."""
         model = self.model
+        steps_most = max(1, steps if steps is not None else self.config.micro_steps)
         k = min(CANDIDATES, captured.logits.shape[-1])
         near = captured.near.topk(min(NEAR, captured.near.shape[-1]), -1).indices
         candidates = torch.cat([captured.logits.topk(k, -1).indices, near], 1)  # [N, k + NEAR]
-        optimizer = torch.optim.Adam(lora.parameters(), lr=self.config.micro_lr)
+        optimizer = torch.optim.Adam(lora.parameters(), lr=self.config.micro_lr if lr is None else lr)
         first = last_loss = float("nan")
         steps = 0
         head, labels = self._cut_head(targets, candidates)
         layer_out, attach = self._layer_out(lora, captured)
+        held = keep.bind(self, lora) if keep is not None else None
         with attach, torch.enable_grad():
-            for steps in range(1, max(1, self.config.micro_steps) + 1):
+            for steps in range(1, steps_most + 1):
                 z = model.model.norm(layer_out())
                 cut = torch.einsum("nh,nch->nc", z, head).float() + self._mask  # [N, 1 + k]
                 loss = F.cross_entropy(cut, labels)
@@ -183,6 +187,8 @@ class InstantTrainer:
                         break
                     candidates = torch.cat([candidates, rivals], 1)
                     head, labels = self._cut_head(targets, candidates)
+                if held is not None:
+                    loss = loss + held()
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 optimizer.step()
