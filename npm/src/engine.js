@@ -69,6 +69,12 @@ export class InThreadEngine {
       progress({ stage: 'ready' });
       const info = JSON.parse(py.info());
       backend.switchLength = info.longrope_switch_length;
+      try {
+        stats.speculative = speculativeStats(py, options.speculative, backend);
+      } catch (error) {
+        backend.release?.();
+        throw error;
+      }
       return new InThreadEngine({ pyodide, runtime: py, backend,
         info, modelName: options.modelName ?? String(options.model), stats });
     } catch (error) {
@@ -120,42 +126,61 @@ export class InThreadEngine {
     const ids = JSON.parse(kind === 'chat' ? r.chat_ids(JSON.stringify({ messages: request.messages,
       chat_template_kwargs: request.chat_template_kwargs, tools: request.tools })) : r.prompt_ids(request.prompt));
     const sampled = [];
-    let row = null;
+    const vocab = this.info.vocab_size;
+    let rows = null; // the last forward pass's logits [n, V]
     const masks = new Map(); // grammar state -> the byte map of its allowed tokens, copied out of Python once
     const maskOf = (state, bitmap) => {
       if (state === null || state === undefined) return null;
       if (!masks.has(state)) masks.set(state, bitmap.toJs());
       return masks.get(state);
     };
-    const sample = (u, state, bitmap) => sampleToken(row, params, u, sampled, ids, maskOf(state, bitmap));
+    // Row `index` of the pass; `fresh`: tokens kept earlier in this pass (speculation), which penalties count.
+    const sample = (u, state, bitmap, index, fresh) => sampleToken(
+      rows.length === vocab ? rows : rows.subarray(index * vocab, (index + 1) * vocab), params, u,
+      fresh ? [...sampled, ...JSON.parse(fresh)] : sampled, ids, maskOf(state, bitmap));
     const generation = r.start(JSON.stringify(ids), JSON.stringify(openai.samplingFields(request)), sample,
-      kind === 'chat');
+      kind === 'chat', !!this.stats.speculative?.enabled);
     const params = JSON.parse(generation.params_json());
-    const stats = { promptTokens: ids.length, completionTokens: 0, firstTokenMs: 0, decodeMs: 0 };
+    const stats = { promptTokens: ids.length, completionTokens: 0, firstTokenMs: 0, decodeMs: 0, forwardPasses: 0 };
     const started = performance.now();
     try {
-      row = await this.backend.prefill(ids);
-      stats.firstTokenMs = performance.now() - started;
+      let plan = JSON.parse(generation.first()); // {chunks, forward: {ids, rollback, prefill} | null}
       for (;;) {
-        const [text, token, reason, calls] = JSON.parse(generation.step(row, argmax(row)));
-        const finish = reason ?? (signal?.aborted ? 'abort' : null);
-        if (token !== null) {
-          stats.completionTokens += 1;
-          sampled.push(token);
+        for (const [text, token, reason, calls] of plan.chunks) {
+          const finish = reason ?? (signal?.aborted ? 'abort' : null);
+          if (token !== null) {
+            stats.completionTokens += 1;
+            sampled.push(token);
+          }
+          yield { text, token, finish, calls, meta, stats, promptTokens: ids.length };
+          if (finish) return;
         }
-        yield { text, token, finish, calls, meta, stats, promptTokens: ids.length };
-        if (finish) break;
+        if (!plan.forward) return;
         // onnxruntime's promise resolves without a macrotask, so without this a worker would not see
         // an 'abort' message (nor a page a click) until the whole generation is done.
-        if (signal) await nextTask();
+        if (signal && !plan.forward.prefill) await nextTask();
         const t = performance.now();
-        row = await this.backend.decode(token);
-        stats.decodeMs += performance.now() - t;
+        rows = await this._forward(plan.forward);
+        const bests = [];
+        for (let i = 0; i < rows.length; i += vocab) bests.push(argmax(rows.subarray(i, i + vocab)));
+        if (plan.forward.prefill) stats.firstTokenMs = performance.now() - started;
+        else stats.decodeMs += performance.now() - t;
+        stats.forwardPasses += 1;
+        plan = JSON.parse(generation.step(rows, JSON.stringify(bests)));
       }
     } finally {
+      stats.speculative = JSON.parse(generation.speculative_json());
+      generation.close();
       generation.destroy();
       this.lastStats = { ...stats, totalMs: performance.now() - started };
     }
+  }
+
+  /** One forward pass of the loop's plan: prefill, decode, or (speculation) rollback + verify. */
+  async _forward({ ids, rollback, prefill }) {
+    if (prefill) return this.backend.prefill(ids);
+    if (rollback) this.backend.rollback(rollback);
+    return ids.length === 1 ? this.backend.decode(ids[0]) : this.backend.verify(ids);
   }
 
   async dispose() {
@@ -166,6 +191,17 @@ export class InThreadEngine {
     this.backend?.release?.();
     this.runtime?.destroy?.();
   }
+}
+
+/** createEngine's `speculative` option, checked by Python (vLLM's field names): what stats.speculative says.
+ * 'ngram' or true: prompt lookup with the defaults. Only backends with a verify pass (the wasm kernels) run it. */
+function speculativeStats(py, option, backend) {
+  if (option === undefined || option === null || option === false) return null;
+  const wanted = option === true || option === 'ngram' ? { method: 'ngram' } : option;
+  const config = JSON.parse(py.set_speculative(JSON.stringify(wanted)));
+  if (typeof backend.verify === 'function') return { enabled: true, ...config };
+  py.set_speculative('null');
+  return { enabled: false, reason: 'only the wasm kernels verify drafts (this model runs on onnxruntime)', ...config };
 }
 
 /** Resolve after pending events (messages, clicks) have run; MessageChannel avoids setTimeout's clamping. */

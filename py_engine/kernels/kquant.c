@@ -1,6 +1,7 @@
 /* ggml's block types read as the file holds them (py_engine/quant/ggml.py): Q5_0, Q5_1 and the K-quants
  * Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, against x rounded to int8 per 32 values (the decode path's x: quant.c).
- *
+ * (Q5_0 and Q5_1 products run in qtile.c's q5_tiles and qpanel.c's panels, quant.h's canonical sum; this file
+ * keeps their unpacking, for those panels' fallbacks and the exact path.) *
  * Every type is w = s_j (q - z) - m_j per sub-block j of 16 or 32 values, s_j = D * c_j with D the block's
  * fp16 scale and c_j a small integer (6-bit, 4-bit, int8), so a sub-block of 32 is
  *
@@ -340,63 +341,6 @@ static __attribute__((unused)) void ktiles(const qjob_t *j, const qpart_t *a, in
   }
 }
 
-/* Q5_0 / Q5_1: a block is one sub-block, so its scale goes straight into the product's multiplier (d * dx, one
- * FMA a block) and its zero term (16 d, or -m) into a scalar beside it; no per-block head or group step. */
-static inline __attribute__((always_inline)) void q5_step(const int kind, const uint8_t *blk, __m256i xv, float dx,
-                                                           float xs, __m256 *acc, float *z) {
-  const float d = half(blk);
-  const __m256i p = udot(kq_codes(kind, blk, 0), xv);
-  *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(d * dx), *acc);
-  *z += (kind == KQ_Q5_0 ? 16.f * d : -half(blk + 2)) * xs;
-}
-
-/* Rows n..n + nr - 1 of a Q5_0 / Q5_1 matrix against rows m0..m0 + mt - 1 of x (decode: mt 1, nr KD_R). */
-static inline __attribute__((always_inline)) void q5tile(const qjob_t *j, const qpart_t *a, int64_t m0, const int mt,
-                                                          int64_t n, const int nr, const int kind) {
-  const qmat_t *w = &a->w;
-  const int64_t nb = nb_of(w), rb = row_bytes(w), bbytes = kq_block_bytes(kind), M = j->M;
-  const uint8_t *c = w->codes + n * rb;
-  __m256 acc[KT_X][KD_R];
-  float z[KT_X][KD_R];
-  for (int m = 0; m < mt; ++m)
-    for (int r = 0; r < nr; ++r) acc[m][r] = _mm256_setzero_ps(), z[m][r] = 0.f;
-  for (int64_t s = 0; s < nb; ++s) {
-    if (!(s & 1))
-      for (int r = 0; r < nr; ++r) _mm_prefetch((const char *)c + r * rb + s * bbytes + Q_PREFETCH, Q_HINT);
-    for (int m = 0; m < mt; ++m) {
-      const __m256i xv = _mm256_loadu_si256((const __m256i *)(j->qx + (m0 + m) * nb * 32 + s * 32));
-      const float dx = j->dx[(m0 + m) * nb + s], xs = j->dx[(M + m0 + m) * nb + s];
-      for (int r = 0; r < nr; ++r) q5_step(kind, c + r * rb + s * bbytes, xv, dx, xs, &acc[m][r], &z[m][r]);
-    }
-  }
-  for (int m = 0; m < mt; ++m)
-    for (int r = 0; r < nr; ++r) put_q(j, a, m0 + m, n + r, hsum8(acc[m][r]) - z[m][r]);
-}
-
-static void q5rows(const qjob_t *j, const qpart_t *a, int64_t n0, int64_t n1, const int kind) {
-  if (j->M == 1) {
-    int64_t n = n0;
-    for (; n + KD_R <= n1; n += KD_R) q5tile(j, a, 0, 1, n, KD_R, kind);
-    for (; n < n1; ++n) q5tile(j, a, 0, 1, n, 1, kind);
-    return;
-  }
-  for (int64_t n = n0; n < n1;) { /* KT_R rows of W stay in L1 while every row of x passes */
-    const int nr = n1 - n >= KT_R ? KT_R : 1;
-    for (int64_t m0 = 0; m0 < j->M; m0 += KT_X) {
-      if (j->M - m0 >= KT_X) {
-        if (nr == KT_R) q5tile(j, a, m0, KT_X, n, KT_R, kind);
-        else q5tile(j, a, m0, KT_X, n, 1, kind);
-      } else {
-        for (int64_t m = m0; m < j->M; ++m) {
-          if (nr == KT_R) q5tile(j, a, m, 1, n, KT_R, kind);
-          else q5tile(j, a, m, 1, n, 1, kind);
-        }
-      }
-    }
-    n += nr;
-  }
-}
-
 #if defined(__AVX512BW__) && defined(__AVX512VL__)
 #define KQ_512 1
 /* AVX-512 builds: two sub-blocks (b, b + 1, b even) a step, 64 codes in one vector: a K-quant's codes for a pair of
@@ -588,8 +532,11 @@ static void ktiles2(const qjob_t *j, const qpart_t *a, int64_t n0, int64_t n1) {
 
 void kq_rows(const qjob_t *j, const qpart_t *a, int64_t n0, int64_t n1) {
   if (a->w.kind == KQ_Q5_0 || a->w.kind == KQ_Q5_1) {
-    if (a->w.kind == KQ_Q5_0) q5rows(j, a, n0, n1, KQ_Q5_0);
-    else q5rows(j, a, n0, n1, KQ_Q5_1);
+    q5_tiles(j, a, n0, n1); /* qtile.c: the canonical sum, as the panels (quant.h) */
+    return;
+  }
+  if (kq_canonical(a->w.kind)) { /* Q4_K, Q5_K, Q6_K: qtile.c's qk_tiles, the panels' sums */
+    qk_tiles(j, a, n0, n1);
     return;
   }
 #if KQ_512

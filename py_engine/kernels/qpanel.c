@@ -93,6 +93,51 @@ static int pack(const qmat_t *w, int64_t n0, int64_t n1, packed_t *p) {
   return 0;
 }
 
+/* 4 bits of each lane's qh (bits 4e..4e + 3: values 4e..4e + 3 of the block) as 16 in their bytes */
+static inline __m512i fifth16(__m512i qh, int e) {
+  const __m512i rep = _mm512_shuffle_epi8(qh, _mm512_add_epi8(_mm512_set4_epi32(0x0c0c0c0c, 0x08080808, 0x04040404, 0),
+                                                              _mm512_set1_epi8((char)(e >> 1))));
+  const __mmask64 k = _mm512_test_epi8_mask(rep, _mm512_set1_epi32((int)(0x08040201u << (4 * (e & 1)))));
+  return _mm512_maskz_mov_epi8(k, _mm512_set1_epi8(16));
+}
+
+/* Q5_0 / Q5_1 rows n0..n1 (kind 6 / 7) in the 4-bit panels' order (their qs is Q4_0's nibble order), each code
+ * with its fifth bit (+16) from qh; per block s = d and mn = 16 d (Q5_0) or -m (Q5_1), as qtile.c's q5_tiles. */
+static int pack_q5(const qmat_t *w, int64_t n0, int64_t n1, packed_t *p) {
+  const int64_t nb = nb_of(w), rb = row_bytes(w), bb = kq_block_bytes(w->kind), qs = w->kind == 6 ? 6 : 8;
+  const int64_t panels = (n1 - n0 + P_LANES - 1) / P_LANES, code_bytes = panels * nb * 8 * 64;
+  const int64_t float_bytes = panels * nb * P_LANES * 4;
+  uint8_t *buf = p_scratch(code_bytes + 2 * float_bytes);
+  if (!buf) return -1;
+  float *sc = (float *)(buf + code_bytes), *mn = sc + panels * nb * P_LANES;
+  const __m512i low = _mm512_set1_epi8(0x0f), zero = _mm512_setzero_si512();
+  const __m512i off = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                         _mm512_set1_epi32((int)rb));
+  for (int64_t q = 0; q < panels; ++q) {
+    const int64_t n = n0 + q * P_LANES, live = n1 - n < P_LANES ? n1 - n : P_LANES;
+    const __mmask16 k = (__mmask16)((1u << live) - 1u); /* lanes past n1: zero codes and scales */
+    for (int64_t b = 0; b < nb; ++b) {
+      const uint8_t *blk = w->codes + n * rb + b * bb;
+      const __m512i head = _mm512_mask_i32gather_epi32(zero, k, off, blk, 1);
+      const __m512i qh = _mm512_mask_i32gather_epi32(zero, k, off, blk + qs - 4, 1);
+      const __m512 d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(head));
+      const __m512 m = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(head, 16)));
+      _mm512_store_ps(sc + (q * nb + b) * P_LANES, d);
+      _mm512_store_ps(mn + (q * nb + b) * P_LANES, w->kind == 6 ? _mm512_mul_ps(_mm512_set1_ps(16.f), d)
+                                                                : _mm512_xor_ps(m, _mm512_set1_ps(-0.f)));
+      uint8_t *o = buf + q * nb * 8 * 64 + b * 8 * 64;
+      for (int t = 0; t < 4; ++t) { /* dword t of qs: values 4t.. (low nibbles), 16 + 4t.. (high) */
+        const __m512i v = _mm512_mask_i32gather_epi32(zero, k, off, blk + qs + 4 * t, 1);
+        _mm512_store_si512((void *)(o + 2 * t * 64), _mm512_or_si512(_mm512_and_si512(v, low), fifth16(qh, t)));
+        _mm512_store_si512((void *)(o + (2 * t + 1) * 64),
+                           _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(v, 4), low), fifth16(qh, 4 + t)));
+      }
+    }
+  }
+  *p = (packed_t){buf, sc, mn, panels, nb, nb, 1, 0};
+  return 0;
+}
+
 /* ggml blocks (kquant.c): rows n0..n1 unpacked a row at a time (codes unsigned in value order, s_j = D c_j and
  * the zero term Z_j per group of 32 or 16 values), then laid out as the 8-bit codes are (4 consecutive columns
  * a lane), so the kernel is the same but for the groups of 16 (halves). X_g: quant.c's xs, or xs16. */
@@ -203,12 +248,12 @@ static void panels_of(const qjob_t *j, const qpart_t *a, const packed_t *p, int6
                       const float *dx, const float *xg, int64_t m0, int mt) {
   int64_t q = 0;
   for (; q + P_NP <= p->panels; q += P_NP) {
-    if (a->w.bits4) kernel(j, a, p, q, P_NP, qx, dx, xg, m0, mt, n0 + q * P_LANES, n1 - n0 - q * P_LANES, 1, 0);
+    if (a->w.bits4 || kq_q5(a->w.kind)) kernel(j, a, p, q, P_NP, qx, dx, xg, m0, mt, n0 + q * P_LANES, n1 - n0 - q * P_LANES, 1, 0);
     else if (p->halves) kernel(j, a, p, q, P_NP, qx, dx, xg, m0, mt, n0 + q * P_LANES, n1 - n0 - q * P_LANES, 0, 1);
     else kernel(j, a, p, q, P_NP, qx, dx, xg, m0, mt, n0 + q * P_LANES, n1 - n0 - q * P_LANES, 0, 0);
   }
   for (; q < p->panels; ++q) {
-    if (a->w.bits4) kernel(j, a, p, q, 1, qx, dx, xg, m0, mt, n0 + q * P_LANES, n1 - n0 - q * P_LANES, 1, 0);
+    if (a->w.bits4 || kq_q5(a->w.kind)) kernel(j, a, p, q, 1, qx, dx, xg, m0, mt, n0 + q * P_LANES, n1 - n0 - q * P_LANES, 1, 0);
     else if (p->halves) kernel(j, a, p, q, 1, qx, dx, xg, m0, mt, n0 + q * P_LANES, n1 - n0 - q * P_LANES, 0, 1);
     else kernel(j, a, p, q, 1, qx, dx, xg, m0, mt, n0 + q * P_LANES, n1 - n0 - q * P_LANES, 0, 0);
   }
@@ -216,11 +261,17 @@ static void panels_of(const qjob_t *j, const qpart_t *a, const packed_t *p, int6
 
 int q_panels(const qjob_t *j, const qpart_t *a, int64_t n0, int64_t n1) {
   packed_t p;
-  if (a->w.kind ? pack_blocks(&a->w, n0, n1, &p) : pack(&a->w, n0, n1, &p)) return -1;
+  const int status = !a->w.kind ? pack(&a->w, n0, n1, &p) : kq_q5(a->w.kind) ? pack_q5(&a->w, n0, n1, &p)
+                                                                              : pack_blocks(&a->w, n0, n1, &p);
+  if (status) return -1;
   const int64_t nb = p.nb, ng = p.ng, whole = j->M / P_MT * P_MT;
   static float zeros[1]; /* xg for parts with no mins term (never read: p.mins is NULL) */
   const float *xg = a->xg ? a->xg : zeros;
-  const int64_t xg_row = a->xg ? ng : 0;
+  int64_t xg_row = a->xg ? ng : 0;
+  if (a->w.kind) { /* ggml blocks: X_j per group of 32 is quant.c's xs, per 16 kq_sums16's */
+    xg = p.halves ? j->xs16 : j->dx + j->M * nb;
+    xg_row = ng;
+  }
   for (int64_t m0 = 0; m0 < whole; m0 += P_MT) /* these rows of x stay in L1 while the chunk's panels pass */
     panels_of(j, a, &p, n0, n1, j->qx + m0 * nb * 32, j->dx + m0 * nb, xg + m0 * xg_row, m0, P_MT);
   if (whole < j->M) { /* the last rows, with zero rows after them */
@@ -238,8 +289,8 @@ int q_panels(const qjob_t *j, const qpart_t *a, int64_t n0, int64_t n1) {
     memset(pad, 0, (size_t)bytes);
     memcpy(pad, j->qx + whole * nb * 32, (size_t)(mt * nb * 32));
     memcpy(pdx, j->dx + whole * nb, (size_t)(mt * nb) * 4);
-    if (a->xg) memcpy(pxg, a->xg + whole * ng, (size_t)(mt * ng) * 4);
-    panels_of(j, a, &p, n0, n1, pad, pdx, a->xg ? pxg : zeros, whole, mt);
+    if (xg_row) memcpy(pxg, xg + whole * ng, (size_t)(mt * ng) * 4);
+    panels_of(j, a, &p, n0, n1, pad, pdx, xg_row ? pxg : zeros, whole, mt);
   }
   return 0;
 }

@@ -30,6 +30,16 @@
 #else
 #define Q_PANELS_BUILT 0
 #endif
+/* Up to Q_ROWS_MAX rows of x (decode, a speculative step's k + 1, small server batches) run qrow.c's row-wise
+ * integer dots on AVX-512 VNNI builds (Q_ROWS_MAX=0: never, an A/B build); the same bits as qtile.c's. */
+#ifndef Q_ROWS_MAX
+#define Q_ROWS_MAX 4
+#endif
+#if Q_ROWS_MAX > 0 && defined(__AVX512VNNI__) && defined(__AVX512BW__)
+#define Q_ROWS_BUILT 1
+#else
+#define Q_ROWS_BUILT 0
+#endif
 #define Q_MIN_CHUNK_BYTES 32768
 #define Q_MAX_CHUNK_BYTES 524288
 /* bytes of packed panels a chunk takes (qpanel.c's per-thread buffer stays in L2) */
@@ -142,18 +152,37 @@ static inline void put_q(const qjob_t *j, const qpart_t *a, int64_t m, int64_t n
   else ((float *)a->y)[m * j->ldy + n] = v;
 }
 
-/* Whether the panels (qpanel.c) take this matrix for M rows of x in this mode. ggml's block types (kquant.c) do
- * not: their decode and batch tiles sum each output in kquant.c's own order (a block's sub-blocks in lanes, then
- * the block's D and zero terms), which packed panels do not repeat, so every count of rows takes the tiles and a
- * row's output stays the same bits in a prompt chunk as in decode (issue 32's one numeric path). */
+/* ggml's Q5_0 / Q5_1 (one sub-block a block): summed in the canonical order by qtile.c's q5_tiles and qpanel.c. */
+static inline int kq_q5(int kind) { return kind == 6 || kind == 7; }
+/* ggml types summed in the canonical order (qtile.c's q5_tiles / qk_tiles, qpanel.c's panels): Q5_0, Q5_1, Q4_K,
+ * Q5_K, Q6_K. Q2_K and Q3_K stay in kquant.c's tiles (their own order) for every count of rows. */
+static inline int kq_canonical(int kind) {
+#ifdef KQ_OWN_ORDER /* an A/B build: the K-quants in kquant.c's tiles at every count of rows, as before */
+  return kq_q5(kind);
+#else
+  return kq_q5(kind) || kind == 12 || kind == 13 || kind == 14;
+#endif
+}
+/* Whether the panels (qpanel.c) take this matrix for M rows of x in this mode. The K-quants (kquant.c) do not:
+ * their decode and batch tiles sum each output in kquant.c's own order (a block's sub-blocks in lanes, then the
+ * block's D and zero terms), which packed panels do not repeat, so every count of rows takes the tiles and a
+ * row's output stays the same bits in a prompt chunk as in decode (issue 32's one numeric path). Q5_0 and Q5_1
+ * take the canonical sum everywhere (q5_tiles), so the panels may take their prompt chunks. */
 static inline int q_panels_fit(const qmat_t *w, int64_t M, int mode) {
   /* every layout of quant.c: 8-bit and 4-bit (and 2/3-bit) codes, any group; W8A8's one d a row as well */
-  return Q_PANELS_BUILT && mode != 2 && M >= Q_PANEL_ROWS && !w->kind;
+  return Q_PANELS_BUILT && mode != 2 && M >= Q_PANEL_ROWS && (!w->kind || kq_canonical(w->kind));
 }
 /* Rows n0..n1 of part a against every row of x in panels (qpanel.c); -1 when its buffer cannot be had. */
 int q_panels(const qjob_t *j, const qpart_t *a, int64_t n0, int64_t n1);
 /* Rows n0..n1 of part a against every row of x in virtual panels (qtile.c), the panels' arithmetic. */
 void q_tiles(const qjob_t *j, const qpart_t *a, int64_t n0, int64_t n1);
+/* The same for a Q5_0 / Q5_1 matrix (qtile.c): its blocks read in place, the canonical sum with s = d, mn = 16 d
+ * or -m per block. */
+void q5_tiles(const qjob_t *j, const qpart_t *a, int64_t n0, int64_t n1);
+/* The same for Q4_K / Q5_K / Q6_K (qtile.c): s_j = D c_j, Z_j as kquant.c's kq_head, per group of 32 (16 for Q6_K). */
+void qk_tiles(const qjob_t *j, const qpart_t *a, int64_t n0, int64_t n1);
+/* The same for M <= Q_ROWS_MAX rows of x (qrow.c, Q_ROWS_BUILT); -1 when its buffer cannot be had. */
+int q_rows(const qjob_t *j, const qpart_t *a, int64_t n0, int64_t n1);
 
 /* ggml blocks (kquant.c): rows n0..n1 of part a against every row of the int8 x, in tiles (decode and batches) */
 void kq_rows(const qjob_t *j, const qpart_t *a, int64_t n0, int64_t n1);

@@ -121,18 +121,22 @@ def test_cpu_kernels_match_a_float_matmul_of_the_weights(qtype, rows):
 
 
 @kernels_only
-@pytest.mark.parametrize("qtype", ["Q5_0", "Q5_1", "Q3_K", "Q4_K", "Q6_K"])
+@pytest.mark.parametrize("qtype", ["Q5_0", "Q5_1", "Q3_K", "Q4_K", "Q5_K", "Q6_K"])
 def test_every_kernel_variant(kernels, qtype):  # noqa: F811
-    """AVX2 (maddubs, the fifth bits spread with shuffles), AVX-512 (masked moves) and VNNI builds alike."""
+    """AVX2 (maddubs, the fifth bits spread with shuffles), AVX-512 (masked moves) and VNNI builds alike, each
+    giving a row of a batch the bits it gets alone."""
     t, ref = tensor(qtype, n=41)
     w, bias = gguf_blocks(t), torch.randn(41)
     for rows in (1, 7, 40, 77):
         x = torch.randn(rows, t.shape[1], generator=torch.Generator().manual_seed(rows))
         exact = QuantPlan(kernels, [w], [bias], QuantPlan.EXACT)(x)
         torch.testing.assert_close(exact, torch.nn.functional.linear(x, ref, bias), rtol=1e-5, atol=1e-4)
-        got = QuantPlan(kernels, [w], [bias], QuantPlan.INT8_BLOCKS)(x)
+        plan = QuantPlan(kernels, [w], [bias], QuantPlan.INT8_BLOCKS)
+        got = plan(x)
         xr = fake_quantize_blocks(x, t.shape[1]) if rows < kernels.int8_rows_for(4) else x
         torch.testing.assert_close(got, torch.nn.functional.linear(xr, ref, bias), rtol=1e-5, atol=1e-4)
+        # a row of a batch (tiles; 40 and 77 rows: the panels of VNNI builds) is that row alone, bit for bit
+        assert torch.equal(torch.cat([plan(x[i:i + 1]) for i in range(rows)]), got)
 
 
 @kernels_only
@@ -271,3 +275,18 @@ def test_types_left_to_float_are_named_with_their_memory(vocab, cache, tmp_path,
     assert isinstance(model.model.layers[0].self_attn.q_proj, QuantLinear)
     set_int8_activations(model, False)
     assert (logits(model, config) - hf_logits(hf_gguf(path))).abs().max().item() < 1e-4
+
+
+@kernels_only
+def test_q4_k_m_mix_routes_give_the_same_bits(vocab, cache, tmp_path):
+    """A Q4_K_M-style file with Q5_0 rows (SmolLM2's: rows not whole super-blocks) beside the K-quants: a
+    position's logits are the same bits decoded alone, in a prompt of 70 (Q5_0 in panels on VNNI builds) and in
+    chunks (tests/cpu/test_batch_invariance.py's routes)."""
+    from py_engine.backends.torch import LLM
+    from tests.cpu.test_batch_invariance import assert_routes_agree
+
+    original = hf_model("llama", len(vocab.tokens), hidden_size=256, intermediate_size=512, num_hidden_layers=2)
+    mix = k_mix("Q4_K", 2)
+    path = write_gguf(tmp_path / "mix.gguf", original, vocab,
+                      lambda name, data: "Q5_0" if ".attn_" in name and "attn_v" not in name else mix(name, data))
+    assert_routes_agree(LLM(str(path), cache_dir=cache))

@@ -1,0 +1,80 @@
+"""Prompt lookup speculation in the demo page, in headless Chromium (Web Worker, Pyodide, the page's wasm kernels).
+
+The page creates its engine with speculative: {method: 'ngram'} and its "Speculative decoding" toggle sets each
+request's `speculative`. The reference is the same page with the toggle off: on the built-in model (int4, the
+wasm kernels), greedy tokens with speculation equal those without, token for token, for a grounded prompt (the
+answer repeats the prompt), where drafts are kept (the stats say so), and for an ordinary one; the chat UI with
+the toggle on gives the reply it gives with it off and shows the drafts kept.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("playwright")
+
+from tests.paths import BUILTIN  # noqa: E402
+from tests.web.web_harness import browser, require_page, static_server, tiny_page  # noqa: E402
+
+pytestmark = pytest.mark.slow
+LOAD_TIMEOUT_MS = 180_000
+VERSE = "ROMEO:\nBut soft, what light breaks?\n\n"
+# grounded: text the built-in model (int4) goes on repeating, as an answer quoting its prompt does
+PROMPTS = {"grounded": "ROMEO:\nI am a man,\nAnd I am a man, and a man,\n" * 2, "plain": "To be, or not"}
+
+
+@pytest.fixture(scope="module")
+def page(tmp_path_factory):
+    require_page()
+    if not (BUILTIN / "model.safetensors").exists():
+        pytest.skip("the built-in model is not trained here (make builtin)")
+    root = tmp_path_factory.mktemp("web-spec")
+    dist = tiny_page(root, builtin=True)
+    with static_server(dist) as base, browser(root / "profile") as (context, _):
+        page = context.new_page()
+        page.goto(f"{base}?model=models/tiny-shakespeare/&precision=int4&speculative=1")
+        page.wait_for_function("['ready', 'error'].includes(document.body.dataset.status)", timeout=LOAD_TIMEOUT_MS)
+        assert page.evaluate("document.body.dataset.status") == "ready", page.inner_text("#error")
+        yield page
+
+
+def _complete(page, prompt: str, speculative: bool) -> dict:
+    return page.evaluate("""async ([prompt, speculative]) => {
+        const engine = window.ruvllmDemo.engine;
+        const r = await engine.completions.create({prompt, max_tokens: 32, temperature: 0, ignore_eos: true,
+          return_token_ids: true, speculative});
+        return {ids: r.choices[0].token_ids, stats: engine.lastStats}; }""", [prompt, speculative])
+
+
+def test_page_speculation_changes_no_token(page):
+    assert page.evaluate("document.body.dataset.device") == "wasm"
+    load = page.evaluate("window.ruvllmDemo.engine.stats.speculative")
+    assert load["enabled"] and load["method"] == "ngram", load
+    runs = {}
+    for name, prompt in PROMPTS.items():
+        off, on = _complete(page, prompt, False), _complete(page, prompt, True)
+        assert len(off["ids"]) == 32 and on["ids"] == off["ids"], name
+        assert off["stats"]["speculative"] is None and on["stats"]["speculative"] is not None
+        runs[name] = on["stats"]
+    spec = runs["grounded"]["speculative"]
+    assert spec["num_accepted_tokens"] > 0, runs["grounded"]
+    assert runs["grounded"]["forwardPasses"] == 32 - spec["num_accepted_tokens"]
+
+
+def test_page_toggle(page):
+    page.fill("#max_tokens", "24")
+    runs = {}
+    for on in (False, True):
+        page.set_checked("#speculative", on)
+        page.click("#clear-chat")
+        page.fill("#input", "Say it again: " + VERSE * 2)
+        page.press("#input", "Enter")
+        page.wait_for_function("window.ruvllmDemo.lastRun && window.ruvllmDemo.lastRun.done", timeout=60_000)
+        runs[on] = page.evaluate("window.ruvllmDemo.lastRun")
+    assert runs[True]["text"] == runs[False]["text"] and runs[True]["tokens"] == runs[False]["tokens"]
+    assert runs[False]["speculative"] is None and runs[True]["speculative"] is not None
+    shown = page.inner_text("#accepted")
+    drafted = runs[True]["speculative"]["num_draft_tokens"]
+    assert shown == (f"{runs[True]['speculative']['num_accepted_tokens']}/{drafted}" if drafted else "-")
