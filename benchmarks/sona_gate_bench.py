@@ -16,9 +16,10 @@ gate, the pattern as context, its MicroLoRA) to:
 Instant update latency = Sona.learn (embed, train the pattern's MicroLoRA, store)
 + pattern_adapter (the fold the server publishes): correction received -> the next
 request can use it.
-Variants (the ablations): the gate with MiniLM, LoRA + context (the default); LoRA
-only; context only; the model's own hidden states as the embedding; no gate (the
-session's pattern on every request of the session: threshold -1, no keywords).
+Variants (the ablations): the gate with MiniLM and the pattern's MicroLoRA (the
+default); MicroLoRA + the pattern as context; context only; the model's own hidden
+states as the embedding; no gate (the session's pattern on every request of the
+session: threshold -1, no keywords).
 Consolidation (default variant): the taught patterns consolidated into one LoRA;
 then a fresh session's accuracy, `--controls` untaught facts' answers (must stay
 the base's) and validation perplexity with the consolidated adapter on every token
@@ -42,8 +43,8 @@ from sona_gate_plot import draw, to_png  # noqa: E402
 from sona_task import Fact, facts  # noqa: E402
 
 VARIANTS = {  # name -> (label, SonaConfig fields over the default)
-    "gate": ("gate: LoRA + context (MiniLM)", {}),
-    "gate-lora": ("gate: LoRA only", {"apply": "lora"}),
+    "gate": ("gate: MicroLoRA (MiniLM)", {}),
+    "gate-both": ("gate: MicroLoRA + context", {"apply": "both"}),
     "gate-context": ("gate: context only", {"apply": "context"}),
     "gate-hidden": ("gate: hidden-state embedding", {"embedder": "model"}),
     "no-gate": ("no gate (the session's pattern on every request)", {"gate_threshold": -1.0, "gate_keywords": False}),

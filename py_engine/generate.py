@@ -54,6 +54,28 @@ class GenerationChunk:
     logprobs: SampleOutput | None = None
 
 
+@dataclass(frozen=True)
+class Forward:
+    """The forward pass `steps` needs next: forget the cache's last `rollback` tokens (rejected drafts), then
+    feed token_ids and send back the rows of logits after them (a list; prefill: a new sequence, its last row
+    only). One token is decode; more are speculative decoding's verify pass (the pending token, then drafts)."""
+
+    token_ids: list[int]
+    rollback: int = 0
+    prefill: bool = False
+
+
+def run_forward(backend: Backend, forward: Forward) -> list[Any]:
+    """A Forward on a synchronous backend: prefill, decode, or rollback + verify."""
+    if forward.prefill:
+        return [backend.prefill(forward.token_ids)]
+    if forward.rollback:
+        backend.rollback(forward.rollback)
+    if len(forward.token_ids) == 1:
+        return [backend.decode(forward.token_ids[0])]
+    return backend.verify(forward.token_ids)
+
+
 @dataclass
 class Completion:
     """A finished generation."""
@@ -107,7 +129,29 @@ def _row(logits: Any) -> Any:
 
 def stream(backend: Backend, tokenizer: Any, prompt_ids: Sequence[int], params: SamplingParams,
            eos_token_ids: Sequence[int] = (), speculation: Any = None) -> Iterator[GenerationChunk]:
-    """Generate from prompt_ids, yielding text as soon as it is safe to show.
+    """Generate from prompt_ids, yielding text as soon as it is safe to show: `steps` with the backend's
+    forward passes run in place."""
+    steps_ = steps(backend, tokenizer, prompt_ids, params, eos_token_ids, speculation)
+    try:
+        item = next(steps_)
+        while True:
+            if isinstance(item, Forward):
+                item = steps_.send(run_forward(backend, item))
+            else:
+                yield item
+                item = next(steps_)
+    except StopIteration:
+        return
+    finally:
+        steps_.close()
+
+
+def steps(backend: Backend, tokenizer: Any, prompt_ids: Sequence[int], params: SamplingParams,
+          eos_token_ids: Sequence[int] = (), speculation: Any = None) -> Iterator[GenerationChunk | Forward]:
+    """The generation loop with its forward passes handed out: yields chunks, and Forward requests whose rows
+    of logits the driver sends back (`stream` runs them on the backend; the browser runtime, whose forward pass
+    is async JavaScript, returns each to JS and resumes with its rows). The backend still gives max_context
+    and the sampling hooks (argmax, sample_token, mask_logits), which run on rows already in hand.
 
     The stop token's text and a matched stop string never reach the output.
     The last chunk carries finish_reason ("stop" or "length"). With structured outputs each
@@ -134,7 +178,7 @@ def stream(backend: Backend, tokenizer: Any, prompt_ids: Sequence[int], params: 
     stops = StopStringMatcher(params.stop)
     output: list[int] = []
     spec = speculation.start(prompt_ids, params) if speculation is not None and params.speculative else None
-    rows, drafts = [backend.prefill(prompt_ids)], []
+    rows, drafts = (yield Forward(prompt_ids, prefill=True)), []
     started: float | None = None  # when the current step's proposal began
     try:
         while True:
@@ -171,8 +215,7 @@ def stream(backend: Backend, tokenizer: Any, prompt_ids: Sequence[int], params: 
                 yield chunk
                 return
             yield chunk
-            if drafts:
-                backend.rollback(len(drafts) - j)  # the rejected drafts' positions leave the KV cache
+            rejected = len(drafts) - j if drafts else 0  # the rejected drafts' positions leave the KV cache
             if spec is not None:
                 spec.keep(output[len(output) - j - 1:])
             left = room - len(output) if params.max_tokens is None else min(params.max_tokens, room) - len(output)
@@ -182,7 +225,7 @@ def stream(backend: Backend, tokenizer: Any, prompt_ids: Sequence[int], params: 
                     spec.timed(len(drafts), now - started)
                 started = now
             drafts = spec.propose(left - 1) if spec is not None else []  # a step emits one token more than it drafts
-            rows = backend.verify([token, *drafts]) if drafts else [backend.decode(token)]
+            rows = yield Forward([token, *drafts], rejected)
     finally:
         if spec is not None:
             spec.finish()

@@ -31,7 +31,9 @@ CACHE = REPO / ".cache" / "wheels"
 RING0_ROOTS = ("py_engine", "py_engine.config", "py_engine.tokenizer", "py_engine.chat", "py_engine.sampling",
                "py_engine.sampling_params", "py_engine.stopping", "py_engine.generate",
                # structured outputs: py_engine.guided loads its names lazily, so its modules are named here
-               "py_engine.guided.guide", "py_engine.guided.tools")
+               "py_engine.guided.guide", "py_engine.guided.tools",
+               # prompt lookup speculation (the wasm kernels verify drafts)
+               "py_engine.speculative")
 # Imported lazily by ring-0 modules but never needed in Pyodide (they need torch or numpy), with what is below them.
 RING1 = {"py_engine.backends", "py_engine.models", "py_engine.kernels", "py_engine.quant", "py_engine.cpu",
          "py_engine.importers", "py_engine.hub.download"}

@@ -9,8 +9,9 @@ adapter, by name, and for a chat the pattern as a previous exchange put
 before the last user message. A pattern's adapter is `#sona/p/<id>` (its
 MicroLoRA, the consolidated adapter folded in), published to the engine by
 the instant thread as soon as it is trained (so the next request uses it)
-and again on demand after an eviction; a promoted (global) pattern uses the
-consolidated `#sona`. At most `max_sessions` pattern adapters are loaded
+and again on demand after an eviction (a consolidation or rollback retires them
+all: their fold changed); a promoted (global) pattern uses its own adapter
+too with `global_micro`, else the consolidated `#sona`. At most `max_sessions` pattern adapters are loaded
 (least recently used out). The embedding runs off the event loop and is
 skipped when the session and the global scope hold no pattern.
 """
@@ -87,7 +88,7 @@ async def gated_route(ctx: Any, session: str | None,
         return None, []
     name = None
     if route.adapter is not None:
-        if route.match.pattern.global_since is not None:
+        if not route.own:
             name = ctx.slots.name_for(None)  # the consolidated adapter, published on consolidation
         else:
             name = PATTERN_PREFIX + route.match.pattern.id

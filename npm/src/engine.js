@@ -69,6 +69,12 @@ export class InThreadEngine {
       progress({ stage: 'ready' });
       const info = JSON.parse(py.info());
       backend.switchLength = info.longrope_switch_length;
+      try {
+        stats.speculative = speculativeStats(py, options.speculative, backend);
+      } catch (error) {
+        backend.release?.();
+        throw error;
+      }
       return new InThreadEngine({ pyodide, runtime: py, backend,
         info, modelName: options.modelName ?? String(options.model), stats });
     } catch (error) {
@@ -119,43 +125,48 @@ export class InThreadEngine {
     const r = this.runtime;
     const ids = JSON.parse(kind === 'chat' ? r.chat_ids(JSON.stringify({ messages: request.messages,
       chat_template_kwargs: request.chat_template_kwargs, tools: request.tools })) : r.prompt_ids(request.prompt));
-    const sampled = [];
-    let row = null;
-    const masks = new Map(); // grammar state -> the byte map of its allowed tokens, copied out of Python once
-    const maskOf = (state, bitmap) => {
-      if (state === null || state === undefined) return null;
-      if (!masks.has(state)) masks.set(state, bitmap.toJs());
-      return masks.get(state);
-    };
-    const sample = (u, state, bitmap) => sampleToken(row, params, u, sampled, ids, maskOf(state, bitmap));
-    const generation = r.start(JSON.stringify(ids), JSON.stringify(openai.samplingFields(request)), sample,
-      kind === 'chat');
-    const params = JSON.parse(generation.params_json());
-    const stats = { promptTokens: ids.length, completionTokens: 0, firstTokenMs: 0, decodeMs: 0 };
+    const pass = { rows: null, params: null, sampled: [] }; // the last forward pass's logits [n, V]; output ids
+    const generation = r.start(JSON.stringify(ids), JSON.stringify(openai.samplingFields(request)),
+      jsSampler(pass, ids, this.info.vocab_size), kind === 'chat', !!this.stats.speculative?.enabled);
+    pass.params = JSON.parse(generation.params_json());
+    const stats = { promptTokens: ids.length, completionTokens: 0, firstTokenMs: 0, decodeMs: 0, forwardPasses: 0 };
     const started = performance.now();
     try {
-      row = await this.backend.prefill(ids);
-      stats.firstTokenMs = performance.now() - started;
+      let plan = JSON.parse(generation.first()); // {chunks, forward: {ids, rollback, prefill} | null}
       for (;;) {
-        const [text, token, reason, calls] = JSON.parse(generation.step(row, argmax(row)));
-        const finish = reason ?? (signal?.aborted ? 'abort' : null);
-        if (token !== null) {
-          stats.completionTokens += 1;
-          sampled.push(token);
+        for (const [text, token, reason, calls] of plan.chunks) {
+          const finish = reason ?? (signal?.aborted ? 'abort' : null);
+          if (token !== null) {
+            stats.completionTokens += 1;
+            pass.sampled.push(token);
+          }
+          yield { text, token, finish, calls, meta, stats, promptTokens: ids.length };
+          if (finish) return;
         }
-        yield { text, token, finish, calls, meta, stats, promptTokens: ids.length };
-        if (finish) break;
+        if (!plan.forward) return;
         // onnxruntime's promise resolves without a macrotask, so without this a worker would not see
         // an 'abort' message (nor a page a click) until the whole generation is done.
-        if (signal) await nextTask();
+        if (signal && !plan.forward.prefill) await nextTask();
         const t = performance.now();
-        row = await this.backend.decode(token);
-        stats.decodeMs += performance.now() - t;
+        pass.rows = await this._forward(plan.forward);
+        if (plan.forward.prefill) stats.firstTokenMs = performance.now() - started;
+        else stats.decodeMs += performance.now() - t;
+        stats.forwardPasses += 1;
+        plan = JSON.parse(generation.step(pass.rows, JSON.stringify(argmaxes(pass.rows, this.info.vocab_size))));
       }
     } finally {
+      stats.speculative = JSON.parse(generation.speculative_json());
+      generation.close();
       generation.destroy();
       this.lastStats = { ...stats, totalMs: performance.now() - started };
     }
+  }
+
+  /** One forward pass of the loop's plan: prefill, decode, or (speculation) rollback + verify. */
+  async _forward({ ids, rollback, prefill }) {
+    if (prefill) return this.backend.prefill(ids);
+    if (rollback) this.backend.rollback(rollback);
+    return ids.length === 1 ? this.backend.decode(ids[0]) : this.backend.verify(ids);
   }
 
   async dispose() {
@@ -166,6 +177,39 @@ export class InThreadEngine {
     this.backend?.release?.();
     this.runtime?.destroy?.();
   }
+}
+
+/** The loop's sampling hook (bridge.py JsHooks): a token from row `index` of the last pass, by npm/src/sampling.js.
+ * `fresh`: the JSON of tokens kept earlier in this pass (speculation), which penalties count; state and bitmap: the
+ * grammar mask's, copied out of Python once per state. */
+function jsSampler(pass, promptIds, vocab) {
+  const masks = new Map();
+  const maskOf = (state, bitmap) => {
+    if (state === null || state === undefined) return null;
+    if (!masks.has(state)) masks.set(state, bitmap.toJs());
+    return masks.get(state);
+  };
+  return (u, state, bitmap, index, fresh) => sampleToken(
+    pass.rows.length === vocab ? pass.rows : pass.rows.subarray(index * vocab, (index + 1) * vocab), pass.params, u,
+    fresh ? [...pass.sampled, ...JSON.parse(fresh)] : pass.sampled, promptIds, maskOf(state, bitmap));
+}
+
+/** JS's argmax of each row of a pass's logits [n, V]. */
+function argmaxes(rows, vocab) {
+  const bests = [];
+  for (let i = 0; i < rows.length; i += vocab) bests.push(argmax(rows.subarray(i, i + vocab)));
+  return bests;
+}
+
+/** createEngine's `speculative` option, checked by Python (vLLM's field names): what stats.speculative says.
+ * 'ngram' or true: prompt lookup with the defaults. Only backends with a verify pass (the wasm kernels) run it. */
+function speculativeStats(py, option, backend) {
+  if (option === undefined || option === null || option === false) return null;
+  const wanted = option === true || option === 'ngram' ? { method: 'ngram' } : option;
+  const config = JSON.parse(py.set_speculative(JSON.stringify(wanted)));
+  if (typeof backend.verify === 'function') return { enabled: true, ...config };
+  py.set_speculative('null');
+  return { enabled: false, reason: 'only the wasm kernels verify drafts (this model runs on onnxruntime)', ...config };
 }
 
 /** Resolve after pending events (messages, clicks) have run; MessageChannel avoids setTimeout's clamping. */

@@ -75,12 +75,13 @@ export function asRuvllmError(error) {
 }
 
 const INVALID = new Set(['SamplingParamsError', 'ChatTemplateError', 'ChatTemplateSecurityError', 'TokenizerError',
-  'GuidedError', 'GrammarTooLargeError', 'GuidedSyntaxError']);
+  'GuidedError', 'GrammarTooLargeError', 'GuidedSyntaxError', 'SpeculativeConfigError']);
 
 function fromPython(kind, message, cause) {
   if (kind === 'PromptTooLongError') return new PromptTooLongError(message, { cause });
   if (INVALID.has(kind)) {
-    return new InvalidRequestError(message, kind === 'SamplingParamsError' ? paramOf(message) : 'messages', { cause });
+    const param = { SamplingParamsError: paramOf(message), SpeculativeConfigError: 'speculative' }[kind] ?? 'messages';
+    return new InvalidRequestError(message, param, { cause });
   }
   if (kind === 'MemoryError') return new OutOfMemoryError(`out of memory in Python: ${message}`, { cause });
   return new RuvllmError(`${kind}: ${message}`, { cause });

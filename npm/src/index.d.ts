@@ -57,6 +57,35 @@ export interface EngineOptions {
   kernelsURL?: string;
   wheelsURL?: string;
   workerURL?: string | URL;
+  /**
+   * Speculative decoding by prompt lookup (vLLM's `method: 'ngram'` and field names): each step drafts the
+   * tokens that followed the latest earlier occurrence of the last prompt_lookup_max..min tokens, and one
+   * forward pass verifies them. The output is the same, token for token (greedy, and seeded sampling); only the
+   * speed changes. Runs on the package's wasm kernels (the other backends ignore it: stats.speculative says so).
+   * true or 'ngram': the defaults. A request can set `speculative: false`.
+   */
+  speculative?: boolean | 'ngram' | SpeculativeConfig;
+}
+
+export interface SpeculativeConfig {
+  method?: 'ngram';
+  /** Most drafts a step (1-16, default 4); fewer where recent acceptance says they do not pay. */
+  num_speculative_tokens?: number;
+  /** Longest n-gram looked up (default 4); prompt_lookup_min the shortest (default 2). */
+  prompt_lookup_max?: number;
+  prompt_lookup_min?: number;
+  /** Below this acceptance a step drafts nothing (probing now and then); 0: always draft (default 0.2). */
+  acceptance_floor?: number;
+}
+
+export interface SpeculativeStats {
+  /** vLLM's spec_decode counters for one generation. */
+  num_drafts: number;
+  num_draft_tokens: number;
+  num_accepted_tokens: number;
+  accepted_per_position: number[];
+  acceptance_rate: number | null;
+  mean_acceptance_length: number | null;
 }
 
 interface SamplingRequest {
@@ -79,6 +108,8 @@ interface SamplingRequest {
   stream_options?: { include_usage?: boolean } | null;
   /** vLLM's extension: the generated token ids in each choice (and stream chunk). */
   return_token_ids?: boolean;
+  /** false: this request does not speculate where createEngine's `speculative` is on. */
+  speculative?: boolean;
   /** vLLM's output constraint (exactly one of json / regex / choice / json_object / grammar). */
   structured_outputs?: StructuredOutputs | null;
   /** A llama.cpp GBNF grammar (`root ::= ...`) the output follows (the same engine as on the server). */
@@ -188,6 +219,10 @@ export interface GenerationStats {
   firstTokenMs: number;
   decodeMs: number;
   totalMs: number;
+  /** Forward passes, the prefill included: completionTokens without speculation, fewer when drafts were kept. */
+  forwardPasses: number;
+  /** Drafting counts when the generation speculated, else null. */
+  speculative: SpeculativeStats | null;
 }
 
 export interface LoadStats {
@@ -201,6 +236,8 @@ export interface LoadStats {
   precision: string;
   downloadedBytes: number;
   cachedBytes: number;
+  /** createEngine's speculative config in full, and whether this backend runs it; null when off. */
+  speculative: (SpeculativeConfig & { enabled: boolean; reason?: string }) | null;
 }
 
 export interface ModelInfo {

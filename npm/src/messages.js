@@ -11,7 +11,8 @@
 //   {type: 'progress', progress}                     Progress (see index.d.ts)
 //   {type: 'loaded', info, stats}
 //   {type: 'chunk', id, chunk}                       one OpenAI stream chunk
-//   {type: 'result', id, result}                     a non-streamed result, a tokenizer answer, or null at a stream's end
+//   {type: 'result', id, result, stats?}             a non-streamed result (stats: its generation's), a tokenizer
+//                                                    answer, or {stats} at a stream's end
 //   {type: 'error', id, error}                       errors.toWire(error); id null for load failures
 
 export const TO_WORKER = Object.freeze(['load', 'generate', 'abort', 'tokenize', 'dispose']);

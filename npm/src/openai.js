@@ -54,7 +54,7 @@ export function samplingFields(request) {
     'frequency_penalty', 'seed', 'stop', 'stop_token_ids', 'ignore_eos', 'max_tokens', 'max_completion_tokens',
     'logit_bias', 'skip_special_tokens', 'response_format', 'structured_outputs', 'guided_json', 'guided_regex',
     'guided_choice', 'guided_grammar', 'guided_whitespace_pattern', 'grammar', 'tools', 'tool_choice',
-    'parallel_tool_calls'];
+    'parallel_tool_calls', 'speculative'];
   return Object.fromEntries(keep.filter((k) => request[k] !== undefined).map((k) => [k, request[k]]));
 }
 

@@ -1,12 +1,14 @@
 // The forward pass on the page's own wasm kernels (kernels.js, web/kernels/engine.c), over a web export's
 // data files as they are: the codes are loaded into the kernels' memory once and never unpacked; float16
-// scales become float32 beside them. Same interface as OnnxBackend (prefill / decode / warm / dispose).
+// scales become float32 beside them. Same interface as OnnxBackend (prefill / decode / warm / dispose), plus
+// speculative decoding's verify (the logits of every fed token, each the bits decode gives) and rollback.
 
 import { loadKernels } from './kernels.js';
 import { fetchInto } from './files.js';
 import { RuvllmError } from './errors.js';
 
 const PROJS = ['qkv', 'o', 'gate_up', 'down'];
+export const MAX_VERIFY_ROWS = 17; // 1 + py_engine.speculative's MAX_SPECULATIVE_TOKENS (engine.c takes up to 64)
 
 export class WasmBackend {
   /**
@@ -36,6 +38,7 @@ export class WasmBackend {
     this.kernels = kernels;
     this.config = config;
     this.ids = kernels.alloc(4 * config.max_pos);
+    this.rows = 0; // verify's logits buffer [MAX_VERIFY_ROWS, vocab], allocated on the first verify
     this.length = 0;
     this.tokens = [];
     this.switchLength = null;
@@ -45,18 +48,20 @@ export class WasmBackend {
     return `ruvllm-wasm (${this.kernels.relaxed ? 'relaxed SIMD' : 'SIMD128'}, ${this.kernels.threads} threads)`;
   }
 
-  _forward(ids) {
+  _forward(ids, all = false) {
     const { exports, memory } = this.kernels;
     const { vocab, max_pos: maxPos } = this.config;
     if (this.length + ids.length > maxPos) {
       throw new RuvllmError(`the sequence would reach ${this.length + ids.length} tokens; the model takes ${maxPos}`);
     }
     new Int32Array(memory.buffer, this.ids, ids.length).set(ids);
-    const rc = exports.rk_forward(this.ids, ids.length, this.length);
+    const rc = all ? exports.rk_forward_rows(this.ids, ids.length, this.length, this.rows)
+      : exports.rk_forward(this.ids, ids.length, this.length);
     if (rc === -1) throw new RangeError('out of wasm memory for the KV cache');
     if (rc !== 0) throw new RuvllmError(`the wasm kernels refused the step (${rc})`);
     this.length += ids.length;
-    return new Float32Array(memory.buffer, exports.rk_logits(), vocab).slice();
+    return new Float32Array(memory.buffer, all ? this.rows : exports.rk_logits(), all ? ids.length * vocab : vocab)
+      .slice();
   }
 
   async prefill(ids) {
@@ -68,6 +73,24 @@ export class WasmBackend {
   async decode(tokenId) {
     this.tokens.push(tokenId);
     return this._forward([tokenId]);
+  }
+
+  /**
+   * Speculative decoding's verify pass: append ids (the last kept token and the drafts after it) in one pass.
+   * @returns {Promise<Float32Array>} [ids.length, V]: row i the logits after ids[i], the bits decode(ids[i]) gives
+   */
+  async verify(ids) {
+    if (ids.length > MAX_VERIFY_ROWS) throw new RuvllmError(`verify takes at most ${MAX_VERIFY_ROWS} tokens`);
+    if (!this.rows) this.rows = this.kernels.alloc(4 * MAX_VERIFY_ROWS * this.config.vocab);
+    this.tokens.push(...ids);
+    return this._forward(ids, true);
+  }
+
+  /** Forget the last n tokens (rejected drafts): the next pass writes their cache positions over. */
+  rollback(n) {
+    if (!(n >= 0 && n <= this.length)) throw new RuvllmError(`cannot roll back ${n} of ${this.length} tokens`);
+    this.length -= n;
+    this.tokens.length -= n;
   }
 
   /** One throwaway step at load, so the first reply does not pay for first-touch pages. */

@@ -42,7 +42,7 @@ async function handle(message) {
       const api = message.kind === 'chat' ? engine.chat.completions : engine.completions;
       const out = await api.create(message.request, { signal: controller.signal });
       if (!message.request.stream) {
-        post({ type: 'result', id, result: out });
+        post({ type: 'result', id, result: out, stats: engine.lastStats });
         return;
       }
       for await (const chunk of out) post({ type: 'chunk', id, chunk });

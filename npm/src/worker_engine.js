@@ -59,7 +59,8 @@ export class WorkerEngine {
     if (message.type === 'chunk') return entry.onChunk(message.chunk);
     this.pending.delete(message.id);
     if (message.type === 'error') return entry.reject(fromWire(message.error));
-    if (message.result?.stats) this.lastStats = message.result.stats;
+    const stats = message.stats ?? message.result?.stats; // a non-streamed result's, or a stream's end
+    if (stats) this.lastStats = stats;
     return entry.resolve(message.result);
   }
 

@@ -65,7 +65,7 @@ static inline __m256i load16(const void *p, int64_t i) { return _mm256_loadu_si2
  * prompt chunk): every path below computes y[m, n] with the same operations in the same order, so a row of x gets
  * the same bits alone or with others, and greedy tokens do not depend on the batch, the chunking or the prefix cache.
  * fp32 weights (AVX-512 builds): one 512-bit chain per output, k ascending 16 at a time (the last masked), summed by
- * _mm512_reduce_add_ps. AVX2 builds and bf16 weights widened in registers: one 256-bit chain per output, 8 (or 16 as
+ * reduce4's fixed tree. AVX2 builds and bf16 weights widened in registers: one 256-bit chain per output, 8 (or 16 as
  * two halves, perm) at a time, summed by hsum8. bf16 x and weights in the avx512-bf16 build: vdpbf16ps (tile_bf16).
  * Decode is a tile of one row of x: NR rows of w side by side are NR independent chains (the FMA latency hidden).
  * There is no sgemm: MKL's order depends on the shapes (prefill cost, benchmarks/README.md). */
@@ -110,24 +110,48 @@ static inline __attribute__((always_inline)) void tile(const linear_t *a, int64_
 #define HAVE_TILE32 1
 #define MR32 4
 #define NR32 4
-/* fp32 x against fp32 w, one 512-bit chain per output. */
+/* The sums of 4 512-bit chains, each in one fixed order: per 128-bit block j, B_j = (l0 + l2) + (l1 + l3) of its
+ * lanes, then (B0 + B2) + (B1 + B3). The same tree for an output whichever 3 chains come with it (zeros past a
+ * tile's last row), at 13 instructions for 4 outputs where _mm512_reduce_add_ps took about 10 for one: at the
+ * built-in model's K = 192 the reductions cost as much as the products. */
+static inline __m128 reduce4(__m512 a, __m512 b, __m512 c, __m512 d) {
+  const __m512 ab = _mm512_add_ps(_mm512_unpacklo_ps(a, b), _mm512_unpackhi_ps(a, b)); /* [a0+a2 b0+b2 a1+a3 b1+b3] */
+  const __m512 cd = _mm512_add_ps(_mm512_unpacklo_ps(c, d), _mm512_unpackhi_ps(c, d));
+  const __m512d abd = _mm512_castps_pd(ab), cdd = _mm512_castps_pd(cd);
+  const __m512 v = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(abd, cdd)),  /* block j: B_j of a, b, c, d */
+                                 _mm512_castpd_ps(_mm512_unpackhi_pd(abd, cdd)));
+  const __m256 h = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1)); /* B0+B2, B1+B3 */
+  return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+}
+
+/* fp32 x against fp32 w, one 512-bit chain per output (k ascending, the last 16 masked), summed by reduce4. */
 static inline __attribute__((always_inline)) void tile32(const linear_t *a, int64_t m0, int mr, int64_t n0, int nr,
                                                           float out[MR][NR_MAX]) {
-  const int64_t K = a->K;
+  const int64_t K = a->K, whole = K / 16 * 16;
   const float *x = a->xf + m0 * K, *w = (const float *)a->w + n0 * K;
   __m512 acc[MR32][NR32], wv[NR32];
   for (int i = 0; i < mr; ++i)
-    for (int j = 0; j < nr; ++j) acc[i][j] = _mm512_setzero_ps();
-  for (int64_t k = 0; k < K; k += 16) {
-    const __mmask16 live = K - k >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (K - k)) - 1u);
-    for (int j = 0; j < nr; ++j) wv[j] = _mm512_maskz_loadu_ps(live, w + j * K + k);
+    for (int j = 0; j < NR32; ++j) acc[i][j] = _mm512_setzero_ps();
+  for (int64_t k = 0; k < whole; k += 16) {
+    for (int j = 0; j < nr; ++j) wv[j] = _mm512_loadu_ps(w + j * K + k);
     for (int i = 0; i < mr; ++i) {
-      const __m512 xv = _mm512_maskz_loadu_ps(live, x + i * K + k);
+      const __m512 xv = _mm512_loadu_ps(x + i * K + k);
       for (int j = 0; j < nr; ++j) acc[i][j] = _mm512_fmadd_ps(xv, wv[j], acc[i][j]);
     }
   }
-  for (int i = 0; i < mr; ++i)
-    for (int j = 0; j < nr; ++j) out[i][j] = _mm512_reduce_add_ps(acc[i][j]);
+  if (whole < K) { /* K % 16 == 8: the last 8 masked (zero products: the chain as one masked step) */
+    const __mmask16 live = (__mmask16)((1u << (K - whole)) - 1u);
+    for (int j = 0; j < nr; ++j) wv[j] = _mm512_maskz_loadu_ps(live, w + j * K + whole);
+    for (int i = 0; i < mr; ++i) {
+      const __m512 xv = _mm512_maskz_loadu_ps(live, x + i * K + whole);
+      for (int j = 0; j < nr; ++j) acc[i][j] = _mm512_fmadd_ps(xv, wv[j], acc[i][j]);
+    }
+  }
+  for (int i = 0; i < mr; ++i) {
+    float v[4];
+    _mm_storeu_ps(v, reduce4(acc[i][0], acc[i][1], acc[i][2], acc[i][3]));
+    for (int j = 0; j < nr; ++j) out[i][j] = v[j];
+  }
 }
 #else
 #define HAVE_TILE32 0
@@ -256,6 +280,14 @@ static void run_part_chunk(const linear_t *a, int64_t c) {
       for (int64_t m = b0; m < b1; m += fm) {
         const int mr = b1 - m < fm ? (int)(b1 - m) : fm;
         sums(a, m, mr, n, nr, out);
+        if (nr == 4 && !a->y_bf16 && !(a->bias && a->bias_bf16)) { /* store()'s one add, 4 outputs at a time */
+          const __m128 bias = a->bias ? _mm_loadu_ps((const float *)a->bias + n) : _mm_setzero_ps();
+          for (int i = 0; i < mr; ++i) {
+            const __m128 v = _mm_loadu_ps(out[i]);
+            _mm_storeu_ps((float *)a->y + (m + i) * a->ldy + n, a->bias ? _mm_add_ps(v, bias) : v);
+          }
+          continue;
+        }
         for (int i = 0; i < mr; ++i)
           for (int j = 0; j < nr; ++j) store(a, m + i, n + j, out[i][j]);
       }

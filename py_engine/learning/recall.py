@@ -10,8 +10,8 @@ base), or the nearest pattern's MicroLoRA (with the consolidated adapter
 under it, when there is one), and/or the pattern as a previous exchange of
 the chat (`context`: [user question, assistant answer], put before the
 request's last user message). A pattern a consolidation promoted (global)
-brings the consolidated adapter instead of its own MicroLoRA: that adapter
-was trained on it. The MicroLoRAs are kept as DIR/patterns/loras/<id>.safetensors
+brings the consolidated adapter (trained on it) and, with `global_micro`, its
+own MicroLoRA over it, in every session. The MicroLoRAs are kept as DIR/patterns/loras/<id>.safetensors
 (and in memory, up to `LORAS_KEPT`), so a rollback can use them again.
 """
 from __future__ import annotations
@@ -42,13 +42,14 @@ class Route:
     match: Match | None = None
     adapter: Modules | None = None
     context: list[dict[str, str]] = field(default_factory=list)
+    own: bool = False  # the adapter holds the pattern's own MicroLoRA (else: the consolidated alone)
 
     @property
     def name(self) -> str | None:
         """The adapter's name when served: "p/<pattern id>" (its MicroLoRA), "sona" (the consolidated), None."""
         if self.adapter is None or self.match is None:
             return None
-        return "sona" if self.match.pattern.global_since is not None else f"p/{self.match.pattern.id}"
+        return f"p/{self.match.pattern.id}" if self.own else "sona"
 
 
 def question_of(record: dict[str, Any], tokenizer: Any) -> str:
@@ -93,13 +94,15 @@ class Recall:
         self.trainer = InstantTrainer(model, config)
 
     # --- teaching -------------------------------------------------------------------------------------
-    def teach(self, record: dict[str, Any], example: Example) -> tuple[Pattern, TrainStats | None]:
-        """Store the record as a pattern with its MicroLoRA (trained here when `apply` uses one)."""
+    def teach(self, record: dict[str, Any], example: Example,
+              under: Modules | None = None) -> tuple[Pattern, TrainStats | None]:
+        """Store the record as a pattern with its MicroLoRA (trained here when `apply` uses one) over `under`
+        (the consolidated adapter, hooked into the model by the caller)."""
         question = question_of(record, self.tokenizer)
         embedding = self.gate.embed(question)
         stats, modules = None, None
         if self.config.apply != "context" and self.config.micro_steps > 0:
-            lora, stats = self.trainer.train(example)
+            lora, stats = self.trainer.train(example, under)
             modules = lora.adapter()
         pattern_id = str(record.get("id") or f"fb-{uuid.uuid4().hex}")
         answer = record.get("correction") or (record.get("output") or {}).get("text") or \
@@ -124,17 +127,15 @@ class Recall:
         pattern, apply = match.pattern, self.config.apply
         context = [{"role": "user", "content": pattern.question}, {"role": "assistant", "content": pattern.answer}] \
             if apply in ("both", "context") and self.chat is not None else []
-        adapter = None
+        adapter, own = None, None
         if apply in ("both", "lora"):
-            if pattern.global_since is not None:
-                adapter = consolidated
-            else:
+            if pattern.global_since is None or self.config.global_micro:
                 own = self.lora_of(pattern)
-                parts = [(1.0, m) for m in (consolidated, own) if m]
-                adapter = None if not parts else parts[0][1] if len(parts) == 1 else fold(parts)
+            parts = [(1.0, m) for m in (consolidated, own) if m]
+            adapter = None if not parts else parts[0][1] if len(parts) == 1 else fold(parts)
         elif apply == "context" and consolidated and pattern.global_since is not None:
             adapter = consolidated
-        return Route(match, adapter, context)
+        return Route(match, adapter, context, own is not None)
 
     def lora_of(self, pattern: Pattern) -> Modules | None:
         if pattern.lora is None:

@@ -37,6 +37,7 @@ import torch
 from torch import Tensor, nn
 
 from .config import SonaConfig
+from .consolidate import consolidate_patterns
 from .ewc import diagonal_fisher, load_fisher, save_fisher
 from .lora import TrainableLora, applied, fold
 from .objective import Example, example_from_feedback
@@ -90,6 +91,7 @@ class Sona:
         self.llm: Any = None  # an LLM generating with the adapters (for_llm)
         self._consolidating = threading.Lock()
         self._background: nn.Module | None = None
+        self._keep_ids: list[int] | None = None
         if self.store is not None and (current := self.store.current()) is not None:
             self.consolidated, self.version = self.store.load(current), current
         self.recall = Recall(self.model, tokenizer, self.config, self.folder / "patterns" if self.folder else None,
@@ -158,7 +160,7 @@ class Sona:
             stats = None
             if self.recall is not None:
                 with applied(self.model, self.consolidated):
-                    pattern, stats = self.recall.teach(record, example)
+                    pattern, stats = self.recall.teach(record, example, self.consolidated)
                 return Update(session, True, time.perf_counter() - start, stats, pattern.id)
             if session is not None and self.config.micro_steps > 0:
                 lora = self.micro(session)
@@ -230,15 +232,35 @@ class Sona:
             return self.tokenizer.encode(self.text_for_fisher[: 16 * n], add_special_tokens=False)[:n]
         return self._sampled_text(n)
 
+    def keep_ids(self, model: nn.Module) -> list[int]:
+        """What a gated consolidation keeps the base's predictions on: `keep_tokens` the base samples
+        itself (on `model`, the background copy; made once), never the validation text."""
+        from py_engine.backends.torch import TorchBackend
+        from py_engine.generate import complete
+        from py_engine.sampling_params import SamplingParams
+
+        n = self.config.keep_tokens
+        if self._keep_ids is None or len(self._keep_ids) < n:
+            ids: list[int] = []
+            start = self.tokenizer.encode("", add_special_tokens=True) or [self.eos_id or 0]
+            backend = TorchBackend(model, model.config, self.max_len)
+            while len(ids) < n:  # KV-cached sampling, 128 tokens from the start at a time
+                params = SamplingParams(temperature=1.0, max_tokens=min(128, n - len(ids)), ignore_eos=True,
+                                        seed=self.config.seed + len(ids))
+                ids += list(complete(backend, self.tokenizer, start, params).token_ids) or [self.eos_id or 0]
+            self._keep_ids = ids[:n]
+        return self._keep_ids
+
     @torch.no_grad()
     def _sampled_text(self, n: int) -> list[int]:
+        model = self.model
         gen, ids = torch.Generator().manual_seed(self.config.seed), []
         start = self.tokenizer.encode("", add_special_tokens=True) or [self.eos_id or 0]
         while len(ids) < n:
             seq = list(start)
             for _ in range(min(128, n - len(ids))):
                 x = torch.tensor([seq[-self.max_len:]])
-                logits = self.model(x, torch.arange(x.shape[1])[None], last_only=True)[0, -1]
+                logits = model(x, torch.arange(x.shape[1])[None], last_only=True)[0, -1]
                 seq.append(int(torch.multinomial(torch.softmax(logits, -1), 1, generator=gen)))
             ids += seq[len(start):]
         return ids[:n]
@@ -281,15 +303,20 @@ class Sona:
                 examples, pattern_ids = taught
             else:
                 examples, pattern_ids = [e for r in records if (e := self.example(r)) is not None], []
-            lora = TrainableLora.for_model(model, c.target_modules, c.layers, c.rank, seed=c.seed)
-            fisher, fisher_s = self.fisher_for(lora.names, model) if lam > 0 else (None, 0.0)
-            stats = train_lora(model, lora, examples, epochs=c.epochs, batch_size=c.batch_size, lr=c.lr,
-                               fisher=fisher, ewc_lambda=lam, seed=c.seed)
+            if taught is not None and examples and self.recall.trainer.fast:  # the patterns, the base kept
+                lora, stats = consolidate_patterns(model, c, examples, self.keep_ids(model))
+                fisher_s, lam = 0.0, 0.0
+            else:
+                lora = TrainableLora.for_model(model, c.target_modules, c.layers, c.rank, seed=c.seed)
+                fisher, fisher_s = self.fisher_for(lora.names, model) if lam > 0 else (None, 0.0)
+                stats = train_lora(model, lora, examples, epochs=c.epochs, batch_size=c.batch_size, lr=c.lr,
+                                   fisher=fisher, ewc_lambda=lam, seed=c.seed)
             modules = lora.adapter()
             if micro:
                 modules = fold([(1.0, modules)] + [(c.fold_sessions, m) for m in micro.values()])
             seconds = time.perf_counter() - start
             info = {"examples": len(examples), "ewc_lambda": lam, "rank": c.rank, "epochs": c.epochs,
+                    "steps": stats.steps,
                     "first_loss": stats.first_loss, "last_loss": stats.last_loss, "seconds": seconds,
                     "folded_sessions": len(micro)}
             with self.lock:

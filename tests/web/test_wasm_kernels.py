@@ -9,7 +9,8 @@ Qwen2 and Llama models, 4 and 8 bits, symmetric blocks and asymmetric ones
 (whose minimums the graph and the kernels centre alike), on one thread and on two (the pool's chunks). Run in
 Node (the same V8 as Chromium; the page's own run is tests/web/test_web_page.py and test_webgpu.py). Also: the
 committed .wasm files are what the sources build to, an export the kernels cannot run says why in its contract,
-and a sequence past the model's positions is refused.
+and a sequence past the model's positions is refused. The verify pass of speculative decoding (several tokens
+in one pass, and a rollback) gives each row exactly decode's bits.
 """
 from __future__ import annotations
 
@@ -87,6 +88,8 @@ def test_kernels_equal_onnxruntime(exports, family, precision, symmetric, thread
     if precision == "int4":  # the same arithmetic: some steps agree to float rounding (onnxruntime's x64 8-bit
         assert min(diffs) < 1e-4, diffs  # kernel multiplies another way: u8 x s8 pairs that can saturate)
     assert f"{threads} threads" in got["runtime"]
+    # Speculative decoding's verify pass (several rows, after a rollback) gives each row decode's bits.
+    assert got["verify_mismatches"] == 0, got["verify_mismatches"]
 
 
 def test_contract_says_why_the_kernels_cannot_run_a_model(tmp_path):

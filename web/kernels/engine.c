@@ -246,6 +246,21 @@ int32_t rk_forward(const int32_t *ids, int32_t n, int32_t pos0) {
   return 0;
 }
 
+/* Speculative decoding's verify pass: run n (<= MAX_ROWS) tokens at positions pos0.. and write every row's
+ * logits to out [n, vocab]. Row i's logits are the bits decoding ids[i] alone gives: every step is per row
+ * (norms, rope, qdot.c's row_dot whatever the row count, attention of a query over positions <= its own), so
+ * verifying drafts changes no output. 0 ok, -1 out of memory, -2 past max_pos or more than MAX_ROWS rows. */
+int32_t rk_forward_rows(const int32_t *ids, int32_t n, int32_t pos0, float *out) {
+  if (pos0 < 0 || n < 1 || n > MAX_ROWS || pos0 + n > M.max_pos) return -2;
+  if (!reserve(pos0 + n)) return -1;
+  embed_rows(ids, n);
+  for (int32_t i = 0; i < M.n_layers; i++) layer_forward(&M.layers[i], n, pos0);
+  for (int32_t m = 0; m < n; m++)
+    rms_norm(M.x + (int64_t)m * M.hidden, M.norm, M.h + (int64_t)m * M.hidden, M.hidden, M.eps);
+  product(&M.head, M.h, n, out);
+  return 0;
+}
+
 /* m + zp d in place: the export's minimums centred on MatMulNBits' default zero point (as its graph folds them) */
 void rk_centre_mins(float *m, const float *d, int32_t n, int32_t bits) {
   const float zp = (float)(1 << (bits - 1));

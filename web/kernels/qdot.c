@@ -93,9 +93,64 @@ void rk_qmatvec(const qmat_t *w, const qact_t *a, float *y, int32_t n0, int32_t 
   for (int32_t n = n0; n < n1; n++) y[n] = row_dot(w, a, n, blocks, bytes, zp);
 }
 
+/* R activation rows (R <= 4) against weight row n, each row's result the bits row_dot gives it: a block's codes
+ * are loaded and unpacked once for the R rows, and each row's float sums run in row_dot's order (the integer dot
+ * products are exact). Verify passes and prompt chunks read each code once per 4 rows instead of per row. */
+static inline __attribute__((always_inline)) void rows_dot(const qmat_t *w, const qact_t *a, int32_t R, int32_t n,
+                                                           int32_t blocks, int32_t bytes, float zp, float *y,
+                                                           int32_t ldy) {
+  const uint8_t *c = w->codes + (int64_t)n * blocks * bytes;
+  const float *d = w->d + (int64_t)n * blocks;
+  v128_t acc[4] = {wasm_f32x4_splat(0.f), wasm_f32x4_splat(0.f), wasm_f32x4_splat(0.f), wasm_f32x4_splat(0.f)};
+  for (int32_t b = 0; b < blocks; b++) {
+    const uint8_t *cb = c + b * bytes;
+    if (w->bits == 4) {
+      const v128_t v = wasm_v128_load(cb);
+      const v128_t lo = wasm_v128_and(v, wasm_i8x16_splat(0x0f)), hi = wasm_u8x16_shr(v, 4);
+      for (int32_t r = 0; r < R; r++) {
+        const int8_t *xq = a[r].q + b * QBLOCK;
+        const v128_t xe = wasm_v128_load(xq), xo = wasm_v128_load(xq + 16);
+#ifdef RKW_RELAXED
+        v128_t i = __builtin_wasm_relaxed_dot_i8x16_i7x16_add_s_i32x4(xe, lo, wasm_i32x4_splat(0));
+        i = __builtin_wasm_relaxed_dot_i8x16_i7x16_add_s_i32x4(xo, hi, i);
+#else
+        v128_t p = wasm_i16x8_add(wasm_i16x8_extmul_low_i8x16(lo, xe), wasm_i16x8_extmul_high_i8x16(lo, xe));
+        p = wasm_i16x8_add(p, wasm_i16x8_add(wasm_i16x8_extmul_low_i8x16(hi, xo), wasm_i16x8_extmul_high_i8x16(hi, xo)));
+        const v128_t i = wasm_i32x4_extadd_pairwise_i16x8(p);
+#endif
+        acc[r] = wasm_f32x4_add(acc[r], wasm_f32x4_mul(wasm_f32x4_convert_i32x4(i), wasm_f32x4_splat(d[b] * a[r].s[b])));
+      }
+    } else {
+      const v128_t q0 = wasm_v128_load(cb), q1 = wasm_v128_load(cb + 16);
+      const v128_t q0l = wasm_u16x8_extend_low_u8x16(q0), q0h = wasm_u16x8_extend_high_u8x16(q0);
+      const v128_t q1l = wasm_u16x8_extend_low_u8x16(q1), q1h = wasm_u16x8_extend_high_u8x16(q1);
+      for (int32_t r = 0; r < R; r++) {
+        const int8_t *xq = a[r].q + b * QBLOCK;
+        const v128_t x0 = wasm_v128_load(xq), x1 = wasm_v128_load(xq + 16);
+        const v128_t i0 = wasm_i32x4_add(wasm_i32x4_dot_i16x8(q0l, wasm_i16x8_extend_low_i8x16(x0)),
+                                         wasm_i32x4_dot_i16x8(q0h, wasm_i16x8_extend_high_i8x16(x0)));
+        const v128_t i1 = wasm_i32x4_add(wasm_i32x4_dot_i16x8(q1l, wasm_i16x8_extend_low_i8x16(x1)),
+                                         wasm_i32x4_dot_i16x8(q1h, wasm_i16x8_extend_high_i8x16(x1)));
+        const v128_t i = wasm_i32x4_add(i0, i1);
+        acc[r] = wasm_f32x4_add(acc[r], wasm_f32x4_mul(wasm_f32x4_convert_i32x4(i), wasm_f32x4_splat(d[b] * a[r].s[b])));
+      }
+    }
+  }
+  for (int32_t r = 0; r < R; r++)
+    y[(int64_t)r * ldy + n] = hsum(acc[r]) + row_terms(d, w->m ? w->m + (int64_t)n * blocks : 0, &a[r], blocks, zp);
+}
+
 void rk_qmatmul(const qmat_t *w, const qact_t *a, int32_t M, float *y, int32_t ldy, int32_t n0, int32_t n1) {
   const int32_t blocks = w->K / QBLOCK, bytes = QBLOCK * w->bits / 8;
   const float zp = (float)(1 << (w->bits - 1));
-  for (int32_t n = n0; n < n1; n++)
-    for (int32_t m = 0; m < M; m++) y[(int64_t)m * ldy + n] = row_dot(w, a + m, n, blocks, bytes, zp);
+  for (int32_t n = n0; n < n1; n++) {
+    int32_t m = 0;
+    for (; m + 4 <= M; m += 4) rows_dot(w, a + m, 4, n, blocks, bytes, zp, y + (int64_t)m * ldy, ldy);
+    switch (M - m) { /* constant R: the row loops unroll */
+      case 3: rows_dot(w, a + m, 3, n, blocks, bytes, zp, y + (int64_t)m * ldy, ldy); break;
+      case 2: rows_dot(w, a + m, 2, n, blocks, bytes, zp, y + (int64_t)m * ldy, ldy); break;
+      case 1: y[(int64_t)m * ldy + n] = row_dot(w, a + m, n, blocks, bytes, zp); break;
+      default: break;
+    }
+  }
 }

@@ -73,6 +73,8 @@ async function loadModel() {
     state.engine = await createEngine({
       model: here(url), worker: true, precision: $('precision').value, modelName: url,
       device: $('device-choice').value,
+      // prompt lookup on the wasm kernels; each request turns it on or off (the toggle), which changes no output
+      speculative: { method: 'ngram' },
       pyodideURL: here('pyodide/'), wasmPaths: here('ort/'), ortURL: here('ort/ort.wasm.min.mjs'),
       ortWebgpuURL: here('ort/ort.webgpu.min.mjs'),
       wheelsURL: here('wheels/'), workerURL: here('ruvllm/worker.js'),
@@ -104,7 +106,7 @@ function addMessage(role, text = '') {
 function request(messages) {
   const num = (id) => Number($(id).value);
   return { messages, stream: true, temperature: num('temperature'), top_p: num('top_p'), max_tokens: num('max_tokens'),
-    return_token_ids: true };
+    return_token_ids: true, speculative: $('speculative').checked };
 }
 
 async function* serverChunks(body, signal) {
@@ -169,6 +171,9 @@ async function send(text) {
     state.controller = null;
     $('send').disabled = !state.engine && !onServer;
     $('stop').disabled = true;
+    run.speculative = onServer ? null : state.engine?.lastStats?.speculative ?? null;
+    $('accepted').textContent = run.speculative?.num_draft_tokens
+      ? `${run.speculative.num_accepted_tokens}/${run.speculative.num_draft_tokens}` : '-';
     run.done = true;
     if ($('status').textContent !== 'error') setStatus('ready');
   }
@@ -217,6 +222,7 @@ try {
   if (wanted.has('model')) $('model-url').value = wanted.get('model');
   if (wanted.has('precision')) $('precision').value = wanted.get('precision');
   if (wanted.has('device')) $('device-choice').value = wanted.get('device');
+  if (wanted.has('speculative')) $('speculative').checked = wanted.get('speculative') === '1';
   // A model named in the URL, or the only one built, loads at once; with a menu the user picks first.
   const only = $('model').options.length === 1 && $('model').value;
   if (wanted.get('autoload') !== '0' && (wanted.has('model') || only)) await loadModel();

@@ -1,5 +1,7 @@
 // Driven by tests/web/test_wasm_kernels.py: the page's own wasm kernels (npm/src/wasm_backend.js) on a web export,
-// prefill then greedy decode.  node wasm_decode.mjs NPM_SRC EXPORT_DIR GRAPH THREADS IDS_JSON STEPS -> one JSON line
+// prefill then greedy decode; then the same tokens again through verify passes (speculative decoding's, with a
+// rollback between), whose rows must be decode's bits (verify_mismatches: values that differ).
+//   node wasm_decode.mjs NPM_SRC EXPORT_DIR GRAPH THREADS IDS_JSON STEPS -> one JSON line
 import { readFileSync } from 'node:fs';
 import { pathToFileURL } from 'node:url';
 
@@ -16,5 +18,18 @@ for (let i = 0; i < Number(steps); i++) {
   row = await backend.decode(tokens.at(-1));
   logits.push(Array.from(row));
 }
+// Verify: the first 5 tokens in one pass, roll the last 2 back (as rejected drafts), then the rest in one pass.
+const V = row.length;
+let mismatches = 0;
+const same = (rows, from) => {
+  for (let r = 0; r < rows.length / V; r++) {
+    const want = logits[from + r];
+    for (let i = 0; i < V; i++) if (!Object.is(rows[r * V + i], want[i])) mismatches += 1;
+  }
+};
+await backend.prefill(JSON.parse(idsJson));
+same(await backend.verify(tokens.slice(0, 5)), 1);
+backend.rollback(2);
+same(await backend.verify(tokens.slice(3)), 4);
 backend.release(); // ends the kernels' threads, so Node exits once stdout is flushed
-process.stdout.write(`${JSON.stringify({ tokens, logits, runtime: backend.runtimeName })}\n`);
+process.stdout.write(`${JSON.stringify({ tokens, logits, runtime: backend.runtimeName, verify_mismatches: mismatches })}\n`);
