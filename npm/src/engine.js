@@ -125,22 +125,10 @@ export class InThreadEngine {
     const r = this.runtime;
     const ids = JSON.parse(kind === 'chat' ? r.chat_ids(JSON.stringify({ messages: request.messages,
       chat_template_kwargs: request.chat_template_kwargs, tools: request.tools })) : r.prompt_ids(request.prompt));
-    const sampled = [];
-    const vocab = this.info.vocab_size;
-    let rows = null; // the last forward pass's logits [n, V]
-    const masks = new Map(); // grammar state -> the byte map of its allowed tokens, copied out of Python once
-    const maskOf = (state, bitmap) => {
-      if (state === null || state === undefined) return null;
-      if (!masks.has(state)) masks.set(state, bitmap.toJs());
-      return masks.get(state);
-    };
-    // Row `index` of the pass; `fresh`: tokens kept earlier in this pass (speculation), which penalties count.
-    const sample = (u, state, bitmap, index, fresh) => sampleToken(
-      rows.length === vocab ? rows : rows.subarray(index * vocab, (index + 1) * vocab), params, u,
-      fresh ? [...sampled, ...JSON.parse(fresh)] : sampled, ids, maskOf(state, bitmap));
-    const generation = r.start(JSON.stringify(ids), JSON.stringify(openai.samplingFields(request)), sample,
-      kind === 'chat', !!this.stats.speculative?.enabled);
-    const params = JSON.parse(generation.params_json());
+    const pass = { rows: null, params: null, sampled: [] }; // the last forward pass's logits [n, V]; output ids
+    const generation = r.start(JSON.stringify(ids), JSON.stringify(openai.samplingFields(request)),
+      jsSampler(pass, ids, this.info.vocab_size), kind === 'chat', !!this.stats.speculative?.enabled);
+    pass.params = JSON.parse(generation.params_json());
     const stats = { promptTokens: ids.length, completionTokens: 0, firstTokenMs: 0, decodeMs: 0, forwardPasses: 0 };
     const started = performance.now();
     try {
@@ -150,7 +138,7 @@ export class InThreadEngine {
           const finish = reason ?? (signal?.aborted ? 'abort' : null);
           if (token !== null) {
             stats.completionTokens += 1;
-            sampled.push(token);
+            pass.sampled.push(token);
           }
           yield { text, token, finish, calls, meta, stats, promptTokens: ids.length };
           if (finish) return;
@@ -160,13 +148,11 @@ export class InThreadEngine {
         // an 'abort' message (nor a page a click) until the whole generation is done.
         if (signal && !plan.forward.prefill) await nextTask();
         const t = performance.now();
-        rows = await this._forward(plan.forward);
-        const bests = [];
-        for (let i = 0; i < rows.length; i += vocab) bests.push(argmax(rows.subarray(i, i + vocab)));
+        pass.rows = await this._forward(plan.forward);
         if (plan.forward.prefill) stats.firstTokenMs = performance.now() - started;
         else stats.decodeMs += performance.now() - t;
         stats.forwardPasses += 1;
-        plan = JSON.parse(generation.step(rows, JSON.stringify(bests)));
+        plan = JSON.parse(generation.step(pass.rows, JSON.stringify(argmaxes(pass.rows, this.info.vocab_size))));
       }
     } finally {
       stats.speculative = JSON.parse(generation.speculative_json());
@@ -191,6 +177,28 @@ export class InThreadEngine {
     this.backend?.release?.();
     this.runtime?.destroy?.();
   }
+}
+
+/** The loop's sampling hook (bridge.py JsHooks): a token from row `index` of the last pass, by npm/src/sampling.js.
+ * `fresh`: the JSON of tokens kept earlier in this pass (speculation), which penalties count; state and bitmap: the
+ * grammar mask's, copied out of Python once per state. */
+function jsSampler(pass, promptIds, vocab) {
+  const masks = new Map();
+  const maskOf = (state, bitmap) => {
+    if (state === null || state === undefined) return null;
+    if (!masks.has(state)) masks.set(state, bitmap.toJs());
+    return masks.get(state);
+  };
+  return (u, state, bitmap, index, fresh) => sampleToken(
+    pass.rows.length === vocab ? pass.rows : pass.rows.subarray(index * vocab, (index + 1) * vocab), pass.params, u,
+    fresh ? [...pass.sampled, ...JSON.parse(fresh)] : pass.sampled, promptIds, maskOf(state, bitmap));
+}
+
+/** JS's argmax of each row of a pass's logits [n, V]. */
+function argmaxes(rows, vocab) {
+  const bests = [];
+  for (let i = 0; i < rows.length; i += vocab) bests.push(argmax(rows.subarray(i, i + vocab)));
+  return bests;
 }
 
 /** createEngine's `speculative` option, checked by Python (vLLM's field names): what stats.speculative says.

@@ -4,11 +4,11 @@ The page creates its engine with speculative: {method: 'ngram'} and its "Specula
 request's `speculative`. The reference is the same page with the toggle off: on the built-in model (int4, the
 wasm kernels), greedy tokens with speculation equal those without, token for token, for a grounded prompt (the
 answer repeats the prompt), where drafts are kept (the stats say so), and for an ordinary one; the chat UI with
-the toggle on gives the reply it gives with it off and shows the drafts kept.
+the toggle on gives the reply it gives with it off and shows the drafts kept. A tiny random Qwen2 (int4), in an
+engine the page's module creates in a Web Worker with acceptance_floor 0 (drafting wherever a lookup matches, so
+drafts are verified and rolled back although noise rarely repeats), gives the same tokens too.
 """
 from __future__ import annotations
-
-from pathlib import Path
 
 import pytest
 
@@ -32,6 +32,10 @@ def page(tmp_path_factory):
         pytest.skip("the built-in model is not trained here (make builtin)")
     root = tmp_path_factory.mktemp("web-spec")
     dist = tiny_page(root, builtin=True)
+    from export.exporter import export_model
+    from export.options import ExportOptions
+
+    export_model(root / "qwen2", dist / "models" / "qwen2-int4", ExportOptions(precision="int4", target="web"))
     with static_server(dist) as base, browser(root / "profile") as (context, _):
         page = context.new_page()
         page.goto(f"{base}?model=models/tiny-shakespeare/&precision=int4&speculative=1")
@@ -78,3 +82,37 @@ def test_page_toggle(page):
     shown = page.inner_text("#accepted")
     drafted = runs[True]["speculative"]["num_draft_tokens"]
     assert shown == (f"{runs[True]['speculative']['num_accepted_tokens']}/{drafted}" if drafted else "-")
+
+
+RANDOM = """async ([prompts, n]) => {
+    const { createEngine } = await import('./ruvllm/index.js');
+    const here = (path) => new URL(path, location.href).href;
+    const engine = await createEngine({ model: here('models/qwen2-int4/'), worker: true, precision: 'int4',
+      device: 'wasm', pyodideURL: here('pyodide/'), wasmPaths: here('ort/'), ortURL: here('ort/ort.wasm.min.mjs'),
+      wheelsURL: here('wheels/'), workerURL: here('ruvllm/worker.js'),
+      speculative: { method: 'ngram', num_speculative_tokens: 4, prompt_lookup_min: 1, acceptance_floor: 0 } });
+    const out = { load: engine.stats, runs: [] };
+    for (const prompt of prompts) {
+      const run = {};
+      for (const speculative of [false, true]) {
+        const r = await engine.completions.create({ prompt, max_tokens: n, temperature: 0, ignore_eos: true,
+          return_token_ids: true, speculative });
+        run[speculative] = { ids: r.choices[0].token_ids, stats: engine.lastStats };
+      }
+      out.runs.push(run);
+    }
+    await engine.dispose();
+    return out; }"""
+
+
+def test_page_random_model_verifies_drafts(page):
+    got = page.evaluate(RANDOM, [["To be, or not", "ROMEO: ROMEO: ROMEO:"], 24])
+    assert got["load"]["speculative"]["enabled"] and got["load"]["device"] == "wasm", got["load"]
+    drafted = 0
+    for run in got["runs"]:
+        off, on = run["false"], run["true"]
+        assert len(off["ids"]) == 24 and on["ids"] == off["ids"]
+        spec = on["stats"]["speculative"]
+        drafted += spec["num_draft_tokens"]
+        assert on["stats"]["forwardPasses"] == 24 - spec["num_accepted_tokens"]
+    assert drafted > 0
