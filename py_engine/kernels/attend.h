@@ -89,6 +89,31 @@ static inline float dot(const float *q, const void *k, int bf16, int64_t n) {
   return hsum8(acc);
 }
 
+/* dot() of q against 8 rows k, k + stride, ... (stride in elements), each the same bits as dot() gives it: the
+ * same chain per row, and hsum8's tree ((v0 + v4) + (v2 + v6)) + ((v1 + v5) + (v3 + v7)) for 8 rows at once
+ * (3 shuffle-and-add steps instead of 8 hsum8s): 8 independent FMA chains where one row's was latency-bound. */
+static inline void dot8_rows(const float *q, const void *k, int64_t stride, int bf16, int64_t n, float *out) {
+  const int64_t esz = bf16 == KV_F32 ? 4 : 2;
+  __m256 acc[8];
+  for (int r = 0; r < 8; ++r) acc[r] = _mm256_setzero_ps();
+  for (int64_t i = 0; i < n; i += 8) {
+    const __m256 qv = _mm256_loadu_ps(q + i);
+    for (int r = 0; r < 8; ++r)
+      acc[r] = _mm256_fmadd_ps(qv, load8_kv((const char *)k + r * stride * esz, bf16, i), acc[r]);
+  }
+  __m256 t[4], u[2];
+  for (int p = 0; p < 4; ++p) /* [a0+a4 a1+a5 a2+a6 a3+a7 | b0+b4 ...] for rows 2p (a), 2p + 1 (b) */
+    t[p] = _mm256_add_ps(_mm256_permute2f128_ps(acc[2 * p], acc[2 * p + 1], 0x20),
+                         _mm256_permute2f128_ps(acc[2 * p], acc[2 * p + 1], 0x31));
+  for (int p = 0; p < 2; ++p) { /* per 128 bits: [s0+s2 s1+s3] of rows 4p, 4p + 2 | 4p + 1, 4p + 3 */
+    const __m256d x = _mm256_castps_pd(t[2 * p]), y = _mm256_castps_pd(t[2 * p + 1]);
+    u[p] = _mm256_add_ps(_mm256_castpd_ps(_mm256_unpacklo_pd(x, y)), _mm256_castpd_ps(_mm256_unpackhi_pd(x, y)));
+  }
+  float v[8]; /* hadd: rows 0, 2, 4, 6 | 1, 3, 5, 7 */
+  _mm256_storeu_ps(v, _mm256_hadd_ps(u[0], u[1]));
+  out[0] = v[0], out[2] = v[1], out[4] = v[2], out[6] = v[3], out[1] = v[4], out[3] = v[5], out[5] = v[6], out[7] = v[7];
+}
+
 static inline __m256 codes8(const uint8_t *c, int bits, int64_t i) { /* codes i..i+7 as floats */
   if (bits == 8) return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(c + i))));
   uint32_t x;
@@ -116,4 +141,28 @@ static inline void axpy(float *acc, float w, const void *row, int bf16, int64_t 
   const __m256 ww = _mm256_set1_ps(w);
   for (int64_t i = 0; i < D; i += 8)
     _mm256_storeu_ps(acc + i, _mm256_fmadd_ps(ww, load8_kv(row, bf16, i), _mm256_loadu_ps(acc + i)));
+}
+
+/* C vectors (8 columns each) of acc from column i0, over rows s = 0..n - 1 in order: acc += (p[s] / sum) row_s,
+ * axpy's operations with the vectors held in registers (axpy stores and reloads acc for every row). */
+static inline __attribute__((always_inline)) void axpy_cols(float *acc, const float *p, float sum, const char *rows,
+                                                             int64_t row_bytes, int bf16, int64_t i0, const int C,
+                                                             int64_t n) {
+  __m256 r[8];
+  for (int j = 0; j < C; ++j) r[j] = _mm256_loadu_ps(acc + i0 + 8 * j);
+  for (int64_t s = 0; s < n; ++s) {
+    const __m256 ww = _mm256_set1_ps(p[s] / sum);
+    for (int j = 0; j < C; ++j) r[j] = _mm256_fmadd_ps(ww, load8_kv(rows + s * row_bytes, bf16, i0 + 8 * j), r[j]);
+  }
+  for (int j = 0; j < C; ++j) _mm256_storeu_ps(acc + i0 + 8 * j, r[j]);
+}
+
+/* acc[0..D) += (p[s] / sum) * rows[s] for s = 0..n - 1 (rows D elements apart), exactly as n axpy calls in order. */
+static inline void axpy_rows(float *acc, const float *p, float sum, const void *rows, int bf16, int64_t D, int64_t n) {
+  const char *r = rows;
+  const int64_t row_bytes = D * (bf16 == KV_F32 ? 4 : 2);
+  int64_t i0 = 0;
+  for (; i0 + 64 <= D; i0 += 64) axpy_cols(acc, p, sum, r, row_bytes, bf16, i0, 8, n);
+  for (; i0 + 32 <= D; i0 += 32) axpy_cols(acc, p, sum, r, row_bytes, bf16, i0, 4, n);
+  for (; i0 < D; i0 += 8) axpy_cols(acc, p, sum, r, row_bytes, bf16, i0, 1, n);
 }

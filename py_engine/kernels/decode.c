@@ -132,8 +132,10 @@ static void attend_query(const attend_t *a, int64_t t, int64_t g, float *q) {
     rope_row(a, a->qkv, t * width + (g * G + h) * D, t, qh);
     float top = -INFINITY, sum = 0.f;
     if (n_cold) cold_scores(a, qh, g, start, k, scores); /* k: the key row is free as scratch here */
+    int64_t s8 = n_cold;
+    for (; s8 + 8 <= n; s8 += 8) dot8_rows(qh, keys + s8 * D * esz, D, a->bf16, D, scores + s8); /* dot()'s bits */
     for (int64_t s = 0; s < n; ++s) {
-      float v = s < n_cold ? scores[s] : dot(qh, keys + s * D * esz, a->bf16, D);
+      float v = s < s8 ? scores[s] : dot(qh, keys + s * D * esz, a->bf16, D);
       v *= a->scale;
       if (a->softcap > 0.f) v = tanhf(v / a->softcap) * a->softcap;
       scores[s] = v;
@@ -146,9 +148,7 @@ static void attend_query(const attend_t *a, int64_t t, int64_t g, float *q) {
       for (int64_t s = 0; s < n_cold; ++s) scores[s] /= sum;
       cold_values(a, g, start, scores, acc);
     }
-    for (int64_t s = n_cold; s < n; ++s) {
-      axpy(acc, scores[s] / sum, (const char *)values + s * D * esz, a->bf16, D);
-    }
+    axpy_rows(acc, scores + n_cold, sum, (const char *)values + n_cold * D * esz, a->bf16, D, n - n_cold);
     for (int64_t i = 0; i < D; ++i) st(a->out, a->bf16, t * a->H * D + (g * G + h) * D + i, acc[i]);
   }
 }
