@@ -30,6 +30,7 @@ Writes benchmarks/results/sona_gate_bench_<model>.json, prints tables, draws an 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import statistics
@@ -161,11 +162,31 @@ def consolidation(run: Run, base: dict, base_ppl: float) -> dict:
     controls = range(n, len(run.facts))
     changed = sum(run.ask(run.facts[j].question, "fresh") != base["question"][j] for j in controls)
     ppl = perplexity(run, run.sona.consolidated)
-    return {"examples": result.examples, "seconds": result.seconds, "fisher_seconds": result.fisher_seconds,
+    recall = run.sona.recall  # the ablation: a promoted pattern brings the consolidated adapter alone
+    recall.config = dataclasses.replace(recall.config, global_micro=False)
+    q_alone = sum(correct(run.ask(f.question, "fresh"), f) for f in taught) / n
+    p_alone = sum(correct(run.ask(f.paraphrase, "fresh"), f) for f in taught) / n
+    recall.config = dataclasses.replace(recall.config, global_micro=True)
+    windows = validation_windows(run)
+    opened = sum(run.sona.route("fresh", w).match is not None for w in windows)
+    return {"consolidated_alone_question_accuracy": q_alone, "consolidated_alone_paraphrase_accuracy": p_alone,
+            "validation_windows": len(windows), "validation_windows_gated": opened,
+            "steps": result.stats.steps,"examples": result.examples, "seconds": result.seconds, "fisher_seconds": result.fisher_seconds,
             "first_loss": result.stats.first_loss, "last_loss": result.stats.last_loss,
             "question_accuracy": q, "paraphrase_accuracy": p, "controls": len(controls),
             "controls_changed": changed / max(1, len(controls)), "validation_ppl": ppl,
             "validation_ppl_rise": ppl / base_ppl - 1}
+
+
+def validation_windows(run: Run, chars: int = 400) -> list[str]:
+    """The validation text perplexity is measured on, in pieces a request could send: the gate's view."""
+    from py_engine.hub import resolve_model
+
+    text = resolve_model(run.args.model) / "validation.txt"
+    if not text.is_file():
+        text = REPO / "benchmarks" / "data" / "stories_heldout.txt"
+    body = text.read_text(encoding="utf-8")[:16 * run.args.ppl_tokens]
+    return [body[i:i + chars] for i in range(0, len(body), chars)]
 
 
 def perplexity(run: Run, modules) -> float:
@@ -214,11 +235,16 @@ def table(result: dict) -> str:
                      f"{v['update_ms']['p50']:.0f} | {v['update_ms']['p90']:.0f} | {v['steps']['p50']:.0f} |")
     c = result.get("consolidation")
     if c:
-        lines += ["", "| after consolidation | question acc | paraphrase acc | untaught changed | val ppl | vs base "
-                  "| s |", "| --- | --- | --- | --- | --- | --- | --- |",
-                  f"| {c['examples']} patterns, fresh session | {c['question_accuracy']:.2f} | "
+        lines += ["", "| after consolidation, fresh session | question acc | paraphrase acc | untaught changed | "
+                  "val ppl, adapter on every token | vs base | validation windows gated | s |",
+                  "| --- | --- | --- | --- | --- | --- | --- | --- |",
+                  f"| {c['examples']} patterns (consolidated + own MicroLoRA) | {c['question_accuracy']:.2f} | "
                   f"{c['paraphrase_accuracy']:.2f} | {c['controls_changed']:.2f} | {c['validation_ppl']:.3f} | "
-                  f"{100 * c['validation_ppl_rise']:+.2f}% | {c['seconds']:.1f} |"]
+                  f"{100 * c['validation_ppl_rise']:+.2f}% | {c.get('validation_windows_gated', '')} of "
+                  f"{c.get('validation_windows', '')} | {c['seconds']:.1f} |"]
+        if "consolidated_alone_question_accuracy" in c:
+            lines.append(f"| the consolidated adapter alone | {c['consolidated_alone_question_accuracy']:.2f} | "
+                         f"{c['consolidated_alone_paraphrase_accuracy']:.2f} | | | | | |")
     return "\n".join(lines)
 
 

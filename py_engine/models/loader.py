@@ -170,6 +170,8 @@ def load_model(path: str | Path, dtype: str | torch.dtype = "auto", device: str 
         model.tie_weights()
     if not isinstance(model.model.embed_tokens, nn.Embedding):  # rows gathered from codes (a GGUF's, quant/embedding.py)
         model.model.embed_tokens.dtype = torch_dtype
+    if hasattr(checkpoint, "loaded"):  # a GGUF: its mapped pages, all copied by now
+        checkpoint.loaded()
     release_library_pages()  # and what loading ran once
     return model.eval().requires_grad_(False), config
 

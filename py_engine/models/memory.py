@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import mmap
 import os
 import re
 import resource
@@ -99,6 +100,17 @@ def release_library_pages() -> int:
         if fn(start, end - start, MADV_DONTNEED) == 0:
             released += rss
     return released
+
+
+def drop_pages(start: int, end: int) -> bool:
+    """MADV_DONTNEED on the whole pages of [start, end) of a read-only file mapping: they leave this process's RSS
+    and stay in the page cache (a later read maps the same bytes again). For a weights file whose tensors were
+    copied: touching a few KiB of it (a norm) maps whole large folios of the page cache around it, which then
+    count in the RSS beside the copies. False off Linux or when madvise refuses."""
+    fn = _madvise()
+    page = mmap.PAGESIZE
+    first, last = -(-start // page) * page, end // page * page
+    return fn is not None and last > first and fn(first, last - first, MADV_DONTNEED) == 0
 
 
 def peak_rss_mb() -> float:

@@ -290,3 +290,26 @@ def test_q4_k_m_mix_routes_give_the_same_bits(vocab, cache, tmp_path):
     path = write_gguf(tmp_path / "mix.gguf", original, vocab,
                       lambda name, data: "Q5_0" if ".attn_" in name and "attn_v" not in name else mix(name, data))
     assert_routes_agree(LLM(str(path), cache_dir=cache))
+
+
+def test_a_loaded_gguf_leaves_no_file_pages_in_the_rss(vocab, cache, tmp_path):
+    """Every tensor of a GGUF is copied at load (codes, norms), so after a forward pass none of the file's pages is
+    mapped into the process: a norm left as a view of the file put 28 MiB of SmolLM2 Q4_K_M's pages back in the
+    RSS (each first touch maps the page cache's large folio around it) beside the copies of the same bytes."""
+    import sys
+
+    from py_engine.importers.gguf.reader import open_gguf
+    from tests.models.test_memory_release import mapping_rss
+
+    if not sys.platform.startswith("linux"):
+        pytest.skip("hardware: /proc/self/smaps is Linux's")
+    original = hf_model("llama", len(vocab.tokens), hidden_size=256, intermediate_size=512, num_hidden_layers=2)
+    path = write_gguf(tmp_path / "m.gguf", original, vocab, k_mix("Q4_K", 2))
+    model, config = load_model(resolve_model(str(path), cache))
+    whole = np.asarray(next(iter(open_gguf(path).tensors.values())).data)
+    while isinstance(whole.base, np.ndarray):
+        whole = whole.base
+    start, end = whole.ctypes.data, whole.ctypes.data + whole.nbytes
+    assert not any(start <= t.data_ptr() < end for t in [*model.parameters(), *model.buffers()])
+    logits(model, config)
+    assert mapping_rss(start) <= 4 * 4096  # the last partial page, metadata: not the folios around every norm

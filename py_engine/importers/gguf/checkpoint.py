@@ -15,11 +15,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
 from .reader import GGUFFile
-from .tensors import check_shape, float_tensor, name_map
+from .tensors import SMALL_COPY, check_shape, float_tensor, name_map
 
 READ_INTO_CONFIG = ("rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight")
 
@@ -47,10 +48,23 @@ class GGUFCheckpoint:
 
     def get(self, name: str) -> Tensor:
         """float32 on the CPU, as the transformers checkpoint would hold it."""
-        return torch.from_numpy(float_tensor(self.gguf, self.names[name], self.config))
+        values = float_tensor(self.gguf, self.names[name], self.config)
+        if values.nbytes <= SMALL_COPY:  # a copied norm or bias: the file's folios its read mapped go again
+            self.loaded()
+        return torch.from_numpy(values)
 
     def release(self, name: str, start: int = 0, stop: int | None = None) -> None:
         """Nothing is mapped per tensor here: get() made a copy (dequantized or un-permuted)."""
+
+    def loaded(self) -> None:
+        """Every tensor read so far is a copy (get()'s, install_quantized's codes): the file's pages leave this
+        process's RSS (models/memory.py drop_pages), as llama.cpp's do not (its weights are those pages)."""
+        from ...models.memory import drop_pages
+
+        whole = np.asarray(next(iter(self.gguf.tensors.values())).data)
+        while isinstance(whole.base, np.ndarray):  # the memmap of the whole file
+            whole = whole.base
+        drop_pages(whole.ctypes.data, whole.ctypes.data + whole.nbytes)
 
     def install_quantized(self, model: nn.Module, device: Any) -> set[str]:
         """QuantLinears for the projections the file stores in a type the kernels run; their names."""
