@@ -1,5 +1,5 @@
-/* Decode and small batches (a few rows of x) against quantized codes on AVX-512 VNNI builds: quant.h's canonical
- * sum, lane for lane the float steps of qtile.c's virtual panels and qpanel.c's panels, with the exact integers
+/* Decode, batches and short prompt chunks (1-31 rows of x) against quantized codes on AVX-512 VNNI builds:
+ * quant.h's canonical sum, lane for lane the float steps of qtile.c's virtual panels and qpanel.c's panels, with the exact integers
  * I_b found row by row instead of from codes turned into panel order.
  *
  * Why (issue 32, the cost of batch invariance): qtile.c turns every sub-block of 16 W rows into panel order in

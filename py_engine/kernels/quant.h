@@ -22,18 +22,20 @@
 #ifndef Q_PANELS
 #define Q_PANELS 1
 #endif
-#ifndef Q_PANEL_ROWS
-#define Q_PANEL_ROWS 32
-#endif
 #if Q_PANELS && defined(__AVX512VNNI__) && defined(__AVX512BW__)
 #define Q_PANELS_BUILT 1
 #else
 #define Q_PANELS_BUILT 0
 #endif
-/* Up to Q_ROWS_MAX rows of x (decode, a speculative step's k + 1, small server batches) run qrow.c's row-wise
- * integer dots on AVX-512 VNNI builds (Q_ROWS_MAX=0: never, an A/B build); the same bits as qtile.c's. */
+#ifndef Q_PANEL_ROWS
+#define Q_PANEL_ROWS 32
+#endif
+/* Up to Q_ROWS_MAX rows of x (decode, a speculative step's k + 1, server batches, short prompt chunks) run qrow.c's
+ * row-wise integer dots on AVX-512 VNNI builds (Q_ROWS_MAX=0: never, an A/B build); the same bits as qtile.c's.
+ * One thread, 4864x896 and 896x4864, GFLOP/s-equivalent, qtile.c -> qrow.c: int4 g32 at 1 row 19 -> 37-42, 5
+ * rows 45-68 -> 108-116, 16 rows 66 -> 93-102; int4 g128 31 rows 75-85 -> 108; int8 g32 16 rows 80 -> 105-114. */
 #ifndef Q_ROWS_MAX
-#define Q_ROWS_MAX 4
+#define Q_ROWS_MAX (Q_PANEL_ROWS - 1)
 #endif
 #if Q_ROWS_MAX > 0 && defined(__AVX512VNNI__) && defined(__AVX512BW__)
 #define Q_ROWS_BUILT 1

@@ -198,7 +198,7 @@ def test_prefill_panels_match_the_reference(kernels, layout, shape):
     some = [0, 1, rows // 2, rows - 1]
     assert torch.equal(got[some], torch.cat([plan(x[i:i + 1]) for i in some]))
     assert torch.equal(got[:7], plan(x[:7]))
-    for few in (2, 3, 4):  # qrow.c's row-wise dots (AVX-512 VNNI builds: decode and up to 4 rows): the same bits
+    for few in (2, 3, 5):  # qrow.c's row-wise dots (AVX-512 VNNI builds, 1-31 rows; x rows 4 a pass): the same bits
         assert torch.equal(got[:few], plan(x[:few]))
 
 
