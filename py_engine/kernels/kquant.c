@@ -1,9 +1,9 @@
 /* ggml's block types read as the file holds them (py_engine/quant/ggml.py): Q5_0, Q5_1 and the K-quants
  * Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, against x rounded to int8 per 32 values (the decode path's x: quant.c).
- * Since issue 31's second pass, Q5_0/Q5_1 and Q4_K/Q5_K/Q6_K products run quant.h's canonical sum (qtile.c's
+ * Since issue 31's second pass, Q5_0/Q5_1 and every K-quant (Q2_K-Q6_K) product run quant.h's canonical sum (qtile.c's
  * q5_tiles and qk_tiles, qpanel.c's panels for prompt chunks), which let the panels take their prefill: 4-6x
  * at 128 rows, decode 1.4-2x against this file's tiles (`KQ_OWN_ORDER=1` builds them back, an A/B). This file
- * keeps their unpacking (the panels' pack_blocks, the exact path) and the Q2_K/Q3_K tiles below. *
+ * keeps their unpacking (the panels' pack_blocks, the exact path) and its own tiles below for that A/B build. *
  * Every type is w = s_j (q - z) - m_j per sub-block j of 16 or 32 values, s_j = D * c_j with D the block's
  * fp16 scale and c_j a small integer (6-bit, 4-bit, int8), so a sub-block of 32 is
  *

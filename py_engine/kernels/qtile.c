@@ -409,9 +409,13 @@ static inline vi vi_bits(vi v, int shift, int mask) { /* (byte >> shift) & mask,
 }
 static inline vi vi_or(vi a, vi b) { return _mm512_or_si512(a, b); }
 static inline vi vi_zero(void) { return _mm512_setzero_si512(); }
+static inline vi vi_and32(vi v, int m) { return _mm512_and_si512(v, _mm512_set1_epi32(m)); }
+static inline vi vi_srl32(vi v, int n) { return _mm512_srl_epi32(v, _mm_cvtsi32_si128(n)); }
+static inline vi vi_sll32(vi v, int n) { return _mm512_sll_epi32(v, _mm_cvtsi32_si128(n)); }
+static inline vi vi_sub32(vi v, int k) { return _mm512_sub_epi32(v, _mm512_set1_epi32(k)); }
 static inline vi vi_shl4(vi v) { return _mm512_slli_epi16(v, 4); } /* bytes below 16 only: no carry across */
-static inline vi add16_where(vi c, vi v, int bit) { /* c + 16 in the bytes where v has bit `bit` */
-  return _mm512_mask_add_epi8(c, _mm512_test_epi8_mask(v, _mm512_set1_epi8((char)(1 << bit))), c, _mm512_set1_epi8(16));
+static inline vi add_where(vi c, vi v, int bit, int add) { /* c + add in the bytes where v has bit `bit` */
+  return _mm512_mask_add_epi8(c, _mm512_test_epi8_mask(v, _mm512_set1_epi8((char)(1 << bit))), c, _mm512_set1_epi8((char)add));
 }
 static inline vi vi_field(vi v, int shift, int bits) { /* (dword >> shift) & (2^bits - 1) */
   return _mm512_and_si512(_mm512_srl_epi32(v, _mm_cvtsi32_si128(shift)), _mm512_set1_epi32((1 << bits) - 1));
@@ -444,10 +448,14 @@ static inline vi vi_bits(vi v, int shift, int mask) {
 }
 static inline vi vi_or(vi a, vi b) { return _mm256_or_si256(a, b); }
 static inline vi vi_zero(void) { return _mm256_setzero_si256(); }
+static inline vi vi_and32(vi v, int m) { return _mm256_and_si256(v, _mm256_set1_epi32(m)); }
+static inline vi vi_srl32(vi v, int n) { return _mm256_srl_epi32(v, _mm_cvtsi32_si128(n)); }
+static inline vi vi_sll32(vi v, int n) { return _mm256_sll_epi32(v, _mm_cvtsi32_si128(n)); }
+static inline vi vi_sub32(vi v, int k) { return _mm256_sub_epi32(v, _mm256_set1_epi32(k)); }
 static inline vi vi_shl4(vi v) { return _mm256_slli_epi16(v, 4); }
-static inline vi add16_where(vi c, vi v, int bit) {
+static inline vi add_where(vi c, vi v, int bit, int add) { /* add is a bit c never has: or = add */
   const vi b = _mm256_set1_epi8((char)(1 << bit));
-  return _mm256_or_si256(c, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(v, b), b), _mm256_set1_epi8(16)));
+  return _mm256_or_si256(c, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(v, b), b), _mm256_set1_epi8((char)add)));
 }
 static inline vi vi_field(vi v, int shift, int bits) {
   return _mm256_and_si256(_mm256_srl_epi32(v, _mm_cvtsi32_si128(shift)), _mm256_set1_epi32((1 << bits) - 1));
@@ -502,6 +510,27 @@ static inline __attribute__((always_inline)) void kvblock(const qjob_t *j, const
           sc[4 * q + k] = vf_mul(d, c), zc[4 * q + k] = vf_mul(d32, c);
         }
       }
+    } else if (kind == 10) { /* Q2_K: scales[16] (scale | min << 4) qs[64] d dmin */
+      const vi head = vi_gather(blk + 80, at);
+      const vf d = half_lo(head), dmin = half_lo(vi_hi16(head));
+      for (int q = 0; q < 4; ++q) {
+        const vi four = vi_gather(blk + 4 * q, at);
+        for (int k = 0; k < 4; ++k) {
+          sc[4 * q + k] = vf_mul(d, vf_int(vi_field(four, 8 * k, 4)));
+          zc[4 * q + k] = vf_mul(dmin, vf_int(vi_field(four, 8 * k + 4, 4)));
+        }
+      }
+    } else if (kind == 11) { /* Q3_K: hmask[32] qs[64] scales[12] (6-bit, + 32) d; kquant.c's scales_q3 per lane */
+      const vf d = half_lo(vi_hi16(vi_gather(blk + 106, at))), d4 = vf_mul(vf_set1(4.f), d);
+      const vi a0 = vi_gather(blk + 96, at), a1 = vi_gather(blk + 100, at), a2 = vi_gather(blk + 104, at);
+      for (int q = 0; q < 4; ++q) { /* scales 4q..4q + 3: a nibble of a0 / a1, two bits of a2 above it */
+        const vi lowq = vi_and32(q & 2 ? vi_srl32(q & 1 ? a1 : a0, 4) : (q & 1 ? a1 : a0), 0x0f0f0f0f);
+        const vi four = vi_or(lowq, vi_sll32(vi_and32(vi_srl32(a2, 2 * q), 0x03030303), 4));
+        for (int k = 0; k < 4; ++k) {
+          const vf c = vf_int(vi_sub32(vi_field(four, 8 * k, 6), 32));
+          sc[4 * q + k] = vf_mul(d, c), zc[4 * q + k] = vf_mul(d4, c);
+        }
+      }
     } else { /* d dmin scales[12] (Q5_K: qh[32]) qs[128] */
       const vi head = vi_gather(blk, at), a0 = vi_gather(blk + 4, at), a1 = vi_gather(blk + 8, at),
                a2 = vi_gather(blk + 12, at);
@@ -514,7 +543,15 @@ static inline __attribute__((always_inline)) void kvblock(const qjob_t *j, const
     if (kind == 13) turn32(row, o + 16, high);
     for (int b = 0; b < 8; ++b) {
       vi c[8];
-      if (kind == 14) {
+      if (kind == 10 || kind == 11) { /* 2-bit codes: qs's 32-byte run h, bits 2r, 2r + 1; Q3_K: hmask bit b is 4 */
+        const int h = b >> 2, r = b & 3;
+        if (kind == 11 && b == 0) turn32(row, o, high);
+        if (r == 0) turn32(row, o + (kind == 10 ? 16 : 32) + 32 * h, run);
+        for (int t = 0; t < 8; ++t) {
+          c[t] = vi_bits(run[t], 2 * r, 3);
+          if (kind == 11) c[t] = add_where(c[t], high[t], b, 4);
+        }
+      } else if (kind == 14) {
         const int h = b >> 2, r = b & 3; /* ql's runs 64h and 64h + 32: low nibbles for r = 0, 1, high for 2, 3 */
         if (r == 0) {
           turn32(row, o + 128 + 32 * h, high);
@@ -527,7 +564,7 @@ static inline __attribute__((always_inline)) void kvblock(const qjob_t *j, const
         if (!(b & 1)) turn32(row, o + (kind == 12 ? 16 : 48) + 32 * (b >> 1), run);
         for (int t = 0; t < 8; ++t) {
           c[t] = vi_bits(run[t], 4 * (b & 1), 15);
-          if (kind == 13) c[t] = add16_where(c[t], high[t], b);
+          if (kind == 13) c[t] = add_where(c[t], high[t], b, 16);
         }
       }
       const int64_t sb = s * 8 + b;
@@ -535,7 +572,7 @@ static inline __attribute__((always_inline)) void kvblock(const qjob_t *j, const
         const int64_t r = (m0 + m) * nb + sb;
         const int8_t *q = j->qx + (m0 + m) * xrow + sb * 32;
         const vf dx = vf_set1(j->dx[r]);
-        if (kind == 14) { /* two groups of 16: values 0-15 (dwords 0-3), then 16-31 */
+        if (kind == 14 || kind == 10 || kind == 11) { /* two groups of 16: values 0-15 (dwords 0-3), then 16-31 */
           acc[m] = vf_fold(acc[m], dot_part(c, q, 0, 4), dx, sc[2 * b]);
           acc[m] = vf_mins(acc[m], zc[2 * b], vf_set1(j->xs16[2 * r]));
           acc[m] = vf_fold(acc[m], dot_part(c, q, 4, 8), dx, sc[2 * b + 1]);
@@ -569,6 +606,8 @@ void qk_tiles(const qjob_t *j, const qpart_t *a, int64_t n0, int64_t n1) {
     for (int64_t m0 = 0; m0 < j->M; m0 += VT_X) {
       const int mt = j->M - m0 < VT_X ? (int)(j->M - m0) : VT_X;
       switch (a->w.kind) {
+      case 10: KVBLOCK_CASES(10) break;
+      case 11: KVBLOCK_CASES(11) break;
       case 12: KVBLOCK_CASES(12) break;
       case 13: KVBLOCK_CASES(13) break;
       default: KVBLOCK_CASES(14) break;

@@ -156,13 +156,13 @@ static inline void put_q(const qjob_t *j, const qpart_t *a, int64_t m, int64_t n
 
 /* ggml's Q5_0 / Q5_1 (one sub-block a block): summed in the canonical order by qtile.c's q5_tiles and qpanel.c. */
 static inline int kq_q5(int kind) { return kind == 6 || kind == 7; }
-/* ggml types summed in the canonical order (qtile.c's q5_tiles / qk_tiles, qpanel.c's panels): Q5_0, Q5_1, Q4_K,
- * Q5_K, Q6_K. Q2_K and Q3_K stay in kquant.c's tiles (their own order) for every count of rows. */
+/* ggml types summed in the canonical order (qtile.c's q5_tiles / qk_tiles, qpanel.c's panels): Q5_0, Q5_1 and the
+ * K-quants Q2_K-Q6_K (kquant.c keeps its own tiles for KQ_OWN_ORDER=1 builds, an A/B). */
 static inline int kq_canonical(int kind) {
 #ifdef KQ_OWN_ORDER /* an A/B build: the K-quants in kquant.c's tiles at every count of rows, as before */
   return kq_q5(kind);
 #else
-  return kq_q5(kind) || kind == 12 || kind == 13 || kind == 14;
+  return kq_q5(kind) || (kind >= 10 && kind <= 14);
 #endif
 }
 /* Whether the panels (qpanel.c) take this matrix for M rows of x in this mode. The K-quants (kquant.c) do not:

@@ -121,7 +121,7 @@ def test_cpu_kernels_match_a_float_matmul_of_the_weights(qtype, rows):
 
 
 @kernels_only
-@pytest.mark.parametrize("qtype", ["Q5_0", "Q5_1", "Q3_K", "Q4_K", "Q5_K", "Q6_K"])
+@pytest.mark.parametrize("qtype", ["Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"])
 def test_every_kernel_variant(kernels, qtype):  # noqa: F811
     """AVX2 (maddubs, the fifth bits spread with shuffles), AVX-512 (masked moves) and VNNI builds alike, each
     giving a row of a batch the bits it gets alone."""
