@@ -18,9 +18,9 @@ this package's modules:
     paged.py     the server's paged decode attention (paged.c); py_engine.quant.kernels drives quant.c,
                  py_engine.cpu.stack drives step.c
 
-    C: linear.c (float GEMV/GEMM), quant.c + qtile.c + qpanel.c + kquant.c (quantized products), gate.c (the SiLU
+    C: linear.c (float GEMV/GEMM), quant.c + qtile.c + qtile_k.c + qpanel.c + kquant.c (quantized products), gate.c (the SiLU
     gate), rtn.c (one-pass RTN quantization), decode.c (norm, attention, argmax), step.c (a whole decode step),
-    paged.c, pool.c (the thread pool); headers: linear.h, quant.h, decode.h, paged.h, attend.h, gate.h, pool.h,
+    paged.c, pool.c (the thread pool); headers: linear.h, quant.h, decode.h, paged.h, attend.h, gate.h, pool.h, qtile.h,
     vmath.h.
 """
 from __future__ import annotations

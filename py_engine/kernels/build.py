@@ -22,9 +22,9 @@ from pathlib import Path
 from ..hub.resolve import cache_root
 
 HERE = Path(__file__).parent
-SOURCES = [HERE / f"{name}.c" for name in ("linear", "decode", "pool", "quant", "gate", "rtn", "qtile", "qrow", "qpanel",
+SOURCES = [HERE / f"{name}.c" for name in ("linear", "decode", "pool", "quant", "gate", "rtn", "qtile", "qtile_k", "qrow", "qpanel",
                                           "kquant", "step", "paged")]
-HEADERS = [HERE / f"{name}.h" for name in ("attend", "decode", "gate", "linear", "paged", "pool", "quant", "vmath")]
+HEADERS = [HERE / f"{name}.h" for name in ("attend", "decode", "gate", "linear", "paged", "pool", "quant", "qtile", "vmath")]
 FLAGS = ["-O3", "-ffp-contract=off", "-shared", "-fPIC", "-pthread"]  # no contraction: torch rounds each op
 # Macros for an A/B build of the kernels (benchmarks: `ruvllm:int8+DQ_ROWS8=4`), e.g. "Q_ROWS8=4 Q_PREFETCH=1024"
 FLAGS += [f"-D{d}" for d in os.environ.get("RUVLLM_KERNEL_DEFINES", "").split()]

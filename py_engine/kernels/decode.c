@@ -167,15 +167,9 @@ static void attend_head(const void *context, int64_t g) {
 
 /* The calling thread's scratch for a chunk of rk_attend_rows (chunks of several rows run at once on the pool). */
 static float *thread_scratch(const attend_t *a) {
-  static __thread float *buffer;
+  static __thread void *buffer;
   static __thread int64_t size;
-  const int64_t n = (a->H / a->KV + 1) * a->D + a->max_len;
-  if (size < n) {
-    free(buffer);
-    buffer = aligned_alloc(64, (size_t)((n * 4 + 63) / 64 * 64));
-    size = buffer ? n : 0;
-  }
-  return buffer;
+  return pool_scratch(&buffer, &size, ((a->H / a->KV + 1) * a->D + a->max_len) * 4);
 }
 
 static void store_head(const void *context, int64_t g) {

@@ -1,6 +1,6 @@
 /* ggml's block types read as the file holds them (py_engine/quant/ggml.py): Q5_0, Q5_1 and the K-quants
  * Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, against x rounded to int8 per 32 values (the decode path's x: quant.c).
- * Since issue 31's second pass, Q5_0/Q5_1 and every K-quant (Q2_K-Q6_K) product run quant.h's canonical sum (qtile.c's
+ * Since issue 31's second pass, Q5_0/Q5_1 and every K-quant (Q2_K-Q6_K) product run quant.h's canonical sum (qtile_k.c's
  * q5_tiles and qk_tiles, qpanel.c's panels for prompt chunks), which let the panels take their prefill: 4-6x
  * at 128 rows, decode 1.4-2x against this file's tiles (`KQ_OWN_ORDER=1` builds them back, an A/B). This file
  * keeps their unpacking (the panels' pack_blocks, the exact path) and its own tiles below for that A/B build. *
@@ -534,10 +534,10 @@ static void ktiles2(const qjob_t *j, const qpart_t *a, int64_t n0, int64_t n1) {
 
 void kq_rows(const qjob_t *j, const qpart_t *a, int64_t n0, int64_t n1) {
   if (a->w.kind == KQ_Q5_0 || a->w.kind == KQ_Q5_1) {
-    q5_tiles(j, a, n0, n1); /* qtile.c: the canonical sum, as the panels (quant.h) */
+    q5_tiles(j, a, n0, n1); /* qtile_k.c: the canonical sum, as the panels (quant.h) */
     return;
   }
-  if (kq_canonical(a->w.kind)) { /* Q4_K, Q5_K, Q6_K: qtile.c's qk_tiles, the panels' sums */
+  if (kq_canonical(a->w.kind)) { /* Q4_K, Q5_K, Q6_K: qtile_k.c's qk_tiles, the panels' sums */
     qk_tiles(j, a, n0, n1);
     return;
   }

@@ -312,15 +312,11 @@ static int64_t chunk_rows(int64_t n_rows, int64_t row_bytes) {
  * order bf16_lo/bf16_hi produce (0-3, 8-11, 4-7, 12-15). Converted once per call
  * by the caller's thread into its own buffer (jobs run one at a time per thread). */
 static const float *prepare_x(const void *x, int x_bf16, int64_t M, int64_t K, int perm) {
-  static __thread float *buffer;
+  static __thread void *scratch;
   static __thread int64_t capacity;
   if (!x_bf16 && !perm) return x;
-  if (capacity < M * K) {
-    free(buffer);
-    buffer = aligned_alloc(64, (size_t)((M * K * 4 + 63) / 64 * 64));
-    capacity = buffer ? M * K : 0;
-    if (!buffer) return NULL;
-  }
+  float *buffer = pool_scratch(&scratch, &capacity, M * K * 4);
+  if (!buffer) return NULL;
   if (!perm) { /* bf16 x against bf16 w read 8 at a time (K % 16 != 0): widened 8 a step on the caller's thread */
     int64_t i = 0;
     for (; i + 8 <= M * K; i += 8) _mm256_storeu_ps(buffer + i, load8(x, 1, i));

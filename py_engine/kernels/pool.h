@@ -10,6 +10,7 @@
  */
 #pragma once
 #include <stdint.h>
+#include <stdlib.h>
 
 #define POOL_MAX_THREADS 64
 #define POOL_MAX_CONTEXT 1024 /* bytes of job context the pool copies */
@@ -26,3 +27,14 @@ int pool_threads(void);
  * The context (at most POOL_MAX_CONTEXT bytes) is copied: a worker that reads it
  * late never sees the next job's. */
 void pool_run(int64_t n_chunks, pool_chunk_fn fn, const void *context, int context_size);
+
+/* A thread's own scratch: *buffer grown (64-byte aligned, old contents dropped) to hold at least `bytes`; NULL when
+ * the allocation fails. Each caller keeps its buffer and size in `static __thread` variables. */
+static inline void *pool_scratch(void **buffer, int64_t *size, int64_t bytes) {
+  if (*size < bytes) {
+    free(*buffer);
+    *buffer = aligned_alloc(64, (size_t)((bytes + 63) / 64 * 64));
+    *size = *buffer ? bytes : 0;
+  }
+  return *buffer;
+}

@@ -41,16 +41,9 @@ typedef struct { /* one chunk of W rows in panel order, in the calling thread's 
   int halves; /* groups of 16 values (ggml's Q2_K/Q3_K/Q6_K): two a sub-block, columns 0-15 then 16-31 */
 } packed_t;
 
-static void *p_scratch(int64_t bytes) {
-  static __thread void *buffer;
-  static __thread int64_t size;
-  if (size < bytes) {
-    free(buffer);
-    buffer = aligned_alloc(64, (size_t)((bytes + 63) / 64 * 64));
-    size = buffer ? bytes : 0;
-  }
-  return buffer;
-}
+static __thread void *p_buffer; /* the calling thread's panels */
+static __thread int64_t p_size;
+static void *p_scratch(int64_t bytes) { return pool_scratch(&p_buffer, &p_size, bytes); }
 
 /* Rows n0..n1 of w in panel order; lanes past n1 get zero codes and scales (their outputs are not stored).
  * 8-bit codes are stored as c - 128 (int8); vpdpbusd takes them as unsigned c (the sign bit flipped), so
@@ -102,7 +95,7 @@ static inline __m512i fifth16(__m512i qh, int e) {
 }
 
 /* Q5_0 / Q5_1 rows n0..n1 (kind 6 / 7) in the 4-bit panels' order (their qs is Q4_0's nibble order), each code
- * with its fifth bit (+16) from qh; per block s = d and mn = 16 d (Q5_0) or -m (Q5_1), as qtile.c's q5_tiles. */
+ * with its fifth bit (+16) from qh; per block s = d and mn = 16 d (Q5_0) or -m (Q5_1), as qtile_k.c's q5_tiles. */
 static int pack_q5(const qmat_t *w, int64_t n0, int64_t n1, packed_t *p) {
   const int64_t nb = nb_of(w), rb = row_bytes(w), bb = kq_block_bytes(w->kind), qs = w->kind == 6 ? 6 : 8;
   const int64_t panels = (n1 - n0 + P_LANES - 1) / P_LANES, code_bytes = panels * nb * 8 * 64;
@@ -276,15 +269,11 @@ int q_panels(const qjob_t *j, const qpart_t *a, int64_t n0, int64_t n1) {
     panels_of(j, a, &p, n0, n1, j->qx + m0 * nb * 32, j->dx + m0 * nb, xg + m0 * xg_row, m0, P_MT);
   if (whole < j->M) { /* the last rows, with zero rows after them */
     const int mt = (int)(j->M - whole);
-    static __thread int8_t *pad;
+    static __thread void *pad_buffer;
     static __thread int64_t pad_bytes;
     const int64_t qbytes = P_MT * nb * 32, bytes = qbytes + (P_MT * nb + P_MT * ng) * 4;
-    if (pad_bytes < bytes) {
-      free(pad);
-      pad = aligned_alloc(64, (size_t)((bytes + 63) / 64 * 64));
-      pad_bytes = pad ? bytes : 0;
-      if (!pad) return -1;
-    }
+    int8_t *pad = pool_scratch(&pad_buffer, &pad_bytes, bytes);
+    if (!pad) return -1;
     float *pdx = (float *)(pad + qbytes), *pxg = pdx + P_MT * nb;
     memset(pad, 0, (size_t)bytes);
     memcpy(pad, j->qx + whole * nb * 32, (size_t)(mt * nb * 32));

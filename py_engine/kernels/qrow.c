@@ -23,17 +23,6 @@
 #if Q_ROWS_BUILT
 #define R_LANES 16 /* W rows per block: lane r of the float accumulators is row n + r */
 
-static void *r_scratch(int64_t bytes) {
-  static __thread void *buffer;
-  static __thread int64_t size;
-  if (size < bytes) {
-    free(buffer);
-    buffer = aligned_alloc(64, (size_t)((bytes + 63) / 64 * 64));
-    size = buffer ? bytes : 0;
-  }
-  return buffer;
-}
-
 /* x rows m0.. (mt of them) in the order the codes meet them, per step of 4 sub-blocks (128 bytes): 4-bit: columns
  * 0-15 of the 4 sub-blocks (what the low nibbles hold), then columns 16-31 (the high nibbles); 8-bit: as they are.
  * Sub-blocks past nb are zero. */
@@ -201,7 +190,9 @@ int q_rows(const qjob_t *j, const qpart_t *a, int64_t n0, int64_t n1) {
   const qmat_t *w = &a->w;
   const int64_t nb = nb_of(w), steps = (nb + 3) / 4, M = j->M;
   const int64_t xbytes = M * steps * 128, fbytes = w->ng * R_LANES * 4;
-  char *buf = r_scratch(2 * fbytes + xbytes);
+  static __thread void *buffer;
+  static __thread int64_t size;
+  char *buf = pool_scratch(&buffer, &size, 2 * fbytes + xbytes);
   if (!buf) return -1;
   float *st = (float *)buf, *mnt = st + w->ng * R_LANES;
   int8_t *xa = (int8_t *)(buf + 2 * fbytes);

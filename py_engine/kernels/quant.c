@@ -222,15 +222,6 @@ static int64_t q_chunk_rows(int64_t n_rows, int64_t bytes_per_row) {
   return rows < Q_ROWS ? Q_ROWS : rows / Q_ROWS * Q_ROWS;
 }
 
-static void *grow(void **buffer, int64_t *size, int64_t n) {
-  if (*size < n) {
-    free(*buffer);
-    *buffer = aligned_alloc(64, (size_t)((n + 63) / 64 * 64));
-    *size = *buffer ? n : 0;
-  }
-  return *buffer;
-}
-
 /* x as fp32 rows zero-padded to nb * 32, with each sub-block's sum in xs (the exact float path). */
 static void pad_x(const void *x, int x_bf16, int64_t M, int64_t K, int64_t nb, float *xp, float *xs) {
   for (int64_t m = 0; m < M; ++m) {
@@ -322,7 +313,7 @@ static int gated_blocks(qjob_t *job, const qmat_t *parts, void *gated, float *xg
   const int64_t chunk = panel_rows(&parts[0]); /* the whole call's chunks: each passes over every row of x */
   int64_t cb = Q_GATE_BLOCK_BYTES / (M * 2 * ysize) / chunk * chunk;
   cb = cb < chunk ? chunk : cb > N ? N : cb;
-  void *yb = grow(buffer, size, M * 2 * cb * ysize);
+  void *yb = pool_scratch(buffer, size, M * 2 * cb * ysize);
   if (!yb) return -2;
   for (int64_t c0 = 0; c0 < N; c0 += cb) {
     const int64_t c1 = c0 + cb < N ? c0 + cb : N;
@@ -351,12 +342,12 @@ int rk_qlinear_parts(const void *x, int x_bf16, int n_parts, const qmat_t *parts
   int panel_parts = 0; /* parts in panels (qpanel.c); the rest in qtile.c's virtual panels: one arithmetic */
   for (int p = 0; p < n_parts; ++p)
     if (q_panels_fit(&parts[p], M, mode)) panel_parts |= 1 << p;
-  int8_t *qx = grow(&buffers[0], &sizes[0], M * nb * 32);
-  float *dx = grow(&buffers[1], &sizes[1], M * nb * 4 * 2);
-  float *xp = exact ? grow(&buffers[4], &sizes[4], M * nb * 32 * 4) : NULL;
+  int8_t *qx = pool_scratch(&buffers[0], &sizes[0], M * nb * 32);
+  float *dx = pool_scratch(&buffers[1], &sizes[1], M * nb * 4 * 2);
+  float *xp = exact ? pool_scratch(&buffers[4], &sizes[4], M * nb * 32 * 4) : NULL;
   int64_t groups = 0;
   for (int p = 0; p < n_parts; ++p) groups += parts[p].ng;
-  float *xg = grow(&buffers[3], &sizes[3], M * groups * 4);
+  float *xg = pool_scratch(&buffers[3], &sizes[3], M * groups * 4);
   if (!qx || !dx || !xg || (exact && !xp)) return -2;
   float *xs = dx + M * nb;
   if (exact) pad_x(x, x_bf16, M, K, nb, xp, xs);
@@ -366,7 +357,7 @@ int rk_qlinear_parts(const void *x, int x_bf16, int n_parts, const qmat_t *parts
   int blocks16 = 0; /* ggml parts with per-16 scales (Q2_K, Q3_K, Q6_K): their zero terms take xs16 */
   for (int p = 0; p < n_parts; ++p) blocks16 |= kq_per16(parts[p].kind);
   if (blocks16 && !exact) {
-    float *xs16 = grow(&buffers[8], &sizes[8], M * nb * 2 * 4);
+    float *xs16 = pool_scratch(&buffers[8], &sizes[8], M * nb * 2 * 4);
     if (!xs16) return -2;
     kq_sums16(qx, dx, M, nb, xs16);
     job.xs16 = xs16;

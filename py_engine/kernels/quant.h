@@ -154,9 +154,9 @@ static inline void put_q(const qjob_t *j, const qpart_t *a, int64_t m, int64_t n
   else ((float *)a->y)[m * j->ldy + n] = v;
 }
 
-/* ggml's Q5_0 / Q5_1 (one sub-block a block): summed in the canonical order by qtile.c's q5_tiles and qpanel.c. */
+/* ggml's Q5_0 / Q5_1 (one sub-block a block): summed in the canonical order by qtile_k.c's q5_tiles and qpanel.c. */
 static inline int kq_q5(int kind) { return kind == 6 || kind == 7; }
-/* ggml types summed in the canonical order (qtile.c's q5_tiles / qk_tiles, qpanel.c's panels): Q5_0, Q5_1 and the
+/* ggml types summed in the canonical order (qtile_k.c's q5_tiles / qk_tiles, qpanel.c's panels): Q5_0, Q5_1 and the
  * K-quants Q2_K-Q6_K (kquant.c keeps its own tiles for KQ_OWN_ORDER=1 builds, an A/B). */
 static inline int kq_canonical(int kind) {
 #ifdef KQ_OWN_ORDER /* an A/B build: the K-quants in kquant.c's tiles at every count of rows, as before */
@@ -178,10 +178,10 @@ static inline int q_panels_fit(const qmat_t *w, int64_t M, int mode) {
 int q_panels(const qjob_t *j, const qpart_t *a, int64_t n0, int64_t n1);
 /* Rows n0..n1 of part a against every row of x in virtual panels (qtile.c), the panels' arithmetic. */
 void q_tiles(const qjob_t *j, const qpart_t *a, int64_t n0, int64_t n1);
-/* The same for a Q5_0 / Q5_1 matrix (qtile.c): its blocks read in place, the canonical sum with s = d, mn = 16 d
+/* The same for a Q5_0 / Q5_1 matrix (qtile_k.c): its blocks read in place, the canonical sum with s = d, mn = 16 d
  * or -m per block. */
 void q5_tiles(const qjob_t *j, const qpart_t *a, int64_t n0, int64_t n1);
-/* The same for Q4_K / Q5_K / Q6_K (qtile.c): s_j = D c_j, Z_j as kquant.c's kq_head, per group of 32 (16 for Q6_K). */
+/* The same for Q4_K / Q5_K / Q6_K (qtile_k.c): s_j = D c_j, Z_j as kquant.c's kq_head, per group of 32 (16 for Q6_K). */
 void qk_tiles(const qjob_t *j, const qpart_t *a, int64_t n0, int64_t n1);
 /* The same for M <= Q_ROWS_MAX rows of x (qrow.c, Q_ROWS_BUILT); -1 when its buffer cannot be had. */
 int q_rows(const qjob_t *j, const qpart_t *a, int64_t n0, int64_t n1);
