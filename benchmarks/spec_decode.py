@@ -13,7 +13,8 @@ rotating, each in a fresh process):
   acceptance per position from generate's counts; every configuration's tokens must equal plain decoding's (the
   script fails otherwise);
 - server: `ruvllm serve` with and without --speculative-config, 16 concurrent requests (both sets, cycled),
-  output tokens / wall time of the batch;
+  output tokens / wall time of the batch; every configuration's server runs for the whole part, so each round's
+  batches are neighbours in time (no server start between them);
 - llama: llama.cpp's own `llama-server` (`make bench-anchors` builds it, -march=native) on the same file and prompts,
   plain and with `--spec-type ngram-simple` (its defaults, and a 3-gram drafting 4) (and --model-draft DRAFT.gguf when given), one request at a time:
   its reported decode rate (timings.predicted_per_second).
@@ -253,24 +254,35 @@ def server_batch(url: str, max_tokens: int, concurrency: int) -> dict:
 
 
 def server_part(configs: list[str], rounds: int, threads: int, max_tokens: int, concurrency: int, logs: Path) -> dict:
+    """Every configuration's server up at once (started and warmed before any batch is timed), then rounds of
+    one batch each, the order rotating: neighbouring batches share the machine's load, no server start between."""
+    from contextlib import ExitStack
+
     from tests.server.server_harness import running_server
 
     runs = []
-    for r in range(rounds):
-        order = configs[r % len(configs):] + configs[:r % len(configs)]
-        for config in order:
+    os.environ["OMP_NUM_THREADS"] = str(threads)
+    with ExitStack() as stack:
+        servers = {}
+        for config in configs:
             spec = spec_config(config)
             extra = [] if spec is None else ["--speculative-config", json.dumps(spec)]
-            env_threads = {"OMP_NUM_THREADS": str(threads)}
-            os.environ.update(env_threads)
-            with running_server(NAME, "--max-concurrent", str(concurrency), *extra, log_dir=logs) as server:
-                server_batch(server.url, 8, 2)  # warm-up: kernels built
+            servers[config] = stack.enter_context(
+                running_server(NAME, "--max-concurrent", str(concurrency), *extra, log_dir=logs))
+            server_batch(servers[config].url, 8, 2)  # warm-up: kernels built
+        for r in range(rounds):
+            order = configs[r % len(configs):] + configs[:r % len(configs)]
+            for config in order:
+                server = servers[config]
+                before = server.metrics()
                 got = server_batch(server.url, max_tokens, concurrency)
                 metrics = server.metrics()
-            got["accepted"] = metrics.get("ruvllm_spec_decode_num_accepted_tokens_total")
-            got["drafted"] = metrics.get("ruvllm_spec_decode_num_draft_tokens_total")
-            runs.append({"round": r, "config": config, "loadavg": os.getloadavg()[0], **got})
-            print(f"server round {r} {config:16s} c={concurrency} {got['out_tps']:6.1f} tok/s", flush=True)
+                for key, name in (("accepted", "accepted"), ("drafted", "draft")):
+                    total = f"ruvllm_spec_decode_num_{name}_tokens_total"
+                    got[key] = None if total not in metrics else metrics[total] - before.get(total, 0)
+                runs.append({"round": r, "config": config, "loadavg": os.getloadavg()[0], **got})
+                print(f"server round {r} {config:16s} c={concurrency} {got['out_tps']:6.1f} tok/s "
+                      f"(drafted {got['drafted']})", flush=True)
     plain = {r["round"]: r for r in runs if r["config"] == "plain"}
     summary = {c: {"out_tps": statistics.median(r["out_tps"] for r in runs if r["config"] == c),
                    "x_plain": statistics.median(r["out_tps"] / plain[r["round"]]["out_tps"]

@@ -320,7 +320,7 @@ class LLMEngine:
 
     def _step(self) -> list[RequestOutput]:
         if self.spec is not None:
-            self.spec.propose(self.scheduler.running)
+            self.spec.propose(self.scheduler.running, len(self.scheduler.waiting))
         out = self.scheduler.schedule()
         if not out.seqs:
             return []

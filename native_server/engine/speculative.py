@@ -3,8 +3,10 @@
 Before each step `propose` gives every running sequence that decodes (its prompt computed, one pending token)
 up to k drafts (py_engine.speculative: prompt lookup, or a draft model following the sequence), unless the
 request opted out (SamplingParams.speculative), its acceptance or the draft length's costs say no
-(py_engine.speculative.DraftLength), or more sequences run than `disable_by_batch_size` (DEFAULT_BATCH_LIMIT
-when unset). The scheduler then computes the pending token and the drafts together, as vLLM v1 does
+(py_engine.speculative.DraftLength), more sequences run than `disable_by_batch_size` (DEFAULT_BATCH_LIMIT
+when unset), or requests wait in the queue (the batch is about to grow, and they would wait behind verify rows;
+acceptance_floor 0 turns this off with the other automatic switches). A step that drafts for no sequence costs
+nothing here. The scheduler then computes the pending token and the drafts together, as vLLM v1 does
 (num_computed_tokens catching up with num_tokens + drafts), the CPU kernels computing each row as decode would.
 `verify` samples all of a sequence's 1 + k rows in the batch's one sampling call, each row with the history it
 would have if the drafts before it were kept (penalties, the grammar's mask), then keeps drafts while they equal
@@ -41,9 +43,10 @@ class SpecDecoder:
         self.live = SpecStats()  # counts of steps taken, for /metrics as they happen
         self._sessions: dict[int, tuple[Sequence, Any]] = {}  # seq_id -> (the sequence, its SequenceSpeculation)
         self._alone: tuple[float, Any, int] | None = None  # (start, session, drafts) of a step that ran one sequence
+        self._drafted = False  # whether the last propose may have left drafts on a sequence
 
-    def propose(self, running: list[Sequence]) -> None:
-        """Set spec_token_ids on the running sequences that draft this step."""
+    def propose(self, running: list[Sequence], waiting: int = 0) -> None:
+        """Set spec_token_ids on the running sequences that draft this step (`waiting`: requests queued)."""
         now = time.perf_counter()
         if self._alone is not None:  # the last step ran one sequence only: its time is that sequence's step cost
             started, session, drafted = self._alone
@@ -51,13 +54,19 @@ class SpecDecoder:
             self._alone = None
         for seq_id in [i for i, (seq, _) in self._sessions.items() if seq.status.is_finished]:
             self._sessions.pop(seq_id)[1].finish()
-        limit = self.config.disable_by_batch_size
-        if limit is None and self.config.acceptance_floor > 0:
+        limit, auto = self.config.disable_by_batch_size, self.config.acceptance_floor > 0
+        if limit is None and auto:
             limit = DEFAULT_BATCH_LIMIT
-        off = limit is not None and len(running) > limit
+        if (waiting and auto) or (limit is not None and len(running) > limit):
+            if self._drafted:  # drafts left on a sequence the last step did not schedule
+                for seq in running:
+                    seq.spec_token_ids = []
+                self._drafted = False
+            return
+        self._drafted = True
         for seq in running:
             seq.spec_token_ids = []
-            if off or not seq.params.speculative or seq.num_tokens - seq.num_computed_tokens != 1:
+            if not seq.params.speculative or seq.num_tokens - seq.num_computed_tokens != 1:
                 continue
             session = self._session(seq)
             left = self.max_model_len - seq.num_tokens

@@ -55,6 +55,7 @@ from ..models.transformer import DecoderLayer, DecoderModel
 from .layers import DTYPES, KernelAttention, KernelMLP, KernelRMSNorm
 from .linears import FusedLinear, KernelLinear
 from .stack_adapters import StackAdapters
+from .stack_rows import ROWS_MAX, RowsStep
 from .step_layout import P, Layer, NotStackable, Proj, Step
 
 SETUPS = 4  # (cache, adapter state) setups kept
@@ -106,6 +107,16 @@ class StackPlan:
         self.kv: DenseKVCache | None = None
         self._setup: _Setup | None = None
         self._fn = kernels.lib.rk_decode_step
+        self._rows: RowsStep | bool | None = None  # stack_rows.py's step of several rows; False: not for this model
+
+    def rows_step(self) -> RowsStep | None:
+        """The step of T rows over this plan (stack_rows.py), or None when the model's layers cannot take it."""
+        if self._rows is None:
+            try:
+                self._rows = RowsStep(self)
+            except NotStackable:
+                self._rows = False
+        return self._rows or None
 
     # what must not change -------------------------------------------------------------------------------
     def _watch(self, container: dict, key: str, obj: object) -> None:
@@ -421,11 +432,15 @@ class KernelDecoderModel(DecoderModel):
     _stack_failed: tuple | None = None  # (kv, dtype) a layout was refused for: not retried every step
 
     def forward(self, input_ids: Tensor, positions: Tensor, kv=None) -> Tensor:
+        if self._wants_rows(input_ids, positions, kv):  # a speculative step's k + 1 rows: one call (stack_rows.py)
+            hidden = self._rows_forward(input_ids, positions, kv)
+            if hidden is not None:
+                return hidden
         target = self._target(input_ids, kv)  # the dense cache, or a paged single-sequence step
         stack = self._usable_stack(input_ids, target)
         if stack is None:
             hidden = super().forward(input_ids, positions, kv)
-            if self._wants_stack(input_ids, target, hidden.dtype):
+            if self._wants_stack(input_ids, target, hidden.dtype, rows=True):
                 self._lay_out(target, hidden.dtype)  # the step above built every module's plan
             return hidden
         x = self.embed_tokens(input_ids)  # [1, 1, hidden], a new tensor: the step updates it in place
@@ -443,6 +458,36 @@ class KernelDecoderModel(DecoderModel):
                 return super().forward(input_ids, positions, kv)
             return stack(x.contiguous(), cos.contiguous(), sin.contiguous(), int(positions))
 
+    def _wants_rows(self, input_ids: Tensor, positions: Tensor, kv) -> bool:
+        """Several rows of one sequence at consecutive positions over a dense cache without a cold tier."""
+        rows = input_ids.shape[-1]
+        return (self.stack_enabled and self._stack is not None and type(kv) is DenseKVCache and input_ids.dim() == 2
+                and input_ids.shape[0] == 1 and 2 <= rows <= ROWS_MAX and not input_ids.is_cuda
+                and not torch.is_grad_enabled() and int(positions[0, -1]) == int(positions[0, 0]) + rows - 1)
+
+    def _rows_forward(self, input_ids: Tensor, positions: Tensor, kv: DenseKVCache) -> Tensor | None:
+        """Final-normed hidden states [1, T, hidden] from one rk_rows_step call; None: the module path."""
+        stack = self._stack
+        if not stack.valid() or self._stack_failed == (_cache_id(kv), stack.dtype):
+            return None
+        step = stack.rows_step()
+        if step is None:
+            return None
+        x = self.embed_tokens(input_ids)  # [1, T, hidden]
+        if self.embedding_multiplier != 1.0:
+            x = x * torch.tensor(self.embedding_multiplier, dtype=x.dtype)
+        if x.dtype != stack.dtype:
+            return None
+        cos, sin = self.rotary_emb(positions, x.dtype)  # [1, T, rot]
+        with stack.lock:
+            try:
+                if not stack.configure(kv):
+                    return None
+            except NotStackable:
+                self._stack_failed = (_cache_id(kv), stack.dtype)
+                return None
+            return step(x.contiguous(), cos.contiguous(), sin.contiguous(), int(positions[0, 0]))
+
     def prepare_adapter(self, slot: int) -> None:
         """Do now what the first one-call step with adapter `slot` would do first (merge a merge=True one)."""
         stack = self._stack
@@ -459,8 +504,11 @@ class KernelDecoderModel(DecoderModel):
         view = getattr(kv, "decode_view", None)
         return view() if view is not None and input_ids.shape == (1, 1) else None
 
-    def _wants_stack(self, input_ids: Tensor, kv, dtype: torch.dtype) -> bool:
-        return (self.stack_enabled and isinstance(kv, (DenseKVCache, PagedStepView)) and input_ids.shape == (1, 1)
+    def _wants_stack(self, input_ids: Tensor, kv, dtype: torch.dtype, rows: bool = False) -> bool:
+        """Whether a one-call step fits (rows: or a rows step over a dense cache, to lay the plan out after)."""
+        one = input_ids.shape == (1, 1) or (rows and type(kv) is DenseKVCache and input_ids.shape[0] == 1
+                                            and input_ids.shape[-1] <= ROWS_MAX)
+        return (self.stack_enabled and isinstance(kv, (DenseKVCache, PagedStepView)) and one
                 and dtype in DTYPES and not input_ids.is_cuda and not torch.is_grad_enabled()
                 and self._stack_failed != (_cache_id(kv), dtype))
 

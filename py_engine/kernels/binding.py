@@ -57,6 +57,8 @@ class CpuKernels:
         # step.c (driven by py_engine.cpu.stack): a whole decode step of the decoder stack
         lib.rk_decode_step.argtypes = [p, p, p, p, i64, i64, p]
         lib.rk_decode_step.restype = i
+        lib.rk_rows_step.argtypes = [p, p, p, p, p, i64, i64, i64, p]  # a step of T rows of one sequence
+        lib.rk_rows_step.restype = i
         # paged.c (driven by py_engine.kernels.paged): the server's paged decode attention
         lib.rk_paged_decode.argtypes = [p]
         lib.rk_paged_decode.restype = i

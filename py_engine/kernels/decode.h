@@ -21,6 +21,9 @@ void rk_rms_norm(const void *x, const void *w, void *y, int64_t rows, int64_t di
 int rk_attend_one(const void *qkv, const void *cos, const void *sin, void *keys, void *values, void *out, int64_t H,
                   int64_t KV, int64_t D, int64_t rot, int64_t pos, int64_t start, int64_t max_len, float scale,
                   float softcap, int bf16, float *scratch, const cold_t *cold);
+int rk_attend_rows(const void *qkv, const void *cos, const void *sin, void *keys, void *values, void *out,
+                   int64_t T, int64_t H, int64_t KV, int64_t D, int64_t rot, int64_t pos, int64_t window,
+                   int64_t max_len, float scale, float softcap, int bf16);
 int rk_paged_attend_one(const void *qkv, const void *cos, const void *sin, int64_t rot, int64_t slot, void *q,
                         float *scratch, paged_t *p);
 int64_t rk_argmax(const float *x, int64_t n);

@@ -215,3 +215,38 @@ int rk_decode_step(const step_t *s, void *x, const void *cos, const void *sin, i
   rk_rms_norm(x, s->final_norm, out, 1, s->hidden, s->eps, s->unit_offset, b);
   return 0;
 }
+
+/* T rows of one sequence at positions pos..pos + T - 1 over the dense cache, in one call: a speculative step's
+ * k + 1 rows (issue 32), a short prompt chunk. The module path runs these same kernels in this same order for T
+ * rows (rk_rms_norm of T rows, rk_qlinear_parts with M = T, rk_attend_rows, the residual adds), ~10 Python calls a
+ * layer (~5 ms a step on SmolLM2's 30 layers, a third of a decode); each row gets the bits the module path gives it,
+ * which are decode's. Quantized projections without adapters only, no cold tier, no paged cache: stack.py takes
+ * this path only then. b: work rows for T (h, qkv, attn: [T, width]; wide [T, 2 inter]; act [T, inter]; tmp
+ * [T, hidden]). x [T, hidden]: the embeddings on entry, the residual stream on return; out [T, hidden] =
+ * final_norm(x). cos, sin: [T, rot]. Returns 0, -(1 + layer) where a kernel refused, or -1000 for a projection
+ * this path does not take. */
+int rk_rows_step(const step_t *s, void *const *b, void *x, const void *cos, const void *sin, int64_t rot, int64_t pos,
+                 int64_t T, void *out) {
+  const int bf = s->bf16;
+  void *h = b[0], *qkv = b[1], *attn = b[2], *wide = b[3], *act = b[4], *tmp = b[5];
+  for (int64_t l = 0; l < s->n_layers; ++l) {
+    const step_layer_t *L = &s->layers[l];
+    const proj_t *ps[4] = {&L->qkv, &L->o, &L->gate_up, &L->down};
+    for (int i = 0; i < 4; ++i)
+      if (!ps[i]->quant || (ps[i]->lora && ps[i]->lora->r > 0) || ps[i]->gated != (i == 2)) return -1000;
+    rk_rms_norm(x, L->norm_attn, h, T, s->hidden, s->eps, s->unit_offset, bf);
+    if (rk_qlinear_parts(h, bf, L->qkv.n_parts, L->qkv.parts, qkv, bf, T, s->hidden, L->qkv.mode, NULL) != 0 ||
+        rk_attend_rows(qkv, cos, sin, L->keys, L->values, attn, T, s->H, s->KV, s->D, rot, pos, L->window, s->max_len,
+                       L->scale, L->softcap, bf) != 0 ||
+        rk_qlinear_parts(attn, bf, L->o.n_parts, L->o.parts, tmp, bf, T, s->H * s->D, L->o.mode, NULL) != 0)
+      return (int)-(1 + l);
+    add_into(x, tmp, T * s->hidden, bf);
+    rk_rms_norm(x, L->norm_mlp, h, T, s->hidden, s->eps, s->unit_offset, bf);
+    if (rk_qlinear_parts(h, bf, L->gate_up.n_parts, L->gate_up.parts, wide, bf, T, s->hidden, L->gate_up.mode, act) != 0 ||
+        rk_qlinear_parts(act, bf, L->down.n_parts, L->down.parts, tmp, bf, T, s->inter, L->down.mode, NULL) != 0)
+      return (int)-(1 + l);
+    add_into(x, tmp, T * s->hidden, bf);
+  }
+  rk_rms_norm(x, s->final_norm, out, T, s->hidden, s->eps, s->unit_offset, bf);
+  return 0;
+}

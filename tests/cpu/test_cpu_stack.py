@@ -72,7 +72,7 @@ def test_stack_equals_the_module_path(name, dtype, tmp_path, calls):
     model = _model(tmp_path, dtype)
     ids = prompt(30)
     fast, slow = _both(model, ids)
-    assert calls["n"] == ids.shape[1] - 5 - 1  # every decode step but the first, which lays the plan out
+    assert calls["n"] == ids.shape[1] - 5  # every decode step: the prefill (5 rows) laid the plan out
     assert torch.equal(fast, slow)
     if dtype == "float32":  # and both are transformers' logits (test_cpu_fast's tolerance)
         with torch.no_grad():
@@ -92,6 +92,58 @@ def test_stack_equals_the_module_path_quantized(quantization, dtype, int8_activa
     ids = prompt(24)
     fast, slow = _both(model, ids)
     assert calls["n"] > 0
+    assert torch.equal(fast, slow)
+
+
+def chunk_logits(model, ids, sizes):
+    """Logits of ids fed in chunks of `sizes` rows (a prefill, then decode steps and speculative steps) into a
+    dense cache: [1, T, V]."""
+    kv = DenseKVCache.allocate(model.config, 1, ids.shape[1], dtype=model.model.norm.weight.dtype)
+    out, t = [], 0
+    for n in sizes:
+        out.append(model(ids[:, t:t + n], positions(t, t + n), kv))
+        t += n
+    return torch.cat(out, dim=1)
+
+
+@pytest.mark.parametrize("quantization", ["int8", "int4"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("int8_activations", [True, False])
+def test_rows_step_equals_the_module_path_and_decode(quantization, dtype, int8_activations, tmp_path, monkeypatch):
+    """A speculative step's k + 1 rows in one rk_rows_step call (stack_rows.py): the module path's bits for every
+    row, and decode's (each row as if it came alone)."""
+    from py_engine.cpu.stack_rows import RowsStep
+    from py_engine.quant.linear import set_int8_activations
+
+    rows_calls = []
+    run = RowsStep.__call__
+    monkeypatch.setattr(RowsStep, "__call__", lambda self, x, *a: rows_calls.append(x.shape[1]) or run(self, x, *a))
+    save_hf_model(FAMILIES["qwen2"], tmp_path)  # biases on q/k/v, a sliding-window layer
+    model = _model(tmp_path, dtype, quantization)
+    set_int8_activations(model, int8_activations)
+    sizes = [5, 1, 3, 2, 5, 1, 9, 17, 32]
+    ids = prompt(sum(sizes))
+    with torch.no_grad():
+        fast = chunk_logits(model, ids, sizes)
+        model.model.stack_enabled = False
+        slow = chunk_logits(model, ids, sizes)
+        one = chunk_logits(model, ids, [5] + [1] * (sum(sizes) - 5))
+        model.model.stack_enabled = True
+    assert rows_calls == [3, 2, 5, 9, 17, 32]  # after the prefill laid the plan out, every chunk of 2-32 rows
+    assert torch.equal(fast, slow)
+    assert torch.equal(fast[0, 5:], one[0, 5:])
+
+
+def test_rows_step_keeps_float_models_on_the_module_path(tmp_path, monkeypatch):
+    from py_engine.cpu.stack_rows import RowsStep
+
+    monkeypatch.setattr(RowsStep, "__call__", lambda *a: pytest.fail("a float model took the rows step"))
+    save_hf_model(FAMILIES["qwen2"], tmp_path)
+    model = _model(tmp_path)
+    with torch.no_grad():
+        fast = chunk_logits(model, prompt(20), [5, 1, 4, 10])
+        model.model.stack_enabled = False
+        slow = chunk_logits(model, prompt(20), [5, 1, 4, 10])
     assert torch.equal(fast, slow)
 
 
@@ -171,7 +223,7 @@ def test_a_full_cache_is_refused_like_the_module_path(tmp_path, calls):
         model(prompt(2), torch.arange(2)[None], kv)
         _step(model, kv, 7, 2)
         _step(model, kv, 7, 3)
-        assert calls["n"] == 1
+        assert calls["n"] == 2  # the prefill laid the plan out
         with pytest.raises(ValueError, match="position 4 does not fit a cache of max_len 4"):
             _step(model, kv, 7, 4)
         model.model.stack_enabled = False
