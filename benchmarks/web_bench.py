@@ -11,8 +11,10 @@ GGUF (int4: its codes as they are; int8: re-quantized in blocks of 32), and wlla
 Each round runs every engine in turn (the order alternates between rounds): a cold load (caches emptied: the
 Cache API, wllama's own cache), a greedy completion of `tokens` tokens with ignore_eos after a ~32-token prompt,
 then a cached load (a second page, caches kept) with the same completion. Recorded per run: load time (until
-the engine answers), time to first token, decode tok/s, the bytes the page fetched (model files; runtime files),
-and the peak RSS of the page's renderer process (Chromium's, sampled every 50 ms). Beside them, ruvllm native
+the engine answers; ours also times each phase of its load, `phases`), time to first token, decode tok/s, the
+bytes the page fetched (model files; runtime files), the peak RSS of the page's renderer process (Chromium's,
+sampled every 50 ms) and, after the completion, Chromium's own count of the page's JS and wasm memory
+(performance.measureUserAgentSpecificMemory, page and workers). Beside them, ruvllm native
 (the CPU kernels, the same GGUF, the same threads: benchmarks/smollm2_speed.py's run). Prints a table with the
 ratios the issue asks for and writes benchmarks/results/web_bench.json (CPU flags, load before/after).
 """
@@ -110,6 +112,8 @@ def run_once(context, base: str, engine: str, args, cold: bool, sizes: list) -> 
             row = page.evaluate(f"(a) => window.bench.{call}(a)", arg)
         except Exception as error:  # one failing engine should not hide the others
             row = {"error": str(error).splitlines()[0][:300]}
+    if (row.get("uaMemory") or {}).get("bytes"):  # after the completion, the engine still loaded
+        row["ua_memory_mib"] = round(row["uaMemory"]["bytes"] / 2**20, 1)
     row.update(engine=engine, cold=cold, peak_renderer_rss_mib=round(peak.peak, 1),
                model_bytes=sum(v for u, v in sizes if "/models/" in u or "/gguf/" in u),
                runtime_bytes=sum(v for u, v in sizes if "/models/" not in u and "/gguf/" not in u))
@@ -122,7 +126,10 @@ def measure(dist: Path, engines: list[str], args) -> list[dict]:
     from tests.web.web_harness import browser, static_server
 
     rows = []
-    with static_server(dist) as base, browser(WORK / "profile", webgpu=bool(args.webgpu)) as (context, _):
+    # ForceEagerMeasureMemory: measureUserAgentSpecificMemory answers at once, not at the next GC (up to 20 s)
+    with static_server(dist) as base, browser(WORK / "profile", webgpu=bool(args.webgpu),
+                                              extra_args=("--enable-blink-features=ForceEagerMeasureMemory",)) \
+            as (context, _):
         sizes: list[tuple[str, int]] = []  # every response (a ranged file answers several times)
         context.on("response", lambda r: sizes.append((r.url, int(r.headers.get("content-length") or 0))))
         for r in range(args.rounds):
@@ -152,7 +159,8 @@ def summary(rows: list[dict], native_row: dict | None, gguf_bytes: int) -> dict:
         out[engine] = {"cold_load_s": _s(med(engine, "loadMs")), "cached_load_s": _s(med(engine, "loadMs", False)),
                        "decode_tok_s": med(engine, "decodeTokPerS"), "ttft_ms": med(engine, "ttftMs"),
                        "model_mb": _mb(med(engine, "model_bytes")), "runtime_mb": _mb(med(engine, "runtime_bytes")),
-                       "peak_renderer_rss_mib": med(engine, "peak_renderer_rss_mib")}
+                       "peak_renderer_rss_mib": med(engine, "peak_renderer_rss_mib"),
+                       "ua_memory_mib": med(engine, "ua_memory_mib")}
     w = out.get("wllama", {})
     for engine, s in out.items():
         if w.get("decode_tok_s") and s.get("decode_tok_s"):
@@ -166,6 +174,8 @@ def summary(rows: list[dict], native_row: dict | None, gguf_bytes: int) -> dict:
             s["bytes_vs_gguf"] = round(s["model_mb"] * 1e6 / gguf_bytes, 3)
             if s.get("peak_renderer_rss_mib"):
                 s["peak_rss_vs_file"] = round(s["peak_renderer_rss_mib"] * 2**20 / gguf_bytes, 2)
+            if s.get("ua_memory_mib"):
+                s["ua_memory_vs_file"] = round(s["ua_memory_mib"] * 2**20 / gguf_bytes, 2)
     return out
 
 
@@ -180,7 +190,7 @@ def _mb(b):
 def print_table(summ: dict, native_row: dict | None) -> None:
     cols = ("cold_load_s", "cached_load_s", "decode_tok_s", "ttft_ms", "model_mb", "runtime_mb",
             "peak_renderer_rss_mib", "decode_vs_wllama", "cold_load_vs_wllama", "cached_load_vs_wllama",
-            "decode_vs_native", "bytes_vs_gguf", "peak_rss_vs_file")
+            "decode_vs_native", "bytes_vs_gguf", "peak_rss_vs_file", "ua_memory_mib", "ua_memory_vs_file")
     print(f"\n{'engine':18}" + "".join(f"{c[:14]:>15}" for c in cols))
     for engine, s in summ.items():
         print(f"{engine:18}" + "".join(f"{_fmt(s.get(c)):>15}" for c in cols))

@@ -3,7 +3,8 @@
     web/dist/
       index.html app.js app.css          the page (web/src)
       ruvllm/                            the npm package's runtime (npm/src), loaded by the page and its worker
-      wheels/                            py_engine's ring-0 wheel, jinja2, pure markupsafe (+ index.json)
+      wheels/                            py_engine's ring-0 wheel, jinja2, pure markupsafe (+ index.json), and
+                                         Pyodide's heap with them imported (python.snapshot.gz, web/snapshot.py)
       pyodide/                           Pyodide's runtime files, from the npm package `pyodide`
       ort/                               onnxruntime-web's wasm build and its .wasm, from `onnxruntime-web`
       models/<name>/                     exports (built-in model: fp32 and int4, --target web)
@@ -21,6 +22,7 @@ import shutil
 from pathlib import Path
 from typing import Mapping
 
+from .snapshot import SnapshotError, ship_snapshot
 from .wheels import build_wheels
 
 WEB = Path(__file__).resolve().parent
@@ -98,6 +100,10 @@ def build_dist(out: Path = DIST, models: Mapping[str, Path] | None = None, built
     shutil.copytree(REPO / "npm" / "src", out / "ruvllm", ignore=shutil.ignore_patterns("*.d.ts"))
     build_wheels(out / "wheels")
     _copy_files(NODE_MODULES / "pyodide", PYODIDE_FILES, out / "pyodide", "pyodide")
+    try:
+        ship_snapshot(out / "wheels")
+    except SnapshotError as exc:
+        raise WebBuildError(str(exc)) from None
     _copy_files(NODE_MODULES / "onnxruntime-web" / "dist", ORT_FILES, out / "ort", "onnxruntime-web")
     menu = []
     if builtin:

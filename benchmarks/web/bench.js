@@ -25,7 +25,8 @@ export async function ours({ model, precision = 'auto', file = null, threads = 2
   for await (const chunk of chunks) {
     for (const _ of chunk.choices[0].token_ids ?? []) stamps.push(performance.now());
   }
-  const out = { engine: 'ruvllm', loadMs, ...engine.stats, ...rates(started, stamps), promptTokens: engine.lastStats?.promptTokens };
+  const out = { engine: 'ruvllm', loadMs, ...engine.stats, ...rates(started, stamps), promptTokens: engine.lastStats?.promptTokens,
+    uaMemory: await memory() };
   await engine.dispose();
   return out;
 }
@@ -70,13 +71,22 @@ export async function wllama({ gguf, threads = 2, prompt, tokens, cold = true })
     stream: true });
   for await (const chunk of stream) if (chunk.choices?.[0]?.text !== undefined) stamps.push(performance.now());
   const out = { engine: 'wllama 3.8.1', loadMs, pythonBootMs: bootMs, modelLoadMs: loadMs - bootMs,
-    threads: w.getNumThreads?.() ?? threads, ...rates(started, stamps), runtime: 'wllama (llama.cpp wasm)' };
+    threads: w.getNumThreads?.() ?? threads, ...rates(started, stamps), runtime: 'wllama (llama.cpp wasm)',
+    uaMemory: await memory() };
   await w.exit();
   return out;
 }
 
-/** Chromium's own count of this page's memory (JS heaps and wasm memories of the page and its workers). */
+/** Chromium's own count of this page's memory (performance.measureUserAgentSpecificMemory: the JS heaps and
+ * ArrayBuffers, wasm memories included, of the page and its workers), in bytes, with the share of each
+ * kind of context (Window, DedicatedWorkerGlobalScope...); null where the page is not cross-origin isolated. */
 export async function memory() {
   if (!performance.measureUserAgentSpecificMemory) return null;
-  return (await performance.measureUserAgentSpecificMemory()).bytes;
+  const result = await performance.measureUserAgentSpecificMemory();
+  const byScope = {};
+  for (const entry of result.breakdown) {
+    const scope = entry.attribution.map((a) => a.scope).join('+') || 'shared';
+    byScope[scope] = (byScope[scope] ?? 0) + entry.bytes;
+  }
+  return { bytes: result.bytes, byScope };
 }

@@ -137,6 +137,15 @@ class Generation:
         self.steps.close()
 
 
+def preload() -> None:
+    """Import now what a Runtime imports late (jinja2 and its sandbox, for the chat template): called before
+    Pyodide's heap is snapshotted (npm/src/python.js), so a restored heap has them and a load does not
+    compile them from source again."""
+    import jinja2  # noqa: F401
+    import jinja2.ext  # noqa: F401
+    import jinja2.sandbox  # noqa: F401
+
+
 class Runtime:
     """A model folder's tokenizer, chat template and generation defaults (read from Pyodide's FS)."""
 

@@ -52,7 +52,7 @@ export async function openBackend(base, contract, options, onFile) {
   const graph = await pickGraph(base, contract, 'onnxruntime-web', options.precision, options.file);
   if (graph.engine && !graph.engine.unsupported && options.kernels !== false && kernelsSupported()) {
     const backend = await WasmBackend.load(base, graph, { onProgress: onFile, threads: options.threads,
-      kernelsURL: options.kernelsURL });
+      kernelsURL: options.kernelsURL, mark: options.mark });
     return { backend, device: 'wasm', runtime: backend.runtimeName, precision: graph.precision };
   }
   const runtime = await loadOrt({ ...common, runtime: 'web' });

@@ -41,22 +41,28 @@ export class InThreadEngine {
       const base = await modelBase(options.model);
       const contract = await readContract(base);
       const t0 = performance.now();
+      // When each phase of the two chains ended (ms since t0): where a load's time goes.
+      stats.phases = {};
+      const mark = (phase) => { stats.phases[phase] = Math.round(performance.now() - t0); };
       progress({ stage: 'boot' });
       // Two independent chains: Python (boot, tokenizer, template) and the graph (runtime, download,
       // session). Overlapping them hides most of Pyodide's boot behind the download, or the
       // session creation on a cached reload.
       const python = (async () => {
-        const { pyodide, runtime, restored } = await bootRuntime({ indexURL: options.pyodideURL,
+        const { pyodide, runtime, restored, start } = await bootRuntime({ indexURL: options.pyodideURL,
           wheelsURL: options.wheelsURL, snapshot: options.pythonSnapshot, maxContext: options.maxContext, modelDir: MODEL_DIR,
-          writeModel: (p) => writeSharedFiles(p, base, onFile) });
+          mark, writeModel: (p) => writeSharedFiles(p, base, onFile) });
         stats.pythonBootMs = performance.now() - t0;
         stats.pythonRestored = restored;
+        stats.pythonStart = start; // 'boot', or the snapshot it restored: 'cached' (this browser's), 'shipped'
         return { pyodide, py: runtime };
       })();
       const forward = (async () => {
-        const opened = await openBackend(base, contract, options, onFile);
+        const opened = await openBackend(base, contract, { ...options, mark }, onFile);
+        mark('weights');
         progress({ stage: 'device', device: opened.device, runtime: opened.runtime });
         await opened.backend.warm();
+        mark('warm');
         stats.modelLoadMs = performance.now() - t0;
         return opened;
       })();

@@ -228,6 +228,13 @@ export interface GenerationStats {
 export interface LoadStats {
   /** Pyodide booted with py_engine installed (ms from the start of loading). */
   pythonBootMs: number;
+  /** Python started from a heap snapshot (pythonStart says which), not a plain boot. */
+  pythonRestored: boolean;
+  /** 'boot', or the snapshot restored: 'cached' (kept by this browser), 'shipped' (made at build time). */
+  pythonStart: 'boot' | 'cached' | 'shipped';
+  /** When each phase of the load ended, ms from its start (pythonSetup, loadPyodide, wheels, modelFiles,
+   *  tokenizer, template; kernels, download, weights, warm...): where a load's time goes. */
+  phases: Record<string, number>;
   /** The graph downloaded (or read from cache), its session created and warmed (ms from the start; overlaps the boot). */
   modelLoadMs: number;
   /** e.g. 'ruvllm-wasm (relaxed SIMD, 2 threads)', 'onnxruntime-web (WebGPU)', 'onnxruntime-node'. */

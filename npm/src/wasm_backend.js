@@ -16,8 +16,9 @@ export class WasmBackend {
    * @param {{file: string, engine: object}} graph the contract's web graph entry (its `engine` says where
    *   each weight is; export/web_engine.py)
    */
-  static async load(base, graph, { onProgress, threads, kernelsURL, cache = true } = {}) {
+  static async load(base, graph, { onProgress, threads, kernelsURL, cache = true, mark = () => {} } = {}) {
     const kernels = await loadKernels({ threads, kernelsURL });
+    mark('kernels');
     try {
       const e = graph.engine;
       const dir = new URL('.', new URL(graph.file, base));
@@ -27,6 +28,7 @@ export class WasmBackend {
         const alloc = Object.assign((n) => kernels.alloc(n), { view: (at, n) => kernels.bytes(at, n) });
         regions.push(await fetchInto(new URL(name, dir), alloc, { onProgress, cache, label }));
       }
+      mark('download');
       return new WasmBackend(kernels, setUp(kernels, e, regions));
     } catch (error) {
       kernels.dispose();

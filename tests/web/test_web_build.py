@@ -39,6 +39,14 @@ def test_build_layout(tmp_path):
     wheels = json.loads((dist / "wheels" / "index.json").read_text())
     assert wheels[0].startswith("markupsafe-") and wheels[-1].startswith("py_engine-")
     assert all((dist / "wheels" / w).is_file() and w.endswith("-py3-none-any.whl") for w in wheels)
+    # Pyodide's heap made in Node with these wheels imported; its key is the digest npm/src/python.js checks
+    import gzip
+
+    from web.snapshot import content_key
+
+    shipped = json.loads((dist / "wheels" / "python-snapshot.json").read_text())
+    assert shipped["key"] == content_key(dist / "wheels")
+    assert len(gzip.decompress((dist / "wheels" / shipped["file"]).read_bytes())) == shipped["heap_bytes"]
     assert json.loads((dist / "models" / "index.json").read_text()) == [{"name": "tiny", "url": "models/tiny/"}]
     # Nothing in the page or the runtime names a CDN.
     for f in [*dist.glob("*.js"), *dist.glob("*.html"), *(dist / "ruvllm").glob("*.js")]:

@@ -78,6 +78,8 @@ def test_golden_greedy_tokens_in_chromium(site, dist):
               {prompt, max_tokens: n, temperature: 0, ignore_eos: true, return_token_ids: true});
             return r.choices[0].token_ids; }""", [PROMPT, GREEDY])
         assert got == expected, name
+        # Python came from a heap snapshot: the one `web build` shipped (web/snapshot.py), or this browser's copy
+        assert page.evaluate("window.ruvllmDemo.engine.stats.pythonStart") in ("shipped", "cached"), name
         if name == "tiny-shakespeare":  # on the same page (one model load): structured outputs and tools
             check_guided_run(_guided_in_page(page), dist / "models" / name, strict=True)
         page.close()
@@ -198,6 +200,34 @@ def test_reload_loads_from_browser_cache(site, dist):
     page.wait_for_function("document.body.dataset.status === 'cache cleared'")
     assert page.evaluate("caches.keys()") == []
     page.close()
+
+
+def test_stale_shipped_snapshot_is_not_restored(site, dist):
+    """A python-snapshot.json whose key does not match the wheels the page installs (another build's heap)
+    is ignored: Python boots, and the page still gives the torch engine's greedy tokens."""
+    import json
+
+    from py_engine import LLM, SamplingParams
+
+    base, context, _ = site
+    manifest = json.loads((dist / "wheels" / "python-snapshot.json").read_text())
+    stale = json.dumps({**manifest, "key": "0" * 64})
+    page = context.new_page()
+    page.goto(base)  # several models and no ?model=: the page waits for a choice
+    page.evaluate("async () => { for (const k of await caches.keys()) await caches.delete(k); }")
+    page.route("**/wheels/python-snapshot.json", lambda route: route.fulfill(
+        status=200, content_type="application/json", body=stale))
+    page.goto(f"{base}?model=models/qwen2/&precision=fp32")
+    page.wait_for_function("['ready', 'error'].includes(document.body.dataset.status)", timeout=LOAD_TIMEOUT_MS)
+    assert page.evaluate("document.body.dataset.status") == "ready", page.inner_text("#error")
+    assert page.evaluate("window.ruvllmDemo.engine.stats.pythonStart") == "boot"
+    got = page.evaluate("""async ([prompt, n]) => (await window.ruvllmDemo.engine.completions.create(
+        {prompt, max_tokens: n, temperature: 0, ignore_eos: true, return_token_ids: true})).choices[0].token_ids""",
+                        [PROMPT, 8])
+    page.close()
+    expected = LLM(str(dist.parent / "qwen2")).generate(PROMPT, SamplingParams.greedy(max_tokens=8,
+                                                                                      ignore_eos=True)).token_ids
+    assert got == expected
 
 
 def test_missing_model_is_a_readable_error(site):

@@ -56,13 +56,15 @@ def static_server(dist: Path) -> Iterator[str]:
 
 
 @contextlib.contextmanager
-def browser(profile: Path, webgpu: bool = False) -> Iterator[tuple[object, list[str]]]:
+def browser(profile: Path, webgpu: bool = False, extra_args: tuple[str, ...] = ()) -> Iterator[tuple[object, list[str]]]:
     """A persistent Chromium context (profile keeps the Cache API across pages); yields it and the request log.
-    webgpu: navigator.gpu offers an adapter (SwiftShader, a software GPU, on 127.0.0.1 pages)."""
+    webgpu: navigator.gpu offers an adapter (SwiftShader, a software GPU, on 127.0.0.1 pages); extra_args: more
+    Chromium switches."""
     from playwright.sync_api import sync_playwright
 
     requests: list[str] = []
     args = [a for a in CHROMIUM_ARGS if not (webgpu and a == "--disable-gpu")] + (WEBGPU_ARGS if webgpu else [])
+    args += list(extra_args)
     with sync_playwright() as pw:
         context = pw.chromium.launch_persistent_context(str(profile), executable_path=CHROMIUM, headless=True,
                                                         args=args)
