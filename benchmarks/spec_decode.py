@@ -14,8 +14,9 @@ rotating):
   acceptance per position from generate's counts; every configuration's tokens must equal plain decoding's (the
   script fails otherwise);
 - server: `ruvllm serve` with and without --speculative-config, 16 concurrent requests (both sets, cycled),
-  output tokens / wall time of the batch; every configuration's server runs for the whole part, so each round's
-  batches are neighbours in time (no server start between them);
+  output tokens / wall time of the batch, and the server process's CPU seconds for it (less swayed by the
+  machine's other load); every configuration's server runs for the whole part, so each round's batches are
+  neighbours in time (no server start between them);
 - llama: llama.cpp's own `llama-server` (`make bench-anchors` builds it, -march=native) on the same file and prompts,
   plain and with `--spec-type ngram-simple` (its defaults, and a 3-gram drafting 4) (and --model-draft DRAFT.gguf when given), one request at a time:
   its reported decode rate (timings.predicted_per_second).
@@ -277,22 +278,32 @@ def server_part(configs: list[str], rounds: int, threads: int, max_tokens: int, 
             order = configs[r % len(configs):] + configs[:r % len(configs)]
             for config in order:
                 server = servers[config]
-                before = server.metrics()
+                before, cpu = server.metrics(), cpu_seconds(server.process.pid)
                 got = server_batch(server.url, max_tokens, concurrency)
+                got["server_cpu_s"] = cpu_seconds(server.process.pid) - cpu  # less swayed by others' load than wall
                 metrics = server.metrics()
                 for key, name in (("accepted", "accepted"), ("drafted", "draft")):
                     total = f"ruvllm_spec_decode_num_{name}_tokens_total"
                     got[key] = None if total not in metrics else metrics[total] - before.get(total, 0)
                 runs.append({"round": r, "config": config, "loadavg": os.getloadavg()[0], **got})
-                print(f"server round {r} {config:16s} c={concurrency} {got['out_tps']:6.1f} tok/s "
-                      f"(drafted {got['drafted']})", flush=True)
+                print(f"server round {r} {config:16s} c={concurrency} {got['out_tps']:6.1f} tok/s, "
+                      f"{got['server_cpu_s']:.2f} CPU s (drafted {got['drafted']})", flush=True)
     plain = {r["round"]: r for r in runs if r["config"] == "plain"}
     summary = {c: {"out_tps": statistics.median(r["out_tps"] for r in runs if r["config"] == c),
                    "x_plain": statistics.median(r["out_tps"] / plain[r["round"]]["out_tps"]
-                                                for r in runs if r["config"] == c)} for c in configs}
+                                                for r in runs if r["config"] == c),
+                   "cpu_x_plain": statistics.median(plain[r["round"]]["server_cpu_s"] / r["server_cpu_s"]
+                                                    for r in runs if r["config"] == c)} for c in configs}
     for c, s in summary.items():
-        print(f"server {c}: {s['out_tps']:.1f} tok/s, x{s['x_plain']:.2f} of plain at c={concurrency}")
+        print(f"server {c}: {s['out_tps']:.1f} tok/s, x{s['x_plain']:.2f} of plain at c={concurrency} "
+              f"(CPU seconds: x{s['cpu_x_plain']:.2f})")
     return {"runs": [{k: v for k, v in r.items() if k != "texts"} for r in runs], "summary": summary}
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds a process (every thread) has used: /proc/PID/stat's utime and stime."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def llama_part(rounds: int, threads: int, max_tokens: int, draft: Path | None, logs: Path) -> dict:
