@@ -7,14 +7,16 @@
 Two task sets of chat prompts (greedy, temperature 0, max_tokens 128, each a fresh request): input-grounded ones
 (summarize, quote, edit a given text; a JSON object echoing its input; a code edit), where the answer repeats
 its prompt, and open chat. Parts, every one in paired rounds (each round runs every configuration, the order
-rotating, each in a fresh process):
-- engine: `LLM(..., speculative=...)` single stream on --threads threads; decode tok/s = (tokens - 1) / the
+rotating):
+- engine: `LLM(..., speculative=...)` single stream on --threads threads, one fresh process a round holding one LLM
+  per configuration, which take turns prompt by prompt; decode tok/s = (tokens - 1) / the
   time from the first token to the last, per prompt, summed over a set (total tokens / total time); the drafts'
   acceptance per position from generate's counts; every configuration's tokens must equal plain decoding's (the
   script fails otherwise);
 - server: `ruvllm serve` with and without --speculative-config, 16 concurrent requests (both sets, cycled),
-  output tokens / wall time of the batch; every configuration's server runs for the whole part, so each round's
-  batches are neighbours in time (no server start between them);
+  output tokens / wall time of the batch, and the server process's CPU seconds for it (less swayed by the
+  machine's other load); every configuration's server runs for the whole part, so each round's batches are
+  neighbours in time (no server start between them);
 - llama: llama.cpp's own `llama-server` (`make bench-anchors` builds it, -march=native) on the same file and prompts,
   plain and with `--spec-type ngram-simple` (its defaults, and a 3-gram drafting 4) (and --model-draft DRAFT.gguf when given), one request at a time:
   its reported decode rate (timings.predicted_per_second).
@@ -76,34 +78,37 @@ def spec_config(config: str) -> dict | None:
     raise SystemExit(f"unknown configuration {config!r}: plain, ngram:K or draft:MODEL[:K[:QUANT]]")
 
 
-def engine_child(model: str, config: str, threads: int, max_tokens: int) -> dict:
-    """In a fresh process: every prompt of both sets, greedy, timed from the first token to the last."""
+def engine_child(model: str, configs: list[str], threads: int, max_tokens: int, rotate: int) -> dict:
+    """In a fresh process, one LLM per configuration: every prompt of both sets, greedy, timed from the first token
+    to the last, the configurations taking turns prompt by prompt (the order rotating), so each prompt's runs are
+    neighbours in time and a burst of load on the machine falls on all of them alike."""
     import torch
 
     torch.set_num_threads(threads)
     from py_engine import LLM, SamplingParams
+    from py_engine.speculative import SpecStats
 
-    llm = LLM(model, speculative=spec_config(config))
+    llms = {config: LLM(model, speculative=spec_config(config)) for config in configs}
     params = SamplingParams(temperature=0, max_tokens=max_tokens)
-    llm.generate("Hello", SamplingParams(temperature=0, max_tokens=4))  # kernels built, caches allocated
-    out = {}
+    for llm in llms.values():
+        llm.generate("Hello", SamplingParams(temperature=0, max_tokens=4))  # kernels built, caches allocated
+    out = {config: {name: [] for name in SETS} for config in configs}
+    turn = rotate
     for name, prompts in SETS.items():
-        rows = []
         for question in prompts:
-            prompt = llm.chat_prompt([{"role": "user", "content": question}])
-            before = None if llm.speculation is None else llm.speculation.stats.to_dict()
-            start, stamps, tokens = time.perf_counter(), [], []
-            for chunk in llm.stream(prompt, params, add_special_tokens=False):
-                if chunk.token_id is not None:
-                    stamps.append(time.perf_counter())
-                    tokens.append(chunk.token_id)
-            spec = None
-            if before is not None:
-                from py_engine.speculative import SpecStats
-                spec = SpecStats.since(before, llm.speculation.stats).to_dict()
-            rows.append({"tokens": tokens, "ttft_s": stamps[0] - start, "decode_s": stamps[-1] - stamps[0],
-                         "speculative": spec})
-        out[name] = rows
+            turn += 1
+            for config in configs[turn % len(configs):] + configs[:turn % len(configs)]:
+                llm = llms[config]
+                prompt = llm.chat_prompt([{"role": "user", "content": question}])
+                before = None if llm.speculation is None else llm.speculation.stats.to_dict()
+                start, stamps, tokens = time.perf_counter(), [], []
+                for chunk in llm.stream(prompt, params, add_special_tokens=False):
+                    if chunk.token_id is not None:
+                        stamps.append(time.perf_counter())
+                        tokens.append(chunk.token_id)
+                spec = None if before is None else SpecStats.since(before, llm.speculation.stats).to_dict()
+                out[config][name].append({"tokens": tokens, "ttft_s": stamps[0] - start,
+                                          "decode_s": stamps[-1] - stamps[0], "speculative": spec})
     return out
 
 
@@ -201,12 +206,11 @@ def acceptance(rows: list[dict]) -> dict | None:
 def engine_part(model: str, configs: list[str], rounds: int, threads: int, max_tokens: int) -> dict:
     runs = []
     for r in range(rounds):
-        order = configs[r % len(configs):] + configs[:r % len(configs)]
-        for config in order:
-            got = run_child(["engine", model, config, str(threads), str(max_tokens)], threads)
-            runs.append({"round": r, "config": config, "loadavg": os.getloadavg()[0], "sets": got})
-            print(f"engine round {r} {config:16s} " + "  ".join(f"{s} {rate(got[s]):6.1f} tok/s" for s in SETS),
-                  flush=True)
+        got = run_child(["engine", model, ",".join(configs), str(threads), str(max_tokens), str(r)], threads)
+        for config in configs:
+            runs.append({"round": r, "config": config, "loadavg": os.getloadavg()[0], "sets": got[config]})
+            print(f"engine round {r} {config:16s} " + "  ".join(f"{s} {rate(got[config][s]):6.1f} tok/s"
+                                                               for s in SETS), flush=True)
     plain = {r["round"]: r for r in runs if r["config"] == "plain"}
     for run in runs:  # speculation changes no token: the script stops if it ever did
         for s in SETS:
@@ -274,22 +278,32 @@ def server_part(configs: list[str], rounds: int, threads: int, max_tokens: int, 
             order = configs[r % len(configs):] + configs[:r % len(configs)]
             for config in order:
                 server = servers[config]
-                before = server.metrics()
+                before, cpu = server.metrics(), cpu_seconds(server.process.pid)
                 got = server_batch(server.url, max_tokens, concurrency)
+                got["server_cpu_s"] = cpu_seconds(server.process.pid) - cpu  # less swayed by others' load than wall
                 metrics = server.metrics()
                 for key, name in (("accepted", "accepted"), ("drafted", "draft")):
                     total = f"ruvllm_spec_decode_num_{name}_tokens_total"
                     got[key] = None if total not in metrics else metrics[total] - before.get(total, 0)
                 runs.append({"round": r, "config": config, "loadavg": os.getloadavg()[0], **got})
-                print(f"server round {r} {config:16s} c={concurrency} {got['out_tps']:6.1f} tok/s "
-                      f"(drafted {got['drafted']})", flush=True)
+                print(f"server round {r} {config:16s} c={concurrency} {got['out_tps']:6.1f} tok/s, "
+                      f"{got['server_cpu_s']:.2f} CPU s (drafted {got['drafted']})", flush=True)
     plain = {r["round"]: r for r in runs if r["config"] == "plain"}
     summary = {c: {"out_tps": statistics.median(r["out_tps"] for r in runs if r["config"] == c),
                    "x_plain": statistics.median(r["out_tps"] / plain[r["round"]]["out_tps"]
-                                                for r in runs if r["config"] == c)} for c in configs}
+                                                for r in runs if r["config"] == c),
+                   "cpu_x_plain": statistics.median(plain[r["round"]]["server_cpu_s"] / r["server_cpu_s"]
+                                                    for r in runs if r["config"] == c)} for c in configs}
     for c, s in summary.items():
-        print(f"server {c}: {s['out_tps']:.1f} tok/s, x{s['x_plain']:.2f} of plain at c={concurrency}")
+        print(f"server {c}: {s['out_tps']:.1f} tok/s, x{s['x_plain']:.2f} of plain at c={concurrency} "
+              f"(CPU seconds: x{s['cpu_x_plain']:.2f})")
     return {"runs": [{k: v for k, v in r.items() if k != "texts"} for r in runs], "summary": summary}
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds a process (every thread) has used: /proc/PID/stat's utime and stime."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def llama_part(rounds: int, threads: int, max_tokens: int, draft: Path | None, logs: Path) -> dict:
@@ -349,8 +363,8 @@ def main() -> int:
             source, model, quant, threads, prompt, new = sys.argv[3:]
             print(json.dumps(invariance_child(source, model, quant, int(threads), int(prompt), int(new))))
             return 0
-        _, _, kind, model, config, threads, max_tokens = sys.argv
-        print(json.dumps(engine_child(model, config, int(threads), int(max_tokens))))
+        _, _, kind, model, configs, threads, max_tokens, rotate = sys.argv
+        print(json.dumps(engine_child(model, configs.split(","), int(threads), int(max_tokens), int(rotate))))
         return 0
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--parts", default="engine,server,llama")

@@ -65,8 +65,11 @@ class SpecStats:
 class StepCosts:
     """Seconds one generation step takes with k drafts (proposing them and verifying the k + 1 rows), k = 0..K:
     moving averages of the steps timed, shared by an engine's sequences (the hardware's cost, not the text's).
-    A k never timed is estimated from the nearest timed one as if each extra row cost PRIOR_ROW of a decode
-    (optimistic, so lengths not yet tried get tried and timed); with nothing timed, in units of a decode."""
+    cost(k) reads a line a + b k fitted (least squares) through the timed lengths' averages, so every timed
+    step informs every length's estimate: alone, one length's average is noisy (on a shared machine one slow
+    step made a long draft look dear for a hundred steps, and the lengths never timed were guessed from it).
+    With one length timed, the others are estimated from it as if each extra row cost PRIOR_ROW of a decode
+    (optimistic, so a second length gets tried and timed); with nothing timed, in units of a decode."""
 
     WEIGHT = 0.1  # of the newest step
     PRIOR_ROW = 0.1
@@ -80,13 +83,17 @@ class StepCosts:
             self.seconds[k] = seconds if old is None else old + self.WEIGHT * (seconds - old)
 
     def cost(self, k: int) -> float:
-        if self.seconds[k] is not None:
-            return self.seconds[k]
-        known = [(abs(j - k), j, t) for j, t in enumerate(self.seconds) if t is not None]
+        known = [(j, t) for j, t in enumerate(self.seconds) if t is not None]
         if not known:
             return 1 + self.PRIOR_ROW * k
-        _, j, t = min(known)
-        return t * (1 + self.PRIOR_ROW * k) / (1 + self.PRIOR_ROW * j)
+        if len(known) == 1:
+            j, t = known[0]
+            return t * (1 + self.PRIOR_ROW * k) / (1 + self.PRIOR_ROW * j)
+        mean_k = sum(j for j, _ in known) / len(known)
+        mean_t = sum(t for _, t in known) / len(known)
+        slope = sum((j - mean_k) * (t - mean_t) for j, t in known) / sum((j - mean_k) ** 2 for j, _ in known)
+        slope = max(slope, 0.0)  # a row more never makes a step cheaper: noise if the points say so
+        return max(mean_t + slope * (k - mean_k), min(t for _, t in known) / 2)
 
 
 class DraftLength:

@@ -64,13 +64,14 @@ def test_draft_length_drafts_as_far_as_it_pays():
     costs = StepCosts(4)
     assert costs.cost(0) == 1.0 and costs.cost(4) == pytest.approx(1.4)  # nothing timed: in decodes, optimistic
     costs.record(0, 0.010)
-    costs.record(4, 0.024)
-    costs.record(4, 0.034)  # a moving average: a tenth of the way
-    assert costs.cost(4) == pytest.approx(0.025)
-    assert costs.cost(2) == pytest.approx(0.012)  # from the nearest timed length (k = 0), a tenth of a decode a row
-    assert costs.cost(3) == pytest.approx(0.025 * 1.3 / 1.4)
+    assert costs.cost(2) == pytest.approx(0.012)  # one length timed: a tenth of a decode a row
+    costs.record(4, 0.012)
+    costs.record(4, 0.016)  # a moving average: a tenth of the way
+    assert costs.seconds[4] == pytest.approx(0.0124)
+    # two lengths timed: the line through them, a step of k drafts 0.010 + 0.0006 k
+    assert [costs.cost(k) for k in range(5)] == pytest.approx([0.010, 0.0106, 0.0112, 0.0118, 0.0124])
     length = DraftLength(0.2, 4, costs)
-    # p = 0.5: 1.5 tokens for 0.011 s and 1.75 for 0.012 s beat 1 for 0.010; 1.875 for 0.0232 does not
+    # p = 0.5: 1.75 tokens for 0.0112 s beat 1 for 0.010 and 1.5 for 0.0106; 1.875 for 0.0118 is not 2% better
     assert length.p == 0.5 and length.choose(10) == 2
     assert length.choose(1) == 1  # no more than the room left
     length.record(2, 0)  # a miss: (0.8 accepted, 2.6 tries): p = 0.31
@@ -78,10 +79,18 @@ def test_draft_length_drafts_as_far_as_it_pays():
     length.record(1, 0)
     length.record(1, 0)  # p = 0.512 / 3.464 = 0.148, below the floor: no drafts, then a probe after 8 steps
     assert length.p == pytest.approx(0.512 / 3.464)
-    assert [length.choose(10) for _ in range(9)] == [0] * 8 + [2]  # the probe drafts as p = 0.8 would
+    assert [length.choose(10) for _ in range(9)] == [0] * 8 + [4]  # the probe drafts as p = 0.8 would
     assert length.wait == 16  # the next probe waits twice as long ...
     length.record(2, 1)
     assert length.wait == 8  # ... unless this one paid
+    noisy = StepCosts(4)
+    for k, t in ((0, 0.010), (1, 0.012), (2, 0.011), (3, 0.030), (4, 0.014)):  # one slow step at k = 3
+        noisy.record(k, t)
+    assert noisy.cost(3) < noisy.seconds[3] / 1.5 and noisy.cost(4) < noisy.seconds[3]  # the line shares it out
+    flat = StepCosts(2)
+    flat.record(0, 0.020)
+    flat.record(2, 0.010)  # noise says drafts are cheaper than none: never below the plain step
+    assert flat.cost(2) == pytest.approx(0.015) == flat.cost(0)
     assert DraftLength(0.0, 4, StepCosts(4)).choose(10) == 4  # floor 0: always k
     drafting = StepCosts(4)
     drafting.record(3, 0.05)  # drafts were timed but no plain step yet: the next step is a plain one, timed
