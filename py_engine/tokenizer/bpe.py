@@ -26,7 +26,7 @@ class BPE:
         if spec.get("dropout") not in (None, 0, 0.0):
             raise ValueError("model BPE: dropout makes encoding random; it is not supported")
         self.vocab: dict[str, int] = spec["vocab"]
-        self.vocab_r: dict[int, str] = {i: t for t, i in self.vocab.items()}
+        self.vocab_r: dict[int, str] = dict(zip(self.vocab.values(), self.vocab.keys()))  # C loops: load time
         self.unk_token: str | None = spec.get("unk_token")
         self.prefix: str = spec.get("continuing_subword_prefix") or ""
         self.suffix: str = spec.get("end_of_word_suffix") or ""
@@ -122,8 +122,13 @@ def _rank_table(merges: list[Any]) -> tuple[str, dict[str, int]]:
         return " ", {}
     if isinstance(merges[0], str):
         return " ", dict(zip(merges, range(len(merges))))
-    sep = " "
-    if any(sep in a or sep in b for a, b in merges):
-        used = {c for pair in merges for part in pair for c in part}
-        sep = next(chr(c) for c in range(0x10FFFF, 0, -1) if chr(c) not in used)
+    # Joined with map/str.join and counted in one string: C loops, ~3x faster than a comprehension, which
+    # matters in Pyodide where the table is built on every page load (49k merges for SmolLM2).
+    if set(map(len, merges)) != {2}:
+        raise ValueError("model BPE: every merge must be a pair of tokens")
+    keys = list(map(" ".join, merges))
+    if "".join(keys).count(" ") == len(keys):  # no token holds a space: " " separates
+        return " ", dict(zip(keys, range(len(keys))))
+    used = {c for pair in merges for part in pair for c in part}
+    sep = next(chr(c) for c in range(0x10FFFF, 0, -1) if chr(c) not in used)
     return sep, {a + sep + b: rank for rank, (a, b) in enumerate(merges)}

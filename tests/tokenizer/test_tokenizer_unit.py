@@ -43,6 +43,24 @@ def test_merge_order_is_rank_then_leftmost() -> None:
     assert tok.encode("aaaa") == [1, 1]  # leftmost a+a twice beats aa+a (rank 1)
 
 
+def test_pair_merges_with_spaces_in_tokens() -> None:
+    """[a, b] merges whose tokens hold a space (tokenizers allows it) rank by the pair, never by a joined
+    string two pairs share ("a " + "b" and "a" + " b" both join to "a  b" with a space): HF tokenizers' ids."""
+    from tokenizers import Tokenizer as HFTokenizer
+
+    vocab = {c: i for i, c in enumerate(["a", " ", "b", "c", "a ", " b", "bc", "a b"])}
+    merges = [[" ", "b"], ["a ", "b"], ["a", " "], ["b", "c"]]
+    model = {"type": "BPE", "vocab": vocab, "merges": merges}
+    hf = HFTokenizer.from_str(json.dumps({"version": "1.0", "added_tokens": [], "model": {
+        **model, "dropout": None, "unk_token": None, "continuing_subword_prefix": None, "end_of_word_suffix": None,
+        "fuse_unk": False, "byte_fallback": False, "ignore_merges": False}}))
+    tok = Tokenizer({"model": model})
+    for text in ("a bc", "a b", " bc", "a  b"):
+        assert tok.encode(text) == hf.encode(text).ids, text
+    with pytest.raises(ValueError, match="pair"):
+        Tokenizer({"model": {**model, "merges": [["a", " ", "b"]]}})
+
+
 @pytest.mark.parametrize("section, spec, words", [
     ("model", {"type": "Unigram", "vocab": []}, ["model", "Unigram"]),
     ("model", {"type": "BPE", "vocab": {}, "merges": [], "dropout": 0.1}, ["dropout"]),
