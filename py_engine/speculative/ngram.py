@@ -24,6 +24,7 @@ class NgramLookup:
         self.tokens: list[int] = []
         self._latest: dict[int, dict[tuple[int, ...], int]] = {n: {} for n in range(min_n, max_n + 1)}
         self._indexed = 0  # tokens[:_indexed] have every n-gram ending in them recorded
+        self.matched: int | None = None  # the length of the n-gram the last proposal matched (None: no match)
         self.extend(tokens)
 
     def extend(self, tokens: Iterable[int]) -> None:
@@ -43,12 +44,13 @@ class NgramLookup:
         """Up to k tokens that followed the longest recurring suffix n-gram; [] if none recurs."""
         toks, length = self.tokens, len(self.tokens)
         if k < 1 or length < self.min_n + 1:
+            self.matched = None
             return []
         self._index_until(length - 1)  # every n-gram that ends before the last token
-        found = None
+        found, self.matched = None, None
         for n in range(min(self.max_n, length - 1), self.min_n - 1, -1):
             end = self._latest[n].get(tuple(toks[length - n:]))
             if end is not None:
-                found = end
+                found, self.matched = end, n
                 break
         return [] if found is None else toks[found:found + k]

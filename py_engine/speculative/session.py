@@ -49,6 +49,7 @@ class SequenceSpeculation:
         self.stats = SpecStats()
         self.length = DraftLength(config.acceptance_floor, self.k, owner.costs)
         self.qs: list[dict[int, float]] | None = None  # the draft's distributions of the last proposal (sampled)
+        self._key: int | None = None  # the n-gram length the last proposal matched (DraftLength's estimate), or None
         if config.method == "ngram":
             self.lookup: NgramLookup | None = NgramLookup(self.context, config.prompt_lookup_max,
                                                           config.prompt_lookup_min)
@@ -65,11 +66,13 @@ class SequenceSpeculation:
     def propose(self, room: int) -> list[int]:
         """Up to min(k, room) tokens to verify after the last kept one; [] to decode plainly."""
         self.qs = None
+        if self.lookup is not None:  # the lookup first: the length of the n-gram it matched says how far to trust it
+            drafts = self.lookup.propose(min(self.k, room))
+            self._key = self.lookup.matched
+            return drafts[:self.length.choose(room, self._key)] if drafts else []
         k = self.length.choose(room)
         if k < 1:
             return []
-        if self.lookup is not None:
-            return self.lookup.propose(k)
         drafts, self.qs = self.draft.propose(self.context, k, self.context[self.prompt_len:])
         return drafts
 
@@ -80,7 +83,7 @@ class SequenceSpeculation:
 
     def record(self, drafted: int, accepted: int) -> None:
         self.stats.record(drafted, accepted)
-        self.length.record(drafted, accepted)
+        self.length.record(drafted, accepted, self._key)
 
     def timed(self, drafted: int, seconds: float) -> None:
         """A step with `drafted` drafts took `seconds` (proposing + the forward pass): the engine's costs."""

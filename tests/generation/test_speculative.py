@@ -83,6 +83,18 @@ def test_draft_length_drafts_as_far_as_it_pays():
     assert length.wait == 16  # the next probe waits twice as long ...
     length.record(2, 1)
     assert length.wait == 8  # ... unless this one paid
+    by_match = DraftLength(0.2, 4, costs)  # prompt lookup: one estimate per length of the n-gram matched
+    for _ in range(4):
+        by_match.record(4, 4, key=4)  # a 4-gram's continuations kept ...
+        by_match.record(4, 0, key=2)  # ... a 2-gram's rejected
+    assert by_match.p_of(4) > 0.9 > 0.2 > by_match.p_of(2) and by_match.p == 0.5  # None: its own prior
+    assert by_match.choose(10, key=4) == 4 and by_match.choose(10, key=2) == 0
+    lookup = NgramLookup([1, 2, 3, 9, 2, 3, 7, 1, 2, 3], max_n=3, min_n=2)
+    assert lookup.propose(2) == [9, 2] and lookup.matched == 3
+    lookup.extend([5, 2, 3])
+    assert lookup.propose(2) == [5, 2] and lookup.matched == 2  # "2 3" last followed by 5
+    lookup.extend([8])
+    assert lookup.propose(2) == [] and lookup.matched is None
     noisy = StepCosts(4)
     for k, t in ((0, 0.010), (1, 0.012), (2, 0.011), (3, 0.030), (4, 0.014)):  # one slow step at k = 3
         noisy.record(k, t)
