@@ -81,11 +81,12 @@ static proj_t *proj_of(int32_t layer, int32_t which) {
   return all[which];
 }
 
-/* which: 0 qkv, 1 o, 2 gate_up, 3 down; layer -1: 0 embedding, 1 untied head */
-void rk_set_proj(int32_t layer, int32_t which, const uint8_t *codes, const float *d, const float *m,
-                 const float *bias, int32_t bits, int32_t N, int32_t K) {
+/* which: 0 qkv, 1 o, 2 gate_up, 3 down; layer -1: 0 embedding, 1 untied head. half: d and m are the data
+ * file's float16 values (m raw), else float32 (m centred by rk_centre_mins) */
+void rk_set_proj(int32_t layer, int32_t which, const uint8_t *codes, const void *d, const void *m,
+                 const float *bias, int32_t bits, int32_t N, int32_t K, int32_t half) {
   proj_t *p = proj_of(layer, which);
-  p->w = (qmat_t){codes, d, m, N, K, bits};
+  p->w = (qmat_t){codes, d, m, N, K, bits, half != 0};
   p->bias = bias;
 }
 
