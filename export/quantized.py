@@ -104,9 +104,7 @@ def concat(weights: list[Weight], name: str) -> Weight:
         return torch.cat(weights)
     if all(isinstance(w, QuantizedWeight) for w in weights) and len({w.bits for w in weights}) > 1 and all(
             w.bits in (4, 8) for w in weights):  # a Q4_K_M layer: Q4_K q/k beside a Q6_K v; 4-bit codes are 8-bit ones
-        # c + 120 and z + 120: the same (c - z), centred on 128 as int8-activation products want (ggml.py's Q5 forms)
-        weights = [w if w.bits == 8 else replace(w, bits=8, codes=w.codes + 120, zero_points=w.zero_points + 120)
-                   for w in weights]
+        weights = [w.as_centred_int8() for w in weights]
     first = weights[0]
     same = all(isinstance(w, QuantizedWeight) and (w.bits, w.block_size, w.in_features)
                == (first.bits, first.block_size, first.in_features) for w in weights)

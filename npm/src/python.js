@@ -24,6 +24,7 @@ const BRIDGE_URL = new URL('./bridge.py', import.meta.url);
 const SITE = '/lib/python3.14/site-packages';
 const RUNTIME = 'ruvllm_runtime'; // the Runtime's name in __main__, where a snapshot keeps it
 export const SHIPPED_MANIFEST = 'python-snapshot.json';
+const MAX_HEAP_BYTES = 512 * 1024 * 1024; // a booted Pyodide with py_engine is ~30 MiB; wasm32 caps it at 4 GiB
 
 /**
  * Pyodide with ruvllm_bridge importable and a Runtime over the model files `writeModel(pyodide)` writes.
@@ -143,13 +144,35 @@ async function shippedSnapshot(base, version, files) {
     return null;
   }
   try {
-    const gz = await readBytes(new URL(manifest.file, base));
-    const stream = new Blob([gz]).stream().pipeThrough(new DecompressionStream('gzip'));
-    return new Uint8Array(await new Response(stream).arrayBuffer());
+    return await gunzipExactly(await readBytes(new URL(manifest.file, base)), manifest.heap_bytes);
   } catch (error) {
     console.warn(`ruvllm: the shipped Python snapshot could not be read (${error.message}); booting Python`);
     return null;
   }
+}
+
+/**
+ * The gzipped heap `gz`, which must unpack to exactly `size` bytes (the manifest's `heap_bytes`, at most
+ * MAX_HEAP_BYTES): a corrupt or truncated file fails as soon as it is read past that, never growing a buffer
+ * without bound.
+ */
+async function gunzipExactly(gz, size) {
+  if (!Number.isSafeInteger(size) || size <= 0 || size > MAX_HEAP_BYTES) {
+    throw new Error(`its manifest's heap_bytes (${size}) is not a size from 1 to ${MAX_HEAP_BYTES}`);
+  }
+  const heap = new Uint8Array(size);
+  const reader = new Blob([gz]).stream().pipeThrough(new DecompressionStream('gzip')).getReader();
+  let at = 0;
+  for (let part = await reader.read(); !part.done; part = await reader.read()) {
+    if (at + part.value.length > size) {
+      await reader.cancel().catch(() => {});
+      throw new Error(`it unpacks past the ${size} bytes its manifest names`);
+    }
+    heap.set(part.value, at);
+    at += part.value.length;
+  }
+  if (at !== size) throw new Error(`it unpacks to ${at} bytes, not the ${size} its manifest names`);
+  return heap;
 }
 
 /**

@@ -1,6 +1,6 @@
 // The forward pass on the page's own wasm kernels (kernels.js, web/kernels/engine.c), over a web export's
-// data files as they are: the codes are loaded into the kernels' memory once and never unpacked; float16
-// scales become float32 beside them. Same interface as OnnxBackend (prefill / decode / warm / dispose), plus
+// data files as they are: the codes and their float16 scales are loaded into the kernels' memory once and
+// read in place (float32 copies only of small tensors, or of halves holding an infinity or NaN). Same interface as OnnxBackend (prefill / decode / warm / dispose), plus
 // speculative decoding's verify (the logits of every fed token, each the bits decode gives) and rollback.
 
 import { loadKernels } from './kernels.js';
@@ -110,7 +110,7 @@ export class WasmBackend {
   }
 }
 
-/** Hand the kernels each weight's place; float16 tensors are widened into float32 copies. */
+/** Hand the kernels each weight's place; float16 norms and biases are widened into float32 copies. */
 function setUp(kernels, e, regions) {
   const x = kernels.exports;
   const c = e.config;
@@ -135,7 +135,19 @@ function setUp(kernels, e, regions) {
     else kernels.bytes(out, 4 * n).set(kernels.bytes(t.at, 4 * n));
     return [out, n];
   };
+  // float16 scales and minimums (a GGUF's) stay as the file has them: the kernels widen them as they read
+  // (qdot.h), so the tab holds them once at 2 bytes, not again as float32 copies
+  const halves = (...names) => names.every((name) => {
+    if (!name) return true;
+    const t = place(name);
+    return t.dtype === 'float16' && x.rk_halves_finite(t.at, t.length / 2);
+  });
   const proj = (layer, which, p) => {
+    if (halves(p.scales, p.mins)) {
+      const mins = p.mins ? place(p.mins).at : 0;
+      x.rk_set_proj(layer, which, place(p.codes).at, place(p.scales).at, mins, f32(p.bias), p.bits, p.N, p.K, 1);
+      return;
+    }
     const scales = f32(p.scales);
     let mins = 0;
     if (p.mins) { // m + zp d, as the graph folds it (export/web_weights.py centred_mins)
@@ -143,7 +155,7 @@ function setUp(kernels, e, regions) {
       x.rk_centre_mins(at, scales, n, p.bits);
       mins = at;
     }
-    x.rk_set_proj(layer, which, place(p.codes).at, scales, mins, f32(p.bias), p.bits, p.N, p.K);
+    x.rk_set_proj(layer, which, place(p.codes).at, scales, mins, f32(p.bias), p.bits, p.N, p.K, 0);
   };
   if (!x.rk_model_init(c.hidden, c.heads, c.kv_heads, c.head_dim, c.inter, c.layers, c.vocab, c.max_pos, c.eps,
     c.scale)) throw new RangeError('out of wasm memory for the model\'s buffers');

@@ -147,13 +147,12 @@ class GGMLWeight:
         if self.type_name == "Q4_K":
             return q, {"type": self.type_name, "form": "4-bit, exact"}
         if self.type_name in ("Q5_0", "Q5_1", "Q5_K"):
-            # The 5-bit codes c (0-31) as 8-bit codes c + 112 and zero points z + 112: the same (c - z) s, but
-            # centred on 128, MatMulNBits' default zero point, as its int8-activation products want them: with
-            # c itself, (c - 128) d x took each activation's rounding error ~7 times over, and onnxruntime and
-            # the page's kernels, which round a few activations apart, parted by ~1 logit on the first token of
-            # llama-quantize's Q4_K_M SmolLM2 (benchmarks/kquant_web_check.py). Q5_0 (z = 16) becomes symmetric.
-            shift = 128 - 16
-            return (replace(q, bits=8, codes=q.codes + shift, zero_points=q.zero_points + shift),
+            # The 5-bit codes c (0-31) as 8-bit codes c + 112 and zero points z + 112 (centred on 128, MatMulNBits'
+            # default zero point): with c itself, onnxruntime and the page's kernels, which round a few activations
+            # apart, parted by ~1 logit on the first token of llama-quantize's Q4_K_M SmolLM2
+            # (benchmarks/kquant_web_check.py). Q5_0 (z = 16) becomes symmetric.
+            assert q.bits == 5, q.bits
+            return (q.as_centred_int8(),
                     {"type": self.type_name, "form": "8-bit, exact"})
         if self.type_name == "Q3_K":  # per 16: s_j (q - 4) with s_j = D (sc_j - 32): D over 32 values, c signed
             b = self.blocks.view(n, -1, self.layout.nbytes)

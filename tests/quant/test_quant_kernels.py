@@ -109,6 +109,27 @@ def test_qweight_gives_back_its_bytes(layout):
         assert torch.equal(getattr(consumed.qweight, name), getattr(q, name)), name
 
 
+@pytest.mark.parametrize("bits", [2, 3, 4, 5, 8])
+def test_centred_int8_keeps_the_weights_and_centres_the_codes(bits):
+    torch.manual_seed(bits)
+    n, k = 6, 64
+    codes = torch.randint(0, 2 ** bits, (n, k), dtype=torch.uint8)
+    zero = torch.randint(0, 2 ** bits, (n, 2), dtype=torch.uint8)
+    q = QuantizedWeight(codes, torch.rand(n, 2) + 0.1, zero, bits, 32, k, False, offsets=torch.randn(n, 2))
+    c = q.as_centred_int8()
+    assert c.bits == 8 and torch.equal(c.dequantize(), q.dequantize())
+    mid = 2 ** (bits - 1)  # the code at the middle of the range becomes 128, MatMulNBits' default zero point
+    assert torch.equal(c.codes[codes == mid], torch.full_like(c.codes[codes == mid], 128))
+    assert torch.equal(c.offsets, q.offsets)
+
+
+def test_centred_int8_refuses_codes_wider_than_8_bits():
+    q = QuantizedWeight(torch.zeros(1, 32, dtype=torch.uint8), torch.ones(1, 1), torch.zeros(1, 1, dtype=torch.uint8),
+                        9, 32, 32, False)
+    with pytest.raises(ValueError, match="9-bit"):
+        q.as_centred_int8()
+
+
 @pytest.mark.parametrize("layout", [(4, 32, True), (4, 128, False), (8, None, True), (8, 64, False)], ids=str)
 def test_rtn_tables_packed_in_chunks_equal_one_pack(layout):
     """transform.rtn_packed (the LM head's path: the table quantized and packed ~4M values at a time) in several

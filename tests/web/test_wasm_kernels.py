@@ -9,7 +9,9 @@ Qwen2 and Llama models, 4 and 8 bits, symmetric blocks and asymmetric ones
 (whose minimums the graph and the kernels centre alike), on one thread and on two (the pool's chunks). Run in
 Node (the same V8 as Chromium; the page's own run is tests/web/test_web_page.py and test_webgpu.py). Also: the
 committed .wasm files are what the sources build to, an export the kernels cannot run says why in its contract,
-and a sequence past the model's positions is refused. The verify pass of speculative decoding (several tokens
+and a sequence past the model's positions is refused. The kernels read float16 scales in place, widening them
+with SIMD128 integer ops: every finite half widens to numpy's float32 value, and a tensor holding an infinity or
+NaN is found (the loader widens it at load instead). The verify pass of speculative decoding (several tokens
 in one pass, and a rollback) gives each row exactly decode's bits.
 """
 from __future__ import annotations
@@ -111,6 +113,23 @@ def test_past_the_model_positions_is_refused(exports):
     done = subprocess.run([node, str(DRIVER), str(REPO / "npm" / "src"), str(folder), _graph("int4"), "1",
                            json.dumps(ids), "0"], capture_output=True, text=True, timeout=120)
     assert done.returncode != 0 and "the model takes 128" in done.stderr
+
+
+def test_float16_scales_widen_as_numpy_does():
+    import base64
+
+    done = subprocess.run([tool("node"), str(REPO / "tests" / "web" / "js" / "wasm_halves.mjs"), str(REPO / "npm" / "src")],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    bits = np.arange(65536, dtype=np.uint16)
+    finite = bits[(bits & 0x7C00) != 0x7C00]
+    finite = np.concatenate([finite, finite[:3]])
+    want = finite.view(np.float16).astype(np.float32)
+    widened = np.frombuffer(base64.b64decode(got["widened"]), dtype=np.float32)
+    # bit for bit, signed zeros and subnormal halves included
+    assert np.array_equal(widened.view(np.uint32), want.view(np.uint32))
+    assert got["finite"] == [1] + [0] * 8
 
 
 def test_committed_kernels_are_built_from_the_sources():

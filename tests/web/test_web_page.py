@@ -202,21 +202,29 @@ def test_reload_loads_from_browser_cache(site, dist):
     page.close()
 
 
-def test_stale_shipped_snapshot_is_not_restored(site, dist):
-    """A python-snapshot.json whose key does not match the wheels the page installs (another build's heap)
-    is ignored: Python boots, and the page still gives the torch engine's greedy tokens."""
+@pytest.mark.parametrize("fault", ["stale key", "truncated heap", "heap past its size"])
+def test_bad_shipped_snapshot_is_not_restored(site, dist, fault):
+    """A python-snapshot.json whose key does not match the wheels the page installs (another build's heap),
+    a gzipped heap cut short, or one that unpacks past the manifest's heap_bytes is not restored: Python boots,
+    and the page still gives the torch engine's greedy tokens."""
     import json
 
     from py_engine import LLM, SamplingParams
 
     base, context, _ = site
     manifest = json.loads((dist / "wheels" / "python-snapshot.json").read_text())
-    stale = json.dumps({**manifest, "key": "0" * 64})
+    bad = {**manifest, "key": "0" * 64} if fault == "stale key" else dict(manifest)
+    if fault == "heap past its size":
+        bad["heap_bytes"] = manifest["heap_bytes"] - 1
     page = context.new_page()
     page.goto(base)  # several models and no ?model=: the page waits for a choice
     page.evaluate("async () => { for (const k of await caches.keys()) await caches.delete(k); }")
     page.route("**/wheels/python-snapshot.json", lambda route: route.fulfill(
-        status=200, content_type="application/json", body=stale))
+        status=200, content_type="application/json", body=json.dumps(bad)))
+    if fault == "truncated heap":
+        gz = (dist / "wheels" / manifest["file"]).read_bytes()
+        page.route(f"**/wheels/{manifest['file']}", lambda route: route.fulfill(
+            status=200, content_type="application/gzip", body=gz[: len(gz) // 2]))
     page.goto(f"{base}?model=models/qwen2/&precision=fp32")
     page.wait_for_function("['ready', 'error'].includes(document.body.dataset.status)", timeout=LOAD_TIMEOUT_MS)
     assert page.evaluate("document.body.dataset.status") == "ready", page.inner_text("#error")

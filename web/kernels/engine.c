@@ -16,7 +16,9 @@
 #include "qdot.h"
 #include "vmath.h"
 
-#define CHUNK 256
+/* 32 positions: a cache grows by ~0.7 MiB at a time for SmolLM2 (30 layers, 3 heads of 64), and a chat holds
+ * at most 31 positions it does not use (256 held ~11 MiB for a 64-token chat, 1/9 of the model's file) */
+#define CHUNK 32
 #define MAX_ROWS 64 /* prompt tokens per batched pass; longer prompts run in such pieces */
 
 void *rk_alloc(uint32_t bytes);
@@ -81,11 +83,12 @@ static proj_t *proj_of(int32_t layer, int32_t which) {
   return all[which];
 }
 
-/* which: 0 qkv, 1 o, 2 gate_up, 3 down; layer -1: 0 embedding, 1 untied head */
-void rk_set_proj(int32_t layer, int32_t which, const uint8_t *codes, const float *d, const float *m,
-                 const float *bias, int32_t bits, int32_t N, int32_t K) {
+/* which: 0 qkv, 1 o, 2 gate_up, 3 down; layer -1: 0 embedding, 1 untied head. half: d and m are the data
+ * file's float16 values (m raw), else float32 (m centred by rk_centre_mins) */
+void rk_set_proj(int32_t layer, int32_t which, const uint8_t *codes, const void *d, const void *m,
+                 const float *bias, int32_t bits, int32_t N, int32_t K, int32_t half) {
   proj_t *p = proj_of(layer, which);
-  p->w = (qmat_t){codes, d, m, N, K, bits};
+  p->w = (qmat_t){codes, d, m, N, K, bits, half != 0};
   p->bias = bias;
 }
 

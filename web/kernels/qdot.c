@@ -61,96 +61,212 @@ static inline v128_t dot8(const uint8_t *c, const int8_t *xq) {
                         dot8_16(wasm_v128_load(c + 16), wasm_v128_load(xq + 16)));
 }
 
-static inline float block_dot(const float *v, const float *u, int32_t blocks) {
-  v128_t acc = wasm_f32x4_splat(0.f);
-  int32_t b = 0;
-  for (; b + 4 <= blocks; b += 4) acc = wasm_f32x4_add(acc, wasm_f32x4_mul(wasm_v128_load(v + b), wasm_v128_load(u + b)));
-  float t = hsum(acc);
-  for (; b < blocks; b++) t += v[b] * u[b];
-  return t;
+/* Block scales and centred minimums, float32 or float16 (qdot.h): `half` is a constant in each inlined copy. */
+#define INLINE static inline __attribute__((always_inline))
+
+INLINE v128_t dvec(const void *d, int32_t b, const int half) {
+  return half ? half4((const uint16_t *)d + b) : wasm_v128_load((const float *)d + b);
 }
 
-/* the per-block float terms of one row: the zero point's -zp sum_b d s sum(q), and the minimums' sum_b m xsum */
-static inline float row_terms(const float *d, const float *m, const qact_t *a, int32_t blocks, float zp) {
-  const float t = -zp * block_dot(d, a->sq, blocks);
-  return m ? t + block_dot(m, a->sum, blocks) : t;
+INLINE float dval(const void *d, int32_t b, const int half) {
+  return half ? half1(((const uint16_t *)d)[b]) : ((const float *)d)[b];
 }
 
-static inline float row_dot(const qmat_t *w, const qact_t *a, int32_t n, int32_t blocks, int32_t bytes, float zp) {
-  const uint8_t *c = w->codes + (int64_t)n * blocks * bytes;
-  const float *d = w->d + (int64_t)n * blocks;
-  v128_t acc = wasm_f32x4_splat(0.f);
-  for (int32_t b = 0; b < blocks; b++) {
-    const v128_t i = w->bits == 4 ? dot4(c + b * bytes, a->q + b * QBLOCK) : dot8(c + b * bytes, a->q + b * QBLOCK);
-    acc = wasm_f32x4_add(acc, wasm_f32x4_mul(wasm_f32x4_convert_i32x4(i), wasm_f32x4_splat(d[b] * a->s[b])));
+/* m + zp d (rk_centre_mins' arithmetic) from raw halves; float32 minimums are centred at load */
+INLINE v128_t mvec_d(const void *m, v128_t dv, int32_t b, float zp, const int half) {
+  if (!half) return wasm_v128_load((const float *)m + b);
+  return wasm_f32x4_add(half4((const uint16_t *)m + b), wasm_f32x4_mul(dv, wasm_f32x4_splat(zp)));
+}
+
+INLINE float mval(const void *m, const void *d, int32_t b, float zp, const int half) {
+  if (!half) return ((const float *)m)[b];
+  const float mb = half1(((const uint16_t *)m)[b]), db = half1(((const uint16_t *)d)[b]) * zp;
+  return mb + db;
+}
+
+INLINE v128_t lane(v128_t v, const int j) {
+  switch (j) {
+    case 0: return wasm_i32x4_shuffle(v, v, 0, 0, 0, 0);
+    case 1: return wasm_i32x4_shuffle(v, v, 1, 1, 1, 1);
+    case 2: return wasm_i32x4_shuffle(v, v, 2, 2, 2, 2);
+    default: return wasm_i32x4_shuffle(v, v, 3, 3, 3, 3);
   }
-  return hsum(acc) + row_terms(d, w->m ? w->m + (int64_t)n * blocks : 0, a, blocks, zp);
+}
+
+INLINE const void *row_of(const void *p, int64_t at, const int half) {
+  return p ? (half ? (const void *)((const uint16_t *)p + at) : (const void *)((const float *)p + at)) : 0;
+}
+
+/* acc += (integer dot of block b) * ds, ds the block's d s in every lane */
+INLINE v128_t block_step(v128_t acc, const uint8_t *c, const qact_t *a, int32_t b, int32_t bytes, int32_t bits, v128_t ds) {
+  const v128_t i = bits == 4 ? dot4(c + b * bytes, a->q + b * QBLOCK) : dot8(c + b * bytes, a->q + b * QBLOCK);
+  return wasm_f32x4_add(acc, wasm_f32x4_mul(wasm_f32x4_convert_i32x4(i), ds));
+}
+
+/* Row terms accumulated beside the products, in row_terms' lane order (the same bits): each group of 4 blocks
+ * widens its d (and m) once */
+typedef struct {
+  v128_t acc, t, u; /* products; d sq; centred m sum */
+} sums_t;
+
+INLINE void group_terms(sums_t *z, v128_t dv, v128_t mv, const qact_t *a, int32_t b, int has_m) {
+  z->t = wasm_f32x4_add(z->t, wasm_f32x4_mul(dv, wasm_v128_load(a->sq + b)));
+  if (has_m) z->u = wasm_f32x4_add(z->u, wasm_f32x4_mul(mv, wasm_v128_load(a->sum + b)));
+}
+
+/* hsum of the products + row_terms' value from the lane sums and the tail blocks from b on */
+INLINE float finish(const sums_t *z, const void *d, const void *m, const qact_t *a, int32_t b, int32_t blocks,
+                    float zp, const int half) {
+  float t = hsum(z->t);
+  for (int32_t i = b; i < blocks; i++) t += dval(d, i, half) * a->sq[i];
+  t = -zp * t;
+  if (m) {
+    float u = hsum(z->u);
+    for (int32_t i = b; i < blocks; i++) u += mval(m, d, i, zp, half) * a->sum[i];
+    t = t + u;
+  }
+  return hsum(z->acc) + t;
+}
+
+INLINE float row_dot(const qmat_t *w, const qact_t *a, int32_t n, int32_t blocks, int32_t bytes, float zp, const int half) {
+  const uint8_t *c = w->codes + (int64_t)n * blocks * bytes;
+  const void *d = row_of(w->d, (int64_t)n * blocks, half), *m = row_of(w->m, (int64_t)n * blocks, half);
+  sums_t z = {wasm_f32x4_splat(0.f), wasm_f32x4_splat(0.f), wasm_f32x4_splat(0.f)};
+  int32_t b = 0;
+  for (; b + 4 <= blocks; b += 4) { /* d s of 4 blocks at once: the same products as one at a time */
+    const v128_t dv = dvec(d, b, half);
+    const v128_t ds = wasm_f32x4_mul(dv, wasm_v128_load(a->s + b));
+    z.acc = block_step(z.acc, c, a, b, bytes, w->bits, lane(ds, 0));
+    z.acc = block_step(z.acc, c, a, b + 1, bytes, w->bits, lane(ds, 1));
+    z.acc = block_step(z.acc, c, a, b + 2, bytes, w->bits, lane(ds, 2));
+    z.acc = block_step(z.acc, c, a, b + 3, bytes, w->bits, lane(ds, 3));
+    group_terms(&z, dv, m ? mvec_d(m, dv, b, zp, half) : dv, a, b, m != 0);
+  }
+  const int32_t tail = b;
+  for (; b < blocks; b++) z.acc = block_step(z.acc, c, a, b, bytes, w->bits, wasm_f32x4_splat(dval(d, b, half) * a->s[b]));
+  return finish(&z, d, m, a, tail, blocks, zp, half);
+}
+
+static float row_dot_any(const qmat_t *w, const qact_t *a, int32_t n, int32_t blocks, int32_t bytes, float zp) {
+  return w->half ? row_dot(w, a, n, blocks, bytes, zp, 1) : row_dot(w, a, n, blocks, bytes, zp, 0);
 }
 
 void rk_qmatvec(const qmat_t *w, const qact_t *a, float *y, int32_t n0, int32_t n1) {
   const int32_t blocks = w->K / QBLOCK, bytes = QBLOCK * w->bits / 8;
   const float zp = (float)(1 << (w->bits - 1));
-  for (int32_t n = n0; n < n1; n++) y[n] = row_dot(w, a, n, blocks, bytes, zp);
+  if (w->half)
+    for (int32_t n = n0; n < n1; n++) y[n] = row_dot(w, a, n, blocks, bytes, zp, 1);
+  else
+    for (int32_t n = n0; n < n1; n++) y[n] = row_dot(w, a, n, blocks, bytes, zp, 0);
+}
+
+/* block b's integer dots for R rows, accumulated with each row's d s (ds[r]: every lane) */
+INLINE void rows_block(const uint8_t *cb, int32_t bits, const qact_t *a, int32_t R, int32_t b, const v128_t *ds,
+                       v128_t *acc) {
+  if (bits == 4) {
+    const v128_t v = wasm_v128_load(cb);
+    const v128_t lo = wasm_v128_and(v, wasm_i8x16_splat(0x0f)), hi = wasm_u8x16_shr(v, 4);
+    for (int32_t r = 0; r < R; r++) {
+      const int8_t *xq = a[r].q + b * QBLOCK;
+      const v128_t xe = wasm_v128_load(xq), xo = wasm_v128_load(xq + 16);
+#ifdef RKW_RELAXED
+      v128_t i = __builtin_wasm_relaxed_dot_i8x16_i7x16_add_s_i32x4(xe, lo, wasm_i32x4_splat(0));
+      i = __builtin_wasm_relaxed_dot_i8x16_i7x16_add_s_i32x4(xo, hi, i);
+#else
+      v128_t p = wasm_i16x8_add(wasm_i16x8_extmul_low_i8x16(lo, xe), wasm_i16x8_extmul_high_i8x16(lo, xe));
+      p = wasm_i16x8_add(p, wasm_i16x8_add(wasm_i16x8_extmul_low_i8x16(hi, xo), wasm_i16x8_extmul_high_i8x16(hi, xo)));
+      const v128_t i = wasm_i32x4_extadd_pairwise_i16x8(p);
+#endif
+      acc[r] = wasm_f32x4_add(acc[r], wasm_f32x4_mul(wasm_f32x4_convert_i32x4(i), ds[r]));
+    }
+  } else {
+    const v128_t q0 = wasm_v128_load(cb), q1 = wasm_v128_load(cb + 16);
+    const v128_t q0l = wasm_u16x8_extend_low_u8x16(q0), q0h = wasm_u16x8_extend_high_u8x16(q0);
+    const v128_t q1l = wasm_u16x8_extend_low_u8x16(q1), q1h = wasm_u16x8_extend_high_u8x16(q1);
+    for (int32_t r = 0; r < R; r++) {
+      const int8_t *xq = a[r].q + b * QBLOCK;
+      const v128_t x0 = wasm_v128_load(xq), x1 = wasm_v128_load(xq + 16);
+      const v128_t i0 = wasm_i32x4_add(wasm_i32x4_dot_i16x8(q0l, wasm_i16x8_extend_low_i8x16(x0)),
+                                       wasm_i32x4_dot_i16x8(q0h, wasm_i16x8_extend_high_i8x16(x0)));
+      const v128_t i1 = wasm_i32x4_add(wasm_i32x4_dot_i16x8(q1l, wasm_i16x8_extend_low_i8x16(x1)),
+                                       wasm_i32x4_dot_i16x8(q1h, wasm_i16x8_extend_high_i8x16(x1)));
+      acc[r] = wasm_f32x4_add(acc[r], wasm_f32x4_mul(wasm_f32x4_convert_i32x4(wasm_i32x4_add(i0, i1)), ds[r]));
+    }
+  }
 }
 
 /* R activation rows (R <= 4) against weight row n, each row's result the bits row_dot gives it: a block's codes
  * are loaded and unpacked once for the R rows, and each row's float sums run in row_dot's order (the integer dot
  * products are exact). Verify passes and prompt chunks read each code once per 4 rows instead of per row. */
-static inline __attribute__((always_inline)) void rows_dot(const qmat_t *w, const qact_t *a, int32_t R, int32_t n,
-                                                           int32_t blocks, int32_t bytes, float zp, float *y,
-                                                           int32_t ldy) {
+INLINE void rows_dot(const qmat_t *w, const qact_t *a, int32_t R, int32_t n, int32_t blocks, int32_t bytes, float zp,
+                     float *y, int32_t ldy, const int half) {
   const uint8_t *c = w->codes + (int64_t)n * blocks * bytes;
-  const float *d = w->d + (int64_t)n * blocks;
-  v128_t acc[4] = {wasm_f32x4_splat(0.f), wasm_f32x4_splat(0.f), wasm_f32x4_splat(0.f), wasm_f32x4_splat(0.f)};
-  for (int32_t b = 0; b < blocks; b++) {
-    const uint8_t *cb = c + b * bytes;
-    if (w->bits == 4) {
-      const v128_t v = wasm_v128_load(cb);
-      const v128_t lo = wasm_v128_and(v, wasm_i8x16_splat(0x0f)), hi = wasm_u8x16_shr(v, 4);
-      for (int32_t r = 0; r < R; r++) {
-        const int8_t *xq = a[r].q + b * QBLOCK;
-        const v128_t xe = wasm_v128_load(xq), xo = wasm_v128_load(xq + 16);
-#ifdef RKW_RELAXED
-        v128_t i = __builtin_wasm_relaxed_dot_i8x16_i7x16_add_s_i32x4(xe, lo, wasm_i32x4_splat(0));
-        i = __builtin_wasm_relaxed_dot_i8x16_i7x16_add_s_i32x4(xo, hi, i);
-#else
-        v128_t p = wasm_i16x8_add(wasm_i16x8_extmul_low_i8x16(lo, xe), wasm_i16x8_extmul_high_i8x16(lo, xe));
-        p = wasm_i16x8_add(p, wasm_i16x8_add(wasm_i16x8_extmul_low_i8x16(hi, xo), wasm_i16x8_extmul_high_i8x16(hi, xo)));
-        const v128_t i = wasm_i32x4_extadd_pairwise_i16x8(p);
-#endif
-        acc[r] = wasm_f32x4_add(acc[r], wasm_f32x4_mul(wasm_f32x4_convert_i32x4(i), wasm_f32x4_splat(d[b] * a[r].s[b])));
-      }
-    } else {
-      const v128_t q0 = wasm_v128_load(cb), q1 = wasm_v128_load(cb + 16);
-      const v128_t q0l = wasm_u16x8_extend_low_u8x16(q0), q0h = wasm_u16x8_extend_high_u8x16(q0);
-      const v128_t q1l = wasm_u16x8_extend_low_u8x16(q1), q1h = wasm_u16x8_extend_high_u8x16(q1);
-      for (int32_t r = 0; r < R; r++) {
-        const int8_t *xq = a[r].q + b * QBLOCK;
-        const v128_t x0 = wasm_v128_load(xq), x1 = wasm_v128_load(xq + 16);
-        const v128_t i0 = wasm_i32x4_add(wasm_i32x4_dot_i16x8(q0l, wasm_i16x8_extend_low_i8x16(x0)),
-                                         wasm_i32x4_dot_i16x8(q0h, wasm_i16x8_extend_high_i8x16(x0)));
-        const v128_t i1 = wasm_i32x4_add(wasm_i32x4_dot_i16x8(q1l, wasm_i16x8_extend_low_i8x16(x1)),
-                                         wasm_i32x4_dot_i16x8(q1h, wasm_i16x8_extend_high_i8x16(x1)));
-        const v128_t i = wasm_i32x4_add(i0, i1);
-        acc[r] = wasm_f32x4_add(acc[r], wasm_f32x4_mul(wasm_f32x4_convert_i32x4(i), wasm_f32x4_splat(d[b] * a[r].s[b])));
-      }
-    }
+  const void *d = row_of(w->d, (int64_t)n * blocks, half), *m = row_of(w->m, (int64_t)n * blocks, half);
+  sums_t z[4];
+  v128_t acc[4], ds[4], one[4];
+  for (int32_t r = 0; r < R; r++) z[r].t = z[r].u = acc[r] = wasm_f32x4_splat(0.f);
+  int32_t b = 0;
+  for (; b + 4 <= blocks; b += 4) {
+    const v128_t dv = dvec(d, b, half), mv = m ? mvec_d(m, dv, b, zp, half) : dv;
+    for (int32_t r = 0; r < R; r++) ds[r] = wasm_f32x4_mul(dv, wasm_v128_load(a[r].s + b));
+    for (int32_t r = 0; r < R; r++) one[r] = lane(ds[r], 0);
+    rows_block(c + b * bytes, w->bits, a, R, b, one, acc);
+    for (int32_t r = 0; r < R; r++) one[r] = lane(ds[r], 1);
+    rows_block(c + (b + 1) * bytes, w->bits, a, R, b + 1, one, acc);
+    for (int32_t r = 0; r < R; r++) one[r] = lane(ds[r], 2);
+    rows_block(c + (b + 2) * bytes, w->bits, a, R, b + 2, one, acc);
+    for (int32_t r = 0; r < R; r++) one[r] = lane(ds[r], 3);
+    rows_block(c + (b + 3) * bytes, w->bits, a, R, b + 3, one, acc);
+    for (int32_t r = 0; r < R; r++) group_terms(&z[r], dv, mv, &a[r], b, m != 0);
   }
-  for (int32_t r = 0; r < R; r++)
-    y[(int64_t)r * ldy + n] = hsum(acc[r]) + row_terms(d, w->m ? w->m + (int64_t)n * blocks : 0, &a[r], blocks, zp);
+  const int32_t tail = b;
+  for (; b < blocks; b++) {
+    const float db = dval(d, b, half);
+    for (int32_t r = 0; r < R; r++) one[r] = wasm_f32x4_splat(db * a[r].s[b]);
+    rows_block(c + b * bytes, w->bits, a, R, b, one, acc);
+  }
+  for (int32_t r = 0; r < R; r++) {
+    z[r].acc = acc[r];
+    y[(int64_t)r * ldy + n] = finish(&z[r], d, m, &a[r], tail, blocks, zp, half);
+  }
 }
+
+#define ROWS_DOT(R) \
+  (w->half ? rows_dot(w, a + m, R, n, blocks, bytes, zp, y + (int64_t)m * ldy, ldy, 1) \
+           : rows_dot(w, a + m, R, n, blocks, bytes, zp, y + (int64_t)m * ldy, ldy, 0))
 
 void rk_qmatmul(const qmat_t *w, const qact_t *a, int32_t M, float *y, int32_t ldy, int32_t n0, int32_t n1) {
   const int32_t blocks = w->K / QBLOCK, bytes = QBLOCK * w->bits / 8;
   const float zp = (float)(1 << (w->bits - 1));
   for (int32_t n = n0; n < n1; n++) {
     int32_t m = 0;
-    for (; m + 4 <= M; m += 4) rows_dot(w, a + m, 4, n, blocks, bytes, zp, y + (int64_t)m * ldy, ldy);
+    for (; m + 4 <= M; m += 4) ROWS_DOT(4);
     switch (M - m) { /* constant R: the row loops unroll */
-      case 3: rows_dot(w, a + m, 3, n, blocks, bytes, zp, y + (int64_t)m * ldy, ldy); break;
-      case 2: rows_dot(w, a + m, 2, n, blocks, bytes, zp, y + (int64_t)m * ldy, ldy); break;
-      case 1: y[(int64_t)m * ldy + n] = row_dot(w, a + m, n, blocks, bytes, zp); break;
+      case 3: ROWS_DOT(3); break;
+      case 2: ROWS_DOT(2); break;
+      case 1: y[(int64_t)m * ldy + n] = row_dot_any(w, a + m, n, blocks, bytes, zp); break;
       default: break;
     }
   }
+}
+
+/* 1 when none of n halves is an infinity or NaN (exponent 31): the kernels may read them as stored */
+int32_t rk_halves_finite(const uint16_t *h, int32_t n) {
+  v128_t bad = wasm_i16x8_splat(0);
+  int32_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const v128_t e = wasm_v128_and(wasm_v128_load(h + i), wasm_i16x8_splat(0x7c00));
+    bad = wasm_v128_or(bad, wasm_i16x8_eq(e, wasm_i16x8_splat(0x7c00)));
+  }
+  int32_t ok = !wasm_v128_any_true(bad);
+  for (; i < n; i++) ok &= (h[i] & 0x7c00) != 0x7c00;
+  return ok;
+}
+
+/* dst = n finite halves at src as float32, widened as the kernels read scales (half4, then half1 for the tail);
+ * tests/web/test_wasm_kernels.py checks every finite half against numpy's conversion */
+void rk_widen_halves(const uint16_t *src, float *dst, int32_t n) {
+  int32_t i = 0;
+  for (; i + 4 <= n; i += 4) wasm_v128_store(dst + i, half4(src + i));
+  for (; i < n; i++) dst[i] = half1(src[i]);
 }

@@ -6,7 +6,13 @@
  *
  *     w[n, k] = (q[n, k] - zp) * d[n, b] + m[n, b]       b = k / 32, zp = 8 / 128 (MatMulNBits' default)
  *
- * where m is the export's minimum centred at load (m + zp d, rk_centre_mins; export/web_weights.py).
+ * where m is the export's minimum centred (m + zp d, as export/web_weights.py's graph folds it).
+ *
+ * Scales and minimums are read as the data file stores them: float16 (half = 1; a GGUF's are halves, so the
+ * tab holds them once, at 2 bytes) or float32 (half = 0, minimums centred at load by rk_centre_mins). Halves
+ * are widened 4 at a time with SIMD128 integer ops (wasm has no f16 lanes) and the minimums centred on the fly,
+ * in the float32 path's order, so both give the same bits. Halves must be finite (rk_halves_finite; the loader
+ * widens a tensor holding an infinity or NaN into float32 instead).
  *
  * Activations are quantized per block of 32 as onnxruntime's MatMulNBits accuracy_level 4 does (int8,
  * scale amax / 127, round to nearest even), so that the page's logits are those of onnxruntime on the
@@ -28,9 +34,9 @@
 
 typedef struct {
   const uint8_t *codes; /* [N, K/32, 32 * bits / 8] */
-  const float *d;       /* [N, K/32] */
-  const float *m;       /* [N, K/32] centred minimums, or 0 */
-  int32_t N, K, bits;
+  const void *d;        /* [N, K/32] float32, or float16 when half */
+  const void *m;        /* [N, K/32] float32 centred minimums, or float16 raw ones when half; or 0 */
+  int32_t N, K, bits, half;
 } qmat_t;
 
 typedef struct {     /* one activation row, quantized */
@@ -45,4 +51,20 @@ void rk_quantize_act(const float *x, qact_t *a);
 void rk_qmatvec(const qmat_t *w, const qact_t *a, float *y, int32_t n0, int32_t n1);
 /* y [M, ldy] += nothing: y[m, n] = row m of a (M rows, a[m]) times row n of w, for n in [n0, n1) */
 void rk_qmatmul(const qmat_t *w, const qact_t *a, int32_t M, float *y, int32_t ldy, int32_t n0, int32_t n1);
+
+/* 4 float16 values (finite) as float32 lanes, exactly: (exponent, mantissa) << 13 read as a float32 and scaled
+ * by 2^112 (rebiases normal halves, and makes subnormal halves' denormal floats their value), then the sign */
+static inline v128_t half4(const uint16_t *h) {
+  const v128_t s = wasm_i32x4_load16x4(h); /* sign-extended: bit 31 is the half's sign */
+  const v128_t mag = wasm_f32x4_mul(wasm_u32x4_shr(wasm_i32x4_shl(s, 17), 4), wasm_f32x4_splat(5.192296858534828e+33f));
+  return wasm_v128_or(mag, wasm_v128_and(s, wasm_i32x4_splat((int32_t)0x80000000u)));
+}
+
+/* one finite float16 as float32, exactly (the scalar tail of half4) */
+static inline float half1(uint16_t h) {
+  union { uint32_t u; float f; } m = {(uint32_t)(h & 0x7fff) << 13}, s;
+  s.f = m.f * 5.192296858534828e+33f;
+  s.u |= (uint32_t)(h & 0x8000) << 16;
+  return s.f;
+}
 #endif

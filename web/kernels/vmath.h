@@ -76,9 +76,16 @@ static inline void dequant_row(const qmat_t *e, int32_t r, float *out, int32_t n
   const float zp = (float)(1 << (e->bits - 1));
   for (int32_t k = 0; k < n; k++) {
     const int32_t b = k / QBLOCK, j = k % QBLOCK;
+    const int64_t at = (int64_t)r * blocks + b;
     const int32_t q = e->bits == 8 ? c[b * bytes + j] : (c[b * bytes + j / 2] >> (4 * (j & 1))) & 15;
-    const float v = ((float)q - zp) * e->d[(int64_t)r * blocks + b];
-    out[k] = e->m ? v + e->m[(int64_t)r * blocks + b] : v;
+    const float d = e->half ? half1(((const uint16_t *)e->d)[at]) : ((const float *)e->d)[at];
+    const float v = ((float)q - zp) * d;
+    if (!e->m) out[k] = v;
+    else if (!e->half) out[k] = v + ((const float *)e->m)[at];
+    else { /* centred as rk_centre_mins does */
+      const float m = half1(((const uint16_t *)e->m)[at]), dz = d * zp;
+      out[k] = v + (m + dz);
+    }
   }
 }
 #endif
