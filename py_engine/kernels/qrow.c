@@ -22,23 +22,22 @@
 
 #if Q_ROWS_BUILT
 #define R_LANES 16 /* W rows per block: lane r of the float accumulators is row n + r */
+#ifndef R_XROWS
+#define R_XROWS 8 /* rows of x a pass over the codes takes (RBLOCK_CASES spells out 1..7) */
+#endif
 
-/* x rows m0.. (mt of them) in the order the codes meet them, per step of 4 sub-blocks (128 bytes): 4-bit: columns
- * 0-15 of the 4 sub-blocks (what the low nibbles hold), then columns 16-31 (the high nibbles); 8-bit: as they are.
- * Sub-blocks past nb are zero. */
-static void arrange_x(const int8_t *qx, int64_t nb, int bits4, int mt, int8_t *out) {
+/* x rows m0.. (mt of them) in the order the codes meet them, per step of 4 sub-blocks (128 bytes): columns 0-15
+ * of the 4 sub-blocks (4-bit: what the low nibbles hold; 8-bit: the first 16 bytes of each, gathered by
+ * rblock's block shuffle), then columns 16-31. Sub-blocks past nb are zero. */
+static void arrange_x(const int8_t *qx, int64_t nb, int mt, int8_t *out) {
   const int64_t steps = (nb + 3) / 4;
   memset(out, 0, (size_t)(mt * steps * 128));
   for (int m = 0; m < mt; ++m)
     for (int64_t b = 0; b < nb; ++b) {
       const int8_t *q = qx + (m * nb + b) * 32;
       int8_t *o = out + m * steps * 128 + b / 4 * 128;
-      if (bits4) {
-        memcpy(o + 16 * (b % 4), q, 16);
-        memcpy(o + 64 + 16 * (b % 4), q + 16, 16);
-      } else {
-        memcpy(o + 32 * (b % 4), q, 32);
-      }
+      memcpy(o + 16 * (b % 4), q, 16);
+      memcpy(o + 64 + 16 * (b % 4), q + 16, 16);
     }
 }
 
@@ -92,7 +91,12 @@ static void scales_of(const qmat_t *w, const int64_t *row, int corr, float *st, 
   }
 }
 
-/* Rows n..n + live - 1 of W (live <= 16) against rows m0..m0 + mt - 1 of x (xa: arrange_x's, mt <= 4). */
+/* Rows n..n + live - 1 of W (live <= 16) against rows m0..m0 + mt - 1 of x (xa: arrange_x's, mt <= R_XROWS): one
+ * pass over the codes for all mt rows. Each step's integers go through a small buffer on the stack (R: [x row][4 W
+ * rows], 64 bytes each), so what stays in registers is the step's codes, one x row's products and the mt float
+ * accumulators, however many rows of x come: a 5-9-row verify step reads and unpacks the codes once (it took two
+ * passes of <= 4 rows before, the compiler spilling the 4 x 4 integers of the 4-row pass). A row's float steps
+ * are its own chain (sub-block order, then its group's fnma), so the order of rows in between changes no bit. */
 static inline __attribute__((always_inline)) void rblock(const qjob_t *j, const qpart_t *a, int64_t n, int live,
                                                           int64_t m0, const int mt, const int8_t *xa, const float *st,
                                                           const float *mnt, const int bits4) {
@@ -102,12 +106,12 @@ static inline __attribute__((always_inline)) void rblock(const qjob_t *j, const 
   const uint8_t *row[R_LANES];
   for (int r = 0; r < R_LANES; ++r) row[r] = w->codes + (n + (r < live ? r : live - 1)) * rb;
   const __m512i low = _mm512_set1_epi8(0x0f), flip = _mm512_set1_epi8((char)0x80);
-  __m512 acc[4];
+  __m512 acc[R_XROWS];
+  __m512i R[R_XROWS][4]; /* [x row][rows 4c..4c + 3]: rows4's integers of one step */
   for (int m = 0; m < mt; ++m) acc[m] = _mm512_setzero_ps();
   int64_t g = 0, left = spg;
   for (int64_t s = 0; s < steps; ++s) {
     const int64_t b0 = 4 * s, sbs = nb - b0 < 4 ? nb - b0 : 4; /* sub-blocks in this step */
-    __m512i R[4][4]; /* [x row][rows 4c..4c + 3] */
     for (int c = 0; c < 4; ++c) {
       __m512i lo[4], hi[4];
       for (int i = 0; i < 4; ++i) {
@@ -126,44 +130,37 @@ static inline __attribute__((always_inline)) void rblock(const qjob_t *j, const 
           const __m512i v1 = a2 == 64 ? _mm512_loadu_si512((const void *)(p + b0 * 32 + 64))
                              : a2 ? _mm512_maskz_loadu_epi8(((__mmask64)1 << a2) - 1, p + b0 * 32 + 64)
                                   : _mm512_setzero_si512();
-          lo[i] = _mm512_xor_si512(v0, flip);
-          hi[i] = _mm512_xor_si512(v1, flip);
+          /* block k of lo / hi: the first / second 16 bytes of sub-block k (as arrange_x lays x out), so one
+           * dpbusd pair gives block k = sub-block k, as for 4-bit codes: no shuffle per row of x */
+          lo[i] = _mm512_xor_si512(_mm512_shuffle_i32x4(v0, v1, 0x88), flip);
+          hi[i] = _mm512_xor_si512(_mm512_shuffle_i32x4(v0, v1, 0xdd), flip);
         }
       }
       for (int m = 0; m < mt; ++m) {
         const int8_t *x = xa + (m0 + m) * steps * 128 + s * 128;
         const __m512i x0 = _mm512_loadu_si512((const void *)x), x1 = _mm512_loadu_si512((const void *)(x + 64));
         __m512i P[4];
-        for (int i = 0; i < 4; ++i) {
-          if (bits4) {
-            P[i] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo[i], x0), hi[i], x1);
-          } else { /* block k of the two products: sub-blocks k / 2 (of lo) and 2 + k / 2 (of hi), halves */
-            const __m512i p0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo[i], x0);
-            const __m512i p1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), hi[i], x1);
-            P[i] = _mm512_add_epi32(_mm512_shuffle_i32x4(p0, p1, 0x88), _mm512_shuffle_i32x4(p0, p1, 0xdd));
-          }
-        }
+        for (int i = 0; i < 4; ++i)
+          P[i] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo[i], x0), hi[i], x1);
         R[m][c] = rows4(P);
       }
     }
-    for (int m = 0; m < mt; ++m) {
+    int64_t gk[4];
+    int ends[4];
+    for (int64_t k = 0; k < sbs; ++k) { /* sub-block b0 + k's group, and whether it ends it */
+      gk[k] = g;
+      ends[k] = --left == 0;
+      if (ends[k]) ++g, left = spg;
+    }
+    for (int m = 0; m < mt; ++m) { /* quant.h's canonical sum of row m0 + m, sub-blocks b0.. */
       __m512i V[4];
       blocks_transpose(R[m], V);
-      R[m][0] = V[0], R[m][1] = V[1], R[m][2] = V[2], R[m][3] = V[3];
-    }
-    for (int64_t k = 0; k < sbs; ++k) { /* quant.h's canonical sum, sub-block b0 + k */
-      const __m512 sg = _mm512_load_ps(st + g * R_LANES);
-      for (int m = 0; m < mt; ++m)
-        acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(R[m][k]),
-                                 _mm512_mul_ps(_mm512_set1_ps(j->dx[(m0 + m) * nb + b0 + k]), sg), acc[m]);
-      if (--left == 0) {
-        if (corr) {
-          const __m512 mn = _mm512_load_ps(mnt + g * R_LANES);
-          for (int m = 0; m < mt; ++m)
-            acc[m] = _mm512_fnmadd_ps(mn, _mm512_set1_ps(a->xg[(m0 + m) * w->ng + g]), acc[m]);
-        }
-        ++g;
-        left = spg;
+      const float *dx = j->dx + (m0 + m) * nb + b0, *xg = a->xg + (m0 + m) * w->ng;
+      for (int64_t k = 0; k < sbs; ++k) {
+        acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(V[k]),
+                                 _mm512_mul_ps(_mm512_set1_ps(dx[k]), _mm512_load_ps(st + gk[k] * R_LANES)), acc[m]);
+        if (corr && ends[k])
+          acc[m] = _mm512_fnmadd_ps(_mm512_load_ps(mnt + gk[k] * R_LANES), _mm512_set1_ps(xg[gk[k]]), acc[m]);
       }
     }
   }
@@ -178,12 +175,16 @@ static inline __attribute__((always_inline)) void rblock(const qjob_t *j, const 
   }
 }
 
-#define RBLOCK_CASES(BITS4)                                                                                  \
-  switch (mt) {                                                                                              \
-  case 1: rblock(j, a, n, live, m0, 1, xa, st, mnt, BITS4); break;                                           \
-  case 2: rblock(j, a, n, live, m0, 2, xa, st, mnt, BITS4); break;                                           \
-  case 3: rblock(j, a, n, live, m0, 3, xa, st, mnt, BITS4); break;                                           \
-  default: rblock(j, a, n, live, m0, 4, xa, st, mnt, BITS4); break;                                          \
+#define RBLOCK_CASES(BITS4) \
+  switch (mt) { \
+  case 1: rblock(j, a, n, live, m0, 1, xa, st, mnt, BITS4); break; \
+  case 2: rblock(j, a, n, live, m0, 2, xa, st, mnt, BITS4); break; \
+  case 3: rblock(j, a, n, live, m0, 3, xa, st, mnt, BITS4); break; \
+  case 4: rblock(j, a, n, live, m0, 4, xa, st, mnt, BITS4); break; \
+  case 5: rblock(j, a, n, live, m0, 5, xa, st, mnt, BITS4); break; \
+  case 6: rblock(j, a, n, live, m0, 6, xa, st, mnt, BITS4); break; \
+  case 7: rblock(j, a, n, live, m0, 7, xa, st, mnt, BITS4); break; \
+  default: rblock(j, a, n, live, m0, R_XROWS, xa, st, mnt, BITS4); break; \
   }
 
 int q_rows(const qjob_t *j, const qpart_t *a, int64_t n0, int64_t n1) {
@@ -196,15 +197,15 @@ int q_rows(const qjob_t *j, const qpart_t *a, int64_t n0, int64_t n1) {
   if (!buf) return -1;
   float *st = (float *)buf, *mnt = st + w->ng * R_LANES;
   int8_t *xa = (int8_t *)(buf + 2 * fbytes);
-  arrange_x(j->qx, nb, w->bits4, (int)M, xa);
+  arrange_x(j->qx, nb, (int)M, xa);
   const int corr = has_mins(w) || !w->bits4;
   for (int64_t n = n0; n < n1; n += R_LANES) {
     const int live = n1 - n < R_LANES ? (int)(n1 - n) : R_LANES;
     int64_t row[R_LANES];
     for (int r = 0; r < R_LANES; ++r) row[r] = n + (r < live ? r : live - 1);
     scales_of(w, row, corr, st, mnt);
-    for (int64_t m0 = 0; m0 < M; m0 += 4) {
-      const int mt = M - m0 < 4 ? (int)(M - m0) : 4;
+    for (int64_t m0 = 0; m0 < M; m0 += R_XROWS) {
+      const int mt = M - m0 < R_XROWS ? (int)(M - m0) : R_XROWS;
       if (w->bits4) { RBLOCK_CASES(1) } else { RBLOCK_CASES(0) }
     }
   }
