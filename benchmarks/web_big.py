@@ -5,8 +5,8 @@
 Builds random Qwen2.5-1.5B-shape weights (bf16, Qwen2.5's own tokenizer from ../shared when present), exports
 them int4 for the web (RTN, blocks of 32, the tied 151936 x 1536 table once), then runs a greedy completion
 with the package's wasm kernels in Node (createEngine, runtime 'web') and in the demo page in headless Chromium,
-recording load time, decode tok/s and peak memory (Node's process RSS; Chromium's renderer RSS), against the
-export's size. Before the kernels the web graph folded every weight to float32 at session start: 4 bytes a
+recording load time, decode tok/s and peak memory (Node's process RSS; Chromium's renderer RSS, and after the
+completion Chromium's own count, performance.measureUserAgentSpecificMemory), against the export's size. Before the kernels the web graph folded every weight to float32 at session start: 4 bytes a
 parameter, past wasm's 4 GiB for this model. Writes benchmarks/results/web_big.json.
 """
 from __future__ import annotations
@@ -103,7 +103,10 @@ def page_run(out: Path, tokens: int, threads: int) -> dict:
     dist = build_dist(WORK / "dist", {"qwen1.5b": out}, builtin=False)
     for f in ("bench.html", "bench.js"):
         shutil.copy(REPO / "benchmarks" / "web" / f, dist / f)
-    with static_server(dist) as base, browser(WORK / "profile") as (context, _):
+    # ForceEagerMeasureMemory: measureUserAgentSpecificMemory answers at once, not at the next GC (web_bench.py)
+    with static_server(dist) as base, browser(WORK / "profile",
+                                              extra_args=("--enable-blink-features=ForceEagerMeasureMemory",)) \
+            as (context, _):
         page = context.new_page()
         page.goto(base + "bench.html")
         page.wait_for_function("document.getElementById('status').textContent === 'ready'")
@@ -114,6 +117,8 @@ def page_run(out: Path, tokens: int, threads: int) -> dict:
                                     "threads": threads, "prompt": PROMPT, "tokens": tokens, "device": "wasm"})
             except Exception as error:
                 row = {"error": str(error)[:1500]}
+        if (row.get("uaMemory") or {}).get("bytes"):  # after the completion, the engine still loaded
+            row["ua_memory_mib"] = round(row["uaMemory"]["bytes"] / 2**20, 1)
         return row | {"peak_renderer_rss_mib": round(peak.peak, 1)}
 
 
@@ -137,6 +142,8 @@ def main() -> None:
     for where, key in (("node", "peak_rss_mib"), ("page", "peak_renderer_rss_mib")):
         if result[where].get(key):
             result[where]["peak_vs_file"] = round(result[where][key] / result["export_mib"], 2)
+    if result["page"].get("ua_memory_mib"):  # Chromium's own count of the page's JS and wasm memory
+        result["page"]["ua_memory_vs_file"] = round(result["page"]["ua_memory_mib"] / result["export_mib"], 2)
     RESULTS.write_text(json.dumps(result, indent=1) + "\n")
     print(f"wrote {RESULTS}")
 

@@ -74,8 +74,46 @@ export async function writeSharedFiles(pyodide, base, progress) {
     const url = new URL(name, base);
     if (!REQUIRED.has(name) && !(await exists(url))) continue;
     const { bytes } = await fetchFile(url, { onProgress: progress, cache: true });
-    pyodide.FS.writeFile(`${MODEL_DIR}/${name}`, bytes);
+    pyodide.FS.writeFile(`${MODEL_DIR}/${name}`, name === 'tokenizer.json' ? compactTokenizer(bytes) : bytes);
   }
+}
+
+/**
+ * tokenizer.json as the page's Python reads it best: a BPE vocabulary whose ids are 0 .. n - 1 as a list of
+ * its tokens in id order, and merges as "a b" strings where no token holds a space (tokenizers' other
+ * layout). json then parses lists of strings, not 49k-key objects (through a key memo and dict resizes) and
+ * 49k two-string lists; Pyodide's heap never shrinks, so that parse was its high-water mark (SmolLM2: the
+ * heap stays one growth step lower, 36 MiB instead of 43). py_engine/tokenizer/bpe.py reads both forms;
+ * anything else is handed over as it is.
+ * @param {Uint8Array} bytes
+ * @returns {Uint8Array}
+ */
+export function compactTokenizer(bytes) {
+  let spec;
+  try {
+    spec = JSON.parse(new TextDecoder('utf-8', { fatal: true }).decode(bytes));
+  } catch {
+    return bytes; // Python reports what is wrong with it
+  }
+  const model = spec?.model;
+  const kind = model?.type ?? (model && 'merges' in model ? 'BPE' : undefined); // older files leave it out
+  if (kind !== 'BPE' || !model.vocab || typeof model.vocab !== 'object' || Array.isArray(model.vocab)) {
+    return bytes;
+  }
+  const entries = Object.entries(model.vocab);
+  const tokens = new Array(entries.length);
+  for (const [token, id] of entries) {
+    if (!Number.isInteger(id) || id < 0 || id >= tokens.length || tokens[id] !== undefined) return bytes;
+    tokens[id] = token;
+  }
+  const merges = model.merges ?? [];
+  const pairs = merges.length > 0 && Array.isArray(merges[0]);
+  if (pairs && merges.every((m) => Array.isArray(m) && m.length === 2 && typeof m[0] === 'string' &&
+    typeof m[1] === 'string' && !m[0].includes(' ') && !m[1].includes(' '))) {
+    model.merges = merges.map((m) => `${m[0]} ${m[1]}`);
+  }
+  model.vocab = tokens;
+  return new TextEncoder().encode(JSON.stringify(spec));
 }
 
 /** The graph's bytes (with progress, from the browser cache when there) and its session. */

@@ -12,7 +12,7 @@ joins the pair instead.
 """
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 _NO_RANK = 1 << 62
@@ -25,15 +25,14 @@ class BPE:
     def __init__(self, spec: dict[str, Any]) -> None:
         if spec.get("dropout") not in (None, 0, 0.0):
             raise ValueError("model BPE: dropout makes encoding random; it is not supported")
-        self.vocab: dict[str, int] = spec["vocab"]
-        self.vocab_r: dict[int, str] = dict(zip(self.vocab.values(), self.vocab.keys()))  # C loops: load time
+        self.vocab, self.vocab_r, ints = _vocabulary(spec["vocab"])
         self.unk_token: str | None = spec.get("unk_token")
         self.prefix: str = spec.get("continuing_subword_prefix") or ""
         self.suffix: str = spec.get("end_of_word_suffix") or ""
         self.fuse_unk = bool(spec.get("fuse_unk", False))
         self.byte_fallback = bool(spec.get("byte_fallback", False))
         self.ignore_merges = bool(spec.get("ignore_merges", False))
-        self._sep, self._ranks = _rank_table(spec.get("merges") or [])
+        self._sep, self._ranks = _rank_table(spec.get("merges") or [], ints)
         self._cache: dict[str, list[int]] = {}
         # Set by the tokenizer when a final ByteLevel pre-tokenizer's mapping
         # is deferred to here, so the cache is keyed by the raw word.
@@ -112,23 +111,79 @@ class BPE:
         return parts
 
 
-def _rank_table(merges: list[Any]) -> tuple[str, dict[str, int]]:
+def _vocabulary(vocab: dict[str, int] | list[str]) -> tuple[dict[str, int], Mapping[int, str], list[int] | None]:
+    """(token -> id, id -> token, the ids 0 .. n - 1 as the vocabulary's own int objects, or None).
+
+    `vocab` is tokenizer.json's object, or a list of the tokens in id order: the form the page hands its
+    Python (npm/src/model.js compactTokenizer), which parses without json's key memo and its dict resizes,
+    both of which stay in a Pyodide heap (it never shrinks) as the high-water mark of a load."""
+    if isinstance(vocab, list):
+        if not all(type(t) is str for t in vocab):
+            raise ValueError("model BPE: a vocab list must hold the tokens (strings) in id order")
+        ids = list(range(len(vocab)))
+        return dict(zip(vocab, ids)), IdTable(vocab), ids
+    table = id_table(vocab)
+    return vocab, table, sorted(vocab.values()) if isinstance(table, IdTable) else None
+
+
+def _rank_table(merges: list[Any], ints: list[int] | None = None) -> tuple[str, dict[str, int]]:
     """(separator, {"a<sep>b": rank}) for either merges layout.
 
     Later duplicates win, as in tokenizers' HashMap. The "a b" layout can
     be used as is; the [a, b] layout is joined with a separator that no
-    merged token contains, so keys cannot collide."""
+    merged token contains, so keys cannot collide. The ranks are `ints`'
+    objects where there are enough (ids above 256 are objects of 32 bytes)."""
     if not merges:
         return " ", {}
+    ranks = ints if ints is not None and len(ints) >= len(merges) else range(len(merges))  # zip: the merges' end
     if isinstance(merges[0], str):
-        return " ", dict(zip(merges, range(len(merges))))
+        return " ", dict(zip(merges, ranks))
     # Joined with map/str.join and counted in one string: C loops, ~3x faster than a comprehension, which
     # matters in Pyodide where the table is built on every page load (49k merges for SmolLM2).
     if set(map(len, merges)) != {2}:
         raise ValueError("model BPE: every merge must be a pair of tokens")
     keys = list(map(" ".join, merges))
     if "".join(keys).count(" ") == len(keys):  # no token holds a space: " " separates
-        return " ", dict(zip(keys, range(len(keys))))
+        return " ", dict(zip(keys, ranks))
     used = {c for pair in merges for part in pair for c in part}
     sep = next(chr(c) for c in range(0x10FFFF, 0, -1) if chr(c) not in used)
-    return sep, {a + sep + b: rank for rank, (a, b) in enumerate(merges)}
+    return sep, {a + sep + b: rank for rank, (a, b) in zip(ranks, merges)}
+
+
+class IdTable(Mapping):
+    """id -> token of a vocabulary whose ids are 0 .. n - 1: a list (8 bytes an id, where a dict takes ~32 and
+    49k entries of SmolLM2 were 1.5 MiB more of a Pyodide heap, which never shrinks), read as a dict."""
+
+    __slots__ = ("_tokens",)
+
+    def __init__(self, tokens: list[str]) -> None:
+        self._tokens = tokens
+
+    def __getitem__(self, token_id: int) -> str:
+        if type(token_id) is int and 0 <= token_id < len(self._tokens):
+            return self._tokens[token_id]
+        raise KeyError(token_id)
+
+    def get(self, token_id: Any, default: Any = None) -> Any:
+        if type(token_id) is int and 0 <= token_id < len(self._tokens):
+            return self._tokens[token_id]
+        return default
+
+    def __contains__(self, token_id: object) -> bool:
+        return type(token_id) is int and 0 <= token_id < len(self._tokens)
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(range(len(self._tokens)))
+
+    def __len__(self) -> int:
+        return len(self._tokens)
+
+
+def id_table(vocab: dict[str, int]) -> Mapping[int, str]:
+    """id -> token: an IdTable when the ids are exactly 0 .. n - 1, else a dict (later duplicates win)."""
+    tokens: list[Any] = [None] * len(vocab)
+    for token, i in vocab.items():
+        if type(i) is not int or not 0 <= i < len(tokens) or tokens[i] is not None:
+            return dict(zip(vocab.values(), vocab.keys()))  # C loops: load time
+        tokens[i] = token
+    return IdTable(tokens)
