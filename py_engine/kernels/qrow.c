@@ -103,6 +103,7 @@ static inline __attribute__((always_inline)) void rblock(const qjob_t *j, const 
   const qmat_t *w = &a->w;
   const int64_t nb = nb_of(w), rb = row_bytes(w), steps = (nb + 3) / 4, spg = w->spg;
   const int corr = has_mins(w) || !bits4;
+  const int64_t pf = q_prefetch_at(rb, R_LANES);
   const uint8_t *row[R_LANES];
   for (int r = 0; r < R_LANES; ++r) row[r] = w->codes + (n + (r < live ? r : live - 1)) * rb;
   const __m512i low = _mm512_set1_epi8(0x0f), flip = _mm512_set1_epi8((char)0x80);
@@ -116,14 +117,14 @@ static inline __attribute__((always_inline)) void rblock(const qjob_t *j, const 
       __m512i lo[4], hi[4];
       for (int i = 0; i < 4; ++i) {
         const uint8_t *p = row[4 * c + i];
-        _mm_prefetch((const char *)p + b0 * (bits4 ? 16 : 32) + Q_PREFETCH, Q_HINT);
+        _mm_prefetch((const char *)p + b0 * (bits4 ? 16 : 32) + pf, Q_HINT);
         if (bits4) {
           const __m512i v = sbs == 4 ? _mm512_loadu_si512((const void *)(p + b0 * 16))
                                      : _mm512_maskz_loadu_epi8(((__mmask64)1 << (16 * sbs)) - 1, p + b0 * 16);
           lo[i] = _mm512_and_si512(v, low);
           hi[i] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
         } else { /* sub-blocks 0-1 and 2-3 of the step, as unsigned c + 128 */
-          _mm_prefetch((const char *)p + b0 * 32 + 64 + Q_PREFETCH, Q_HINT);
+          _mm_prefetch((const char *)p + b0 * 32 + 64 + pf, Q_HINT);
           const int64_t a1 = sbs < 2 ? 32 * sbs : 64, a2 = sbs > 2 ? 32 * (sbs - 2) : 0;
           const __m512i v0 = a1 == 64 ? _mm512_loadu_si512((const void *)(p + b0 * 32))
                                       : _mm512_maskz_loadu_epi8(((__mmask64)1 << a1) - 1, p + b0 * 32);

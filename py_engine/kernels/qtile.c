@@ -10,6 +10,7 @@ static inline __attribute__((always_inline)) void vblock(const qjob_t *j, const 
   const uint8_t *row[VT_ROWS];
   for (int L = 0; L < VT_ROWS; ++L) row[L] = w->codes + (n + (L < live ? L : live - 1)) * rb;
   const vi groups = vi_rows(ng, live); /* lane L: PERM(L)'s first scale, relative to row n's */
+  const int64_t pf = q_prefetch_at(rb, VT_ROWS);
   const float *s0 = w->scales + n * ng, *m0s = w->mins ? w->mins + n * ng : NULL;
   vf acc[VT_X];
   for (int m = 0; m < mt; ++m) acc[m] = vf_zero();
@@ -17,8 +18,8 @@ static inline __attribute__((always_inline)) void vblock(const qjob_t *j, const 
     const vi at = vi_add(groups, (int32_t)g);
     const vf s = vf_gather(s0, at);
     for (int64_t e = b + w->spg; b < e; ++b) {
-      if (!(b & (bits4 ? 3 : 1))) /* a line of each row, Q_PREFETCH bytes ahead */
-        for (int L = 0; L < live; ++L) _mm_prefetch((const char *)row[L] + b * (bits4 ? 16 : 32) + Q_PREFETCH, Q_HINT);
+      if (!(b & (bits4 ? 3 : 1))) /* a line of each row, one block of rows ahead (q_prefetch_at) */
+        for (int L = 0; L < live; ++L) _mm_prefetch((const char *)row[L] + b * (bits4 ? 16 : 32) + pf, Q_HINT);
       vi c[8];
       codes_of(row, b, bits4, c);
       for (int m = 0; m < mt; ++m) {

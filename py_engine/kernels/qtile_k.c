@@ -87,12 +87,13 @@ static inline __attribute__((always_inline)) void vblock5(const qjob_t *j, const
   const uint8_t *base = w->codes + n * rb, *row[VT_ROWS];
   for (int L = 0; L < VT_ROWS; ++L) row[L] = base + (L < live ? L : live - 1) * rb;
   const vi at = vi_rows(rb, live); /* lane L: row PERM(L)'s offset */
+  const int64_t pf = q_prefetch_at(rb, VT_ROWS);
   vf acc[VT_X];
   for (int m = 0; m < mt; ++m) acc[m] = vf_zero();
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t *blk = base + b * bb;
-    if (!(b & 1)) /* 44 or 48 bytes of each row per 2 blocks: every line, Q_PREFETCH bytes ahead */
-      for (int L = 0; L < live; ++L) _mm_prefetch((const char *)row[L] + b * bb + Q_PREFETCH, Q_HINT);
+    if (!(b & 1)) /* 44 or 48 bytes of each row per 2 blocks: every line, one block of rows ahead */
+      for (int L = 0; L < live; ++L) _mm_prefetch((const char *)row[L] + b * bb + pf, Q_HINT);
     const vi head = vi_gather(blk, at), qh = vi_gather(blk + qs - 4, at); /* [d | m or qh's low half], qh */
     const vf d = half_lo(head);
     const vf mn = kind == 6 ? vf_mul(vf_set1(16.f), d) : vf_neg(half_lo(vi_srl16(head)));
@@ -215,6 +216,7 @@ static inline __attribute__((always_inline)) void kvblock(const qjob_t *j, const
   const uint8_t *base = w->codes + n * rb, *row[VT_ROWS];
   for (int L = 0; L < VT_ROWS; ++L) row[L] = base + (L < live ? L : live - 1) * rb;
   const vi at = vi_rows(rb, live);
+  const int64_t pf = q_prefetch_at(rb, VT_ROWS);
   vf acc[VT_X];
   for (int m = 0; m < mt; ++m) acc[m] = vf_zero();
   vi run[8], run1[8], high[8]; /* turned 32-byte runs of codes (Q6_K: two of ql); Q5_K's qh, Q6_K's qh run */
@@ -223,7 +225,7 @@ static inline __attribute__((always_inline)) void kvblock(const qjob_t *j, const
     const int64_t o = s * bb;
     const uint8_t *blk = base + o;
     for (int L = 0; L < live; ++L)
-      for (int64_t p = 0; p < bb; p += 64) _mm_prefetch((const char *)row[L] + o + p + Q_PREFETCH, Q_HINT);
+      for (int64_t p = 0; p < bb; p += 64) _mm_prefetch((const char *)row[L] + o + p + pf, Q_HINT);
     vf sc[16], zc[16]; /* s_j and Z_j of the lanes' blocks (8 groups of 32, or Q6_K's 16 of 16) */
     if (kind == 14) { /* ql[128] qh[64] scales[16] (int8) d: d read with the two scale bytes before it */
       const vf d = half_lo(vi_hi16(vi_gather(blk + 206, at))), d32 = vf_mul(vf_set1(32.f), d);

@@ -23,6 +23,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from ..cpu.transforms import optimize_for_cpu
+from ..models.hugepages import no_arenas
 from ..models.kv_quant import KVQuantConfig
 from ..models.memory import trim_heap
 from .comm import TensorParallelGroup
@@ -50,7 +51,8 @@ def load_shard(group: TensorParallelGroup, path: str | Path, quantization: Any, 
     """(model, config, quant report) of this rank: loaded whole, transformed for the CPU, then sharded."""
     from ..quant.load import load_quantized
 
-    model, config, report = load_quantized(path, quantization, dtype=dtype, device=group.device)
+    with no_arenas():  # each matrix its own tensor: the slices below are copies, the rest is freed
+        model, config, report = load_quantized(path, quantization, dtype=dtype, device=group.device)
     if optimize:
         optimize_for_cpu(model)
     apply_tensor_parallel(model, group)

@@ -313,3 +313,39 @@ def test_a_loaded_gguf_leaves_no_file_pages_in_the_rss(vocab, cache, tmp_path):
     assert not any(start <= t.data_ptr() < end for t in [*model.parameters(), *model.buffers()])
     logits(model, config)
     assert mapping_rss(start) <= 4 * 4096  # the last partial page, metadata: not the folios around every norm
+
+
+@kernels_only
+def test_the_codes_lie_in_one_arena_of_huge_pages(vocab, cache, tmp_path, monkeypatch):
+    """Every QuantLinear array of a GGUF (Q8_0 in quant.c's layout, K-quant blocks) is a view of one mapping
+    advised MADV_HUGEPAGE (models/hugepages.HugeArena), in module order, and the logits are the same bits as a
+    load with RUVLLM_HUGE_PAGES=0 (each array its own tensor)."""
+    import sys
+
+    from tests.models.test_hugepages import vm_flags
+
+    if not sys.platform.startswith("linux"):
+        pytest.skip("hardware: /proc/self/smaps is Linux's")
+    original = hf_model("llama", len(vocab.tokens), hidden_size=256, intermediate_size=512, num_hidden_layers=2)
+    mix = k_mix("Q4_K", 2)
+    path = write_gguf(tmp_path / "m.gguf", original, vocab,
+                      lambda name, data: "Q8_0" if ".attn_q." in name else mix(name, data))
+
+    def arrays(model):  # the projections' and the head's (an untied embedding's own table is not streamed)
+        out, table = [], model.model.embed_tokens.rows
+        for m in model.modules():
+            if isinstance(m, QuantLinear) and m is not table:
+                fields = ("blocks",) if isinstance(m.packed, GGMLWeight) else ("codes", "scales", "mins", "offsets")
+                out += [t for f in fields if (t := getattr(m.packed, f)) is not None]
+        return out
+
+    model, config = load_model(resolve_model(str(path), cache))
+    inside = arrays(model)
+    assert len(inside) > 2 * 7 and len({t.untyped_storage().data_ptr() for t in inside}) == 1
+    starts = [t.data_ptr() for t in inside]
+    assert starts == sorted(starts) and all(s % 64 == 0 for s in starts)
+    assert "hg" in vm_flags(starts[0]) and "hg" in vm_flags(starts[-1])
+    monkeypatch.setenv("RUVLLM_HUGE_PAGES", "0")
+    plain, _ = load_model(resolve_model(str(path), cache))
+    assert len({t.untyped_storage().data_ptr() for t in arrays(plain)}) == len(inside)
+    assert torch.equal(logits(model, config), logits(plain, config))

@@ -98,3 +98,23 @@ def test_a_model_in_huge_pages_decodes_as_transformers_does(wide, dtype):
         reference = hf(ids).logits
     tolerance = 1e-4 if dtype == "float32" else 0.1 * reference.abs().max().item()
     assert (got[True] - reference).abs().max().item() < tolerance
+
+
+def test_an_arena_hands_out_aligned_copies_until_full(monkeypatch):
+    from py_engine.models.hugepages import HugeArena, no_arenas
+
+    arena = HugeArena(3 << 20)
+    a, b = torch.randn(1000, 3), torch.arange(50, dtype=torch.int32)
+    ca, cb = arena.take(a), arena.take(b)
+    assert torch.equal(ca, a) and torch.equal(cb, b)
+    assert ca.data_ptr() % HUGE_PAGE == 0 and cb.data_ptr() == ca.data_ptr() + 12032  # 12000 bytes, to 64
+    assert "hg" in vm_flags(ca.data_ptr())
+    big = torch.zeros(3 << 20, dtype=torch.uint8)
+    assert arena.take(big) is big  # no room left: the tensor as it was
+    assert arena.take(None) is None
+    monkeypatch.setenv("RUVLLM_HUGE_PAGES", "0")
+    assert HugeArena(1 << 20).empty((4,), torch.float32) is None
+    monkeypatch.delenv("RUVLLM_HUGE_PAGES")
+    with no_arenas():
+        assert HugeArena(1 << 20).take(a) is a
+    assert HugeArena(1 << 20).take(a) is not a

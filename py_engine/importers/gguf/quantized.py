@@ -23,6 +23,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from py_engine.models.hugepages import HugeArena
 from py_engine.quant.embedding import install_quant_embedding
 from py_engine.quant.ggml import TYPES as BLOCK_TYPES, GGMLWeight
 from py_engine.quant.linear import QuantLinear
@@ -33,6 +34,10 @@ from py_engine.quant.rtn import QuantizedWeight
 from .blocks import check_weight, dequantized_notice
 from .reader import GGUFTensor
 from .tensors import row_order
+
+def device_is_cpu(device) -> bool:
+    return device is None or torch.device(device).type == "cpu"
+
 
 PACKED_TYPES = ("Q4_0", "Q4_1", "Q8_0")  # copied into quant.c's PackedWeight layout
 NATIVE_TYPES = PACKED_TYPES + tuple(BLOCK_TYPES)  # everything the kernels run as codes
@@ -101,25 +106,48 @@ def gguf_blocks(t: GGUFTensor, rows: np.ndarray | None = None) -> GGMLWeight:
     return GGMLWeight(t.type_name, torch.from_numpy(np.ascontiguousarray(blocks)), k)
 
 
-def packed_from_file(t: GGUFTensor, rows: np.ndarray | None, pages: MappedPages) -> PackedWeight | GGMLWeight:
+def arena_bytes(t: GGUFTensor) -> int:
+    """At most the bytes packed_from_file puts in an arena for t (HugeArena.ALIGN each array)."""
+    n, k = t.shape
+    if t.type_name in BLOCK_TYPES:
+        return np.asarray(t.data).nbytes + HugeArena.ALIGN
+    per_group = n * (k // BLOCK) * 4  # scales, offsets, mins: float32 per block of 32
+    return n * k // (1 if t.type_name == "Q8_0" else 2) + 3 * per_group + 4 * HugeArena.ALIGN
+
+
+def _adopt(q: PackedWeight | GGMLWeight, arena: HugeArena | None) -> PackedWeight | GGMLWeight:
+    """q with its arrays copied into the arena (the copies it had are dropped)."""
+    if arena is not None:
+        for f in ("blocks",) if isinstance(q, GGMLWeight) else ("codes", "scales", "mins", "offsets"):
+            setattr(q, f, arena.take(getattr(q, f)))
+    return q
+
+
+def packed_from_file(t: GGUFTensor, rows: np.ndarray | None, pages: MappedPages,
+                     arena: HugeArena | None = None) -> PackedWeight | GGMLWeight:
     """gguf_packed(t, rows) (gguf_blocks for the block types), with t's mapped pages given back as they are
     copied: a chunk of rows at a time, so the file's pages of a large table (the 151936 x 896 Q8_0 token_embd:
-    144 MB) never sit beside its copy."""
+    144 MB) never sit beside its copy. With an arena, the arrays are the arena's (a large table's filled in
+    place, chunk by chunk)."""
     data = np.asarray(t.data)
     n = t.shape[0]
+    def empty(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        out = arena.empty(shape, dtype) if arena is not None else None
+        return torch.empty(shape, dtype=dtype) if out is None else out
+
     if t.type_name in BLOCK_TYPES:
         if rows is not None or n <= CHUNK_ROWS:
-            w = gguf_blocks(t, rows)
+            w = _adopt(gguf_blocks(t, rows), arena)
             release(pages, t)
             return w
-        out = torch.empty(n, data.reshape(n, -1).shape[1], dtype=torch.uint8)
+        out = empty((n, data.reshape(n, -1).shape[1]), torch.uint8)
         for r in range(0, n, CHUNK_ROWS):
             piece = GGUFTensor(t.name, t.type_name, (min(n, r + CHUNK_ROWS) - r, t.shape[1]), data[r:r + CHUNK_ROWS], 0)
             out[r:r + CHUNK_ROWS].copy_(torch.from_numpy(np.asarray(piece.data).reshape(len(out[r:r + CHUNK_ROWS]), -1)))
             release(pages, piece)
         return GGMLWeight(t.type_name, out, t.shape[1])
     if rows is not None or n <= CHUNK_ROWS or data.ndim != 2 or data.shape[0] != n:
-        packed = gguf_packed(t, rows)
+        packed = _adopt(gguf_packed(t, rows), arena)
         release(pages, t)
         return packed
     out: PackedWeight | None = None
@@ -129,9 +157,9 @@ def packed_from_file(t: GGUFTensor, rows: np.ndarray | None, pages: MappedPages)
         part = gguf_packed(piece)
         release(pages, piece)
         if out is None:  # the whole tensor's arrays, filled chunk by chunk
-            empty = lambda x: None if x is None else torch.empty(n, x.shape[1], dtype=x.dtype)  # noqa: E731
-            out = PackedWeight(*(empty(getattr(part, f)) for f in names[:4]), part.bits, part.block_size,
-                               part.in_features, part.symmetric, part.spg, empty(part.offsets))
+            like = lambda x: None if x is None else empty((n, x.shape[1]), x.dtype)  # noqa: E731
+            out = PackedWeight(*(like(getattr(part, f)) for f in names[:4]), part.bits, part.block_size,
+                               part.in_features, part.symmetric, part.spg, like(part.offsets))
             if part.zero is not None:  # every chunk's: the type's one zero point
                 out.zero_points = broadcast_zero(part.zero, (n, part.zero_points.shape[1]))
         for f in names:
@@ -152,6 +180,7 @@ def install_native(checkpoint, model: nn.Module, device) -> set[str]:
     consumed: set[str] = set()
     tied = bool(config.get("tie_word_embeddings"))
     pages = MappedPages()  # the file's blocks are copied once into the kernels' layout, then given back
+    linears = []
     for name, module in list(model.named_modules()):
         if type(module) is not nn.Linear:
             continue
@@ -160,9 +189,12 @@ def install_native(checkpoint, model: nn.Module, device) -> set[str]:
         if tensor_name is None and name == "lm_head" and tied:
             tensor_name = checkpoint.names.get("model.embed_tokens.weight")
         t = gguf.tensors.get(tensor_name) if tensor_name else None
-        if t is None or t.type_name not in NATIVE_TYPES:
-            continue
-        q = packed_from_file(t, row_order(gguf, tensor_name, config), pages)
+        if t is not None and t.type_name in NATIVE_TYPES:
+            linears.append((name, module, hf, tensor_name, t))
+    # every code a decode step streams, in one mapping of 2 MiB pages (models/hugepages.py), in module order
+    arena = HugeArena(sum(arena_bytes(t) for *_, t in linears)) if linears and device_is_cpu(device) else None
+    for name, module, hf, tensor_name, t in linears:
+        q = packed_from_file(t, row_order(gguf, tensor_name, config), pages, arena)
         check_weight(gguf.path, tensor_name, t.type_name, q)
         bias = None if module.bias is None else torch.empty(module.out_features, device="meta")
         parent, _, leaf = name.rpartition(".")
