@@ -265,14 +265,13 @@ def server_part(configs: list[str], rounds: int, threads: int, max_tokens: int, 
     from tests.server.server_harness import running_server
 
     runs = []
-    os.environ["OMP_NUM_THREADS"] = str(threads)
     with ExitStack() as stack:
         servers = {}
         for config in configs:
             spec = spec_config(config)
             extra = [] if spec is None else ["--speculative-config", json.dumps(spec)]
             servers[config] = stack.enter_context(
-                running_server(NAME, "--max-concurrent", str(concurrency), *extra, log_dir=logs))
+                running_server(NAME, "--max-concurrent", str(concurrency), *extra, log_dir=logs, threads=threads))
             server_batch(servers[config].url, 8, 2)  # warm-up: kernels built
         for r in range(rounds):
             order = configs[r % len(configs):] + configs[:r % len(configs)]

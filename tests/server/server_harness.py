@@ -98,11 +98,13 @@ def http_process(command: list[str], url: str, ready_path: str, log_path: Path, 
 
 
 @contextlib.contextmanager
-def running_server(model: Path | str, *args: str, log_dir: Path, prelude: str | None = None) -> Iterator[Server]:
-    """`prelude`: Python run in the server process before the CLI (a test's fault injection)."""
+def running_server(model: Path | str, *args: str, log_dir: Path, prelude: str | None = None,
+                   threads: int = 1) -> Iterator[Server]:
+    """`prelude`: Python run in the server process before the CLI (a test's fault injection); `threads`: its torch
+    threads and so the CPU kernels' pool (OMP_NUM_THREADS; tests keep 1, a benchmark passes its own)."""
     port = free_port()
     log_path = log_dir / f"server-{port}.log"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1"}
     env.pop("RUVLLM_API_KEY", None)
     launch = ["-m", "ruvllm_cli"] if prelude is None else [
         "-c", f"import sys\n{prelude}\nfrom ruvllm_cli.main import main\nsys.exit(main(sys.argv[1:]))"]

@@ -19,7 +19,8 @@
 /* 32 positions: a cache grows by ~0.7 MiB at a time for SmolLM2 (30 layers, 3 heads of 64), and a chat holds
  * at most 31 positions it does not use (256 held ~11 MiB for a 64-token chat, 1/9 of the model's file) */
 #define CHUNK 32
-#define MAX_ROWS 64 /* prompt tokens per batched pass; longer prompts run in such pieces */
+#define MAX_ROWS 24 /* prompt tokens per batched pass (>= 17, a verify pass); longer prompts run in such pieces.
+                     * 24 rows of scratch: SmolLM2 0.9 MiB, a 1.5B shape 4.7 MiB (64 held 2.5x that) */
 
 void *rk_alloc(uint32_t bytes);
 
