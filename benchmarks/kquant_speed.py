@@ -162,9 +162,10 @@ def ruvllm_child(path: str, prompt: int, new_tokens: int, threads: int) -> dict:
             "peak_rss_mb": rss.get("peak"), "weight_bytes": weight_bytes(model), "tokens": tokens[:16]}
 
 
-def run_ruvllm(path: Path, prompt: int, new_tokens: int, threads: int) -> dict:
+def run_ruvllm(path: Path, prompt: int, new_tokens: int, threads: int, env: dict | None = None) -> dict:
     done = subprocess.run([sys.executable, __file__, "--child", str(path), str(prompt), str(new_tokens), str(threads)],
-                          capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": str(threads)})
+                          capture_output=True, text=True,
+                          env={**os.environ, "OMP_NUM_THREADS": str(threads), **(env or {})})
     if done.returncode:
         raise SystemExit(f"ruvllm on {path.name} failed:\n{done.stderr[-3000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -213,6 +214,14 @@ def table(runs: dict) -> str:
                      f"{statistics.median(o['peak_rss_mb'] for o in ours):.0f} | "
                      f"{statistics.median(t['peak_rss_mb'] for t in theirs):.0f} | "
                      f"{spread([o['peak_rss_mb'] / t['peak_rss_mb'] for o, t in zip(ours, theirs)])} |")
+    based = {key: rounds for key, rounds in runs.items() if "ruvllm-base" in rounds[0]}
+    if based:  # --baseline-env: the same code's before/after, paired per round
+        lines += ["", "| model | file | prefill ruvllm / baseline | decode ruvllm / baseline | baseline decode tok/s |",
+                  "|" + " --- |" * 5]
+        for key, rounds in based.items():
+            pair = lambda k: spread([r["ruvllm"][k] / r["ruvllm-base"][k] for r in rounds])  # noqa: E731
+            lines.append(f"| {key.replace(':', ' | ')} | {pair('prefill_tok_s')} | {pair('decode_tok_s')} | "
+                         f"{statistics.median(r['ruvllm-base']['decode_tok_s'] for r in rounds):.1f} |")
     return "\n".join(lines)
 
 
@@ -228,7 +237,10 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--passive", action="store_true", help="llama.cpp's threads sleep while waiting (--poll 0, "
                         "OMP_WAIT_POLICY=passive): for a loaded machine")
+    parser.add_argument("--baseline-env", default="", help="also run ruvllm with these VAR=VALUE settings (e.g. "
+                        "\"RUVLLM_KERNEL_DEFINES=Q_PREFETCH_BLOCKS=0 RUVLLM_HUGE_PAGES=0\"): a paired before/after")
     args = parser.parse_args()
+    baseline = dict(item.split("=", 1) for item in args.baseline_env.split()) if args.baseline_env else None
     args.llama_cpp_bin = llama_cpp_bin(args.llama_cpp_bin)  # exits saying how to build the tools
     info = machine()
     files = {}
@@ -240,14 +252,18 @@ def main() -> None:
     runs: dict[str, list[dict]] = {key: [] for key in files}
     for r in range(args.rounds):
         for key, path in files.items():
-            order = ["ruvllm", "llama"] if (r + len(runs[key])) % 2 == 0 else ["llama", "ruvllm"]
+            order = ["ruvllm", "llama"] + (["ruvllm-base"] if baseline else [])
+            order = order if (r + len(runs[key])) % 2 == 0 else order[::-1]
             result = {}
             for engine in order:
                 if engine == "llama" and key.endswith("Q4_1"):
                     continue
-                result[engine] = (run_ruvllm(path, args.prompt, args.new_tokens, args.threads) if engine == "ruvllm"
-                                  else run_llama_bench(path, args.prompt, args.new_tokens, args.threads,
-                                                       args.llama_cpp_bin, args.passive))
+                if engine == "llama":
+                    result[engine] = run_llama_bench(path, args.prompt, args.new_tokens, args.threads,
+                                                     args.llama_cpp_bin, args.passive)
+                else:
+                    result[engine] = run_ruvllm(path, args.prompt, args.new_tokens, args.threads,
+                                                baseline if engine == "ruvllm-base" else None)
             runs[key].append(result)
             print(f"round {r + 1} {key}: " + ", ".join(
                 f"{e} pp {v['prefill_tok_s']:.1f} tg {v['decode_tok_s']:.1f} rss {v['peak_rss_mb']}"
