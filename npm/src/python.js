@@ -87,6 +87,11 @@ export async function bootRuntime(options) {
   pyodide.runPython(`import ruvllm_bridge\n${RUNTIME} = ruvllm_bridge.Runtime(${JSON.stringify(options.modelDir)}, ` +
     `${max === null ? 'None' : Number(max)})`);
   mark('tokenizer');
+  // The Runtime holds the tokenizer's tables now and never reads the file again (the chat template comes from
+  // tokenizer_config.json): dropping it gives back ~1 MiB of in-memory file (SmolLM2) to the worker's JS heap.
+  try {
+    pyodide.FS.unlink(`${options.modelDir}/tokenizer.json`);
+  } catch { /* not written there */ }
   pyodide.runPython(`${RUNTIME}.warm()`);
   mark('template');
   if (keep) keepBytes(cache, key, keep); // not awaited: the load does not wait for a 30 MB write
