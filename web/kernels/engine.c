@@ -16,9 +16,10 @@
 #include "qdot.h"
 #include "vmath.h"
 
-/* 32 positions: a cache grows by ~0.7 MiB at a time for SmolLM2 (30 layers, 3 heads of 64), and a chat holds
- * at most 31 positions it does not use (256 held ~11 MiB for a 64-token chat, 1/9 of the model's file) */
-#define CHUNK 32
+/* 16 positions: a cache grows by ~0.35 MiB at a time for SmolLM2 (30 layers, 3 heads of 64), and a chat holds
+ * at most 15 positions it does not use (256 held ~11 MiB for a 64-token chat, 1/9 of the model's file; 32 up to
+ * 0.7 MiB more than 16, what stands between the tab and 1.5x the file) */
+#define CHUNK 16
 #define MAX_ROWS 24 /* prompt tokens per batched pass (>= 17, a verify pass); longer prompts run in such pieces.
                      * 24 rows of scratch: SmolLM2 0.9 MiB, a 1.5B shape 4.7 MiB (64 held 2.5x that) */
 
