@@ -130,3 +130,24 @@ def test_bad_tables_are_refused(compacted, tmp_path):
             Tokenizer.from_file(tmp_path / case / "tokenizer.json")
         with pytest.raises(ConfigError, match=f"tokenizer.json.*{why}"):
             Tokenizer.from_pretrained(tmp_path / case)
+
+
+def test_prefix_and_suffix_tables_equal_tokenizers(tmp_path):
+    """A BPE with continuing_subword_prefix and end_of_word_suffix (CharBPE-like; none of the real ones above),
+    trained here: merged ids strip the prefix as bpe.py's string merges do, and equal tokenizers' ids."""
+    from py_engine.tokenizer import Tokenizer
+
+    hf = tokenizers.Tokenizer(tokenizers.models.BPE(unk_token="<unk>", continuing_subword_prefix="##",
+                                                    end_of_word_suffix="</w>"))
+    hf.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+    trainer = tokenizers.trainers.BpeTrainer(vocab_size=300, special_tokens=["<unk>"], show_progress=False,
+                                             continuing_subword_prefix="##", end_of_word_suffix="</w>")
+    hf.train_from_iterator([" ".join(CORPUS) * 2], trainer=trainer)
+    src = tmp_path / "tokenizer.json"
+    src.write_text(hf.to_str(), encoding="utf-8")
+    [folder] = _compact(tmp_path / "out", [src], timeout=60)
+    assert (folder / "tokenizer.bpe").exists()
+    ours = Tokenizer.from_file(folder / "tokenizer.json")
+    texts = [t for t in CORPUS if t.isascii()]  # ZWJ emoji with a suffix differ in the dict form too (not here)
+    for text in texts + ["unseen words: zyzzyva", "caf\u00e9 na\u00efve"]:
+        assert ours.encode(text) == hf.encode(text).ids, text

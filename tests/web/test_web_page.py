@@ -42,7 +42,9 @@ def dist(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def site(dist, tmp_path_factory):
     profile = tmp_path_factory.mktemp("profile")
-    with static_server(dist) as base, browser(profile) as (context, requests):
+    # ForceEagerMeasureMemory: measureUserAgentSpecificMemory answers at once, not at the next GC (up to 20 s)
+    eager = ("--enable-blink-features=ForceEagerMeasureMemory",)
+    with static_server(dist) as base, browser(profile, extra_args=eager) as (context, requests):
         yield base, context, requests
 
 
@@ -101,6 +103,11 @@ def test_smollm2_int4_greedy_chat_in_chromium(site, dist, smollm2_web):
     # the codes ran on the page's own kernels (relaxed SIMD in this Chromium), and the page says so
     assert page.evaluate("document.body.dataset.device") == "wasm"
     assert page.inner_text("#device").startswith("ruvllm-wasm (relaxed SIMD")
+    # Chromium's count of the tab (JS heaps and array buffers, the kernels' shared memory; not Pyodide's own wasm
+    # heap): the model's bytes once plus ~12 MiB, where a restored Python snapshot kept alive was 30 MiB more
+    counted = page.evaluate("async () => (await performance.measureUserAgentSpecificMemory()).bytes")
+    model_bytes = sum(f.stat().st_size for f in smollm2_web.export.rglob("*") if f.is_file())
+    assert counted < 1.3 * model_bytes, (counted / 2**20, model_bytes / 2**20)
     page.close()
 
 
