@@ -233,7 +233,9 @@ static inline __attribute__((always_inline)) void kvblock(const qjob_t *j, const
       for (int q = 0; q < 4; ++q) {
         const vi four = vi_gather(blk + 192 + 4 * q, at);
         for (int k = 0; k < 4; ++k) {
-          sc[4 * q + k] = vf_mul(d, vf_int(vi_sbyte(four, k))); /* no zero terms: the 32 is in the integers */
+          const vf c = vf_int(vi_sbyte(four, k));
+          sc[4 * q + k] = vf_mul(d, c); /* no zero terms: the 32 is in the integers (but in Q6_FOLD=0 builds) */
+          if (!Q6_FOLD) zc[4 * q + k] = vf_mul(vf_mul(vf_set1(32.f), d), c);
         }
       }
     } else if (kind == 10) { /* Q2_K: scales[16] (scale | min << 4) qs[64] d dmin */
@@ -298,10 +300,10 @@ static inline __attribute__((always_inline)) void kvblock(const qjob_t *j, const
         const int64_t r = (m0 + m) * nb + sb;
         const int8_t *q = j->qx + (m0 + m) * xrow + sb * 32;
         const vf dx = vf_set1(j->dx[r]);
-        if (kind == 14) { /* two groups of 16, each I_j = Σ c q - 32 Σ q exact (xz16), one fma each */
+        if (kq_zero_folded(kind)) { /* two groups of 16, each I_j = Σ c q - 32 Σ q exact (xz16), one fma each */
           acc[m] = vf_fold(acc[m], dot_part(c, q, 0, 4, vi_set1(j->xz16[2 * r])), dx, sc[2 * b]);
           acc[m] = vf_fold(acc[m], dot_part(c, q, 4, 8, vi_set1(j->xz16[2 * r + 1])), dx, sc[2 * b + 1]);
-        } else if (kind == 10 || kind == 11) { /* two groups of 16: values 0-15 (dwords 0-3), then 16-31 */
+        } else if (kind == 10 || kind == 11 || kind == 14) { /* two groups of 16: values 0-15 (dwords 0-3), 16-31 */
           acc[m] = vf_fold(acc[m], dot_part(c, q, 0, 4, vi_zero()), dx, sc[2 * b]);
           acc[m] = vf_mins(acc[m], zc[2 * b], vf_set1(j->xs16[2 * r]));
           acc[m] = vf_fold(acc[m], dot_part(c, q, 4, 8, vi_zero()), dx, sc[2 * b + 1]);

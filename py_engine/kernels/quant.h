@@ -214,8 +214,12 @@ void kq_dequantize_block(int kind, const uint8_t *blk, float *out);
 void kq_unpack_row(const qmat_t *w, int64_t n, uint8_t *codes, float *scales, float *zeros, int64_t stride);
 /* whether a ggml type's scales are per 16 values (Q2_K, Q3_K, Q6_K) */
 static inline int kq_per16(int kind) { return kind == 10 || kind == 11 || kind == 14; }
-/* whether a ggml type's zero point is folded into its integers (Q6_K: I_j = Σ (c - 32) q, no zero term) */
-static inline int kq_zero_folded(int kind) { return kind == 14; }
+/* whether a ggml type's zero point is folded into its integers (Q6_K: I_j = Σ (c - 32) q, no zero term).
+ * Q6_FOLD=0 builds the sum before it (Q6_K's zero term per group, as Q2_K/Q3_K's; packed by pack_blocks): an A/B. */
+#ifndef Q6_FOLD
+#define Q6_FOLD 1
+#endif
+static inline int kq_zero_folded(int kind) { return Q6_FOLD && kind == 14; }
 /* xs16 [M, nb * 2] from the int8 x: dx * Σ q_x per 16 values; xz16 beside it: -32 Σ q_x */
 void kq_sums16(const int8_t *qx, const float *dx, int64_t M, int64_t nb, float *xs16, int32_t *xz16);
 
