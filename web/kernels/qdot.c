@@ -6,30 +6,42 @@ static inline float hsum(v128_t v) {
          wasm_f32x4_extract_lane(v, 3);
 }
 
-
-/* round half to even, as cvtps2dq under the default rounding mode (onnxruntime's x64 kernels) */
-static inline int32_t round_even(float v) { return (int32_t)__builtin_nearbyintf(v); }
-
+/* Per block of 32, in SIMD128 (a scalar loop's values exactly): amax by max (order-free for numbers), the float
+ * sum in k order (the order its bits depend on), x * inv rounded half to even (f32x4.nearest, as cvtps2dq under
+ * the default rounding mode: onnxruntime's x64 kernels), narrowed to int8 (|v| <= 127: no saturation), and the
+ * integer sum. */
 void rk_quantize_act(const float *x, qact_t *a) {
   const int32_t blocks = a->K / QBLOCK;
   for (int32_t b = 0; b < blocks; b++) {
     const float *xb = x + b * QBLOCK;
+    v128_t xv[8], m = wasm_f32x4_splat(0.f);
+    for (int j = 0; j < 8; j++) m = wasm_f32x4_pmax(m, wasm_f32x4_abs(xv[j] = wasm_v128_load(xb + 4 * j))); /* |x| >= +0 */
     float amax = 0.f, sum = 0.f;
-    for (int j = 0; j < QBLOCK; j++) {
-      float v = xb[j] < 0 ? -xb[j] : xb[j];
+    for (int j = 0; j < 4; j++) {
+      const float v = wasm_f32x4_extract_lane(m, 0);
       amax = v > amax ? v : amax;
-      sum += xb[j];
+      m = wasm_i32x4_shuffle(m, m, 1, 2, 3, 0);
     }
+    for (int j = 0; j < QBLOCK; j++) sum += xb[j];
     const float s = amax / 127.f, inv = amax != 0.f ? 127.f / amax : 0.f;
-    int8_t *q = a->q + b * QBLOCK;
-    int32_t qsum = 0;
-    for (int j = 0; j < QBLOCK; j++) {
-      int32_t v = round_even(xb[j] * inv);
-      /* 4-bit layout: even k first, then odd k (the nibbles of one code byte) */
-      int32_t at = a->bits == 4 ? (j & 1) * 16 + (j >> 1) : j;
-      q[at] = (int8_t)v;
-      qsum += v;
+    const v128_t iv = wasm_f32x4_splat(inv);
+    v128_t q[8], qs = wasm_i32x4_splat(0);
+    for (int j = 0; j < 8; j++) {
+      q[j] = wasm_i32x4_trunc_sat_f32x4(wasm_f32x4_nearest(wasm_f32x4_mul(xv[j], iv)));
+      qs = wasm_i32x4_add(qs, q[j]);
     }
+    const v128_t lo = wasm_i8x16_narrow_i16x8(wasm_i16x8_narrow_i32x4(q[0], q[1]), wasm_i16x8_narrow_i32x4(q[2], q[3]));
+    const v128_t hi = wasm_i8x16_narrow_i16x8(wasm_i16x8_narrow_i32x4(q[4], q[5]), wasm_i16x8_narrow_i32x4(q[6], q[7]));
+    int8_t *out = a->q + b * QBLOCK;
+    if (a->bits == 4) { /* 4-bit layout: even k first, then odd k (the nibbles of one code byte) */
+      wasm_v128_store(out, wasm_i8x16_shuffle(lo, hi, 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30));
+      wasm_v128_store(out + 16, wasm_i8x16_shuffle(lo, hi, 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31));
+    } else {
+      wasm_v128_store(out, lo);
+      wasm_v128_store(out + 16, hi);
+    }
+    const int32_t qsum = wasm_i32x4_extract_lane(qs, 0) + wasm_i32x4_extract_lane(qs, 1) +
+                         wasm_i32x4_extract_lane(qs, 2) + wasm_i32x4_extract_lane(qs, 3);
     a->s[b] = s;
     a->sum[b] = sum;
     a->sq[b] = s * (float)qsum;
