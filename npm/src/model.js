@@ -3,6 +3,9 @@
 import { createSession } from './ort.js';
 import { exists, fetchFile, readText } from './files.js';
 import { InvalidRequestError, ModelNotFoundError, RuvllmError } from './errors.js';
+import { bpeTables, TABLES_FILE } from './bpe_tables.js';
+
+export { TABLES_FILE };
 
 export const FORMAT_VERSION = 1; // the newest export.contract.FORMAT_VERSION this reader understands
 export const GRAPH_FILES = { fp32: 'model.onnx', fp16: 'model_fp16.onnx', int8: 'model_quantized.onnx', int4: 'model_q4.onnx',
@@ -74,46 +77,67 @@ export async function writeSharedFiles(pyodide, base, progress) {
     const url = new URL(name, base);
     if (!REQUIRED.has(name) && !(await exists(url))) continue;
     const { bytes } = await fetchFile(url, { onProgress: progress, cache: true });
-    pyodide.FS.writeFile(`${MODEL_DIR}/${name}`, name === 'tokenizer.json' ? compactTokenizer(bytes) : bytes);
+    if (name !== 'tokenizer.json') {
+      pyodide.FS.writeFile(`${MODEL_DIR}/${name}`, bytes);
+      continue;
+    }
+    const { json, tables } = compactTokenizer(bytes);
+    if (tables) pyodide.FS.writeFile(`${MODEL_DIR}/${TABLES_FILE}`, tables);
+    pyodide.FS.writeFile(`${MODEL_DIR}/${name}`, json);
   }
 }
 
 /**
- * tokenizer.json as the page's Python reads it best: a BPE vocabulary whose ids are 0 .. n - 1 as a list of
- * its tokens in id order, and merges as "a b" strings where no token holds a space (tokenizers' other
- * layout). json then parses lists of strings, not 49k-key objects (through a key memo and dict resizes) and
- * 49k two-string lists; Pyodide's heap never shrinks, so that parse was its high-water mark (SmolLM2: the
- * heap stays one growth step lower, 36 MiB instead of 43). py_engine/tokenizer/bpe.py reads both forms;
- * anything else is handed over as it is.
+ * tokenizer.json as the page's Python reads it best. A BPE vocabulary whose ids are 0 .. n - 1 and its merges
+ * go to a binary file (bpe_tables.js: int32 arrays and one UTF-8 blob, which Python holds as one bytes
+ * object), named by the model's "ruvllm_tables"; the JSON keeps the rest (normalizer, pre-tokenizer, added
+ * tokens, decoder, post-processor). Pyodide's heap never shrinks, and json's parse of the vocabulary into
+ * Python objects was its high-water mark (SmolLM2: 30 MiB restored, ~7 MiB of tokenizer objects, grown to
+ * 36). Where the tables cannot say the same as the JSON, the vocabulary goes as a list of its tokens in id
+ * order and merges as "a b" strings where no token holds a space (json parses lists of strings, not 49k-key
+ * objects through a key memo). py_engine/tokenizer reads every form; anything else is handed over as it is.
  * @param {Uint8Array} bytes
- * @returns {Uint8Array}
+ * @returns {{json: Uint8Array, tables: Uint8Array|null}} tables: the TABLES_FILE the JSON names, if any
  */
 export function compactTokenizer(bytes) {
   let spec;
   try {
     spec = JSON.parse(new TextDecoder('utf-8', { fatal: true }).decode(bytes));
   } catch {
-    return bytes; // Python reports what is wrong with it
+    return { json: bytes, tables: null }; // Python reports what is wrong with it
   }
   const model = spec?.model;
   const kind = model?.type ?? (model && 'merges' in model ? 'BPE' : undefined); // older files leave it out
-  if (kind !== 'BPE' || !model.vocab || typeof model.vocab !== 'object' || Array.isArray(model.vocab)) {
-    return bytes;
+  if (kind !== 'BPE' || !model.vocab || typeof model.vocab !== 'object' || Array.isArray(model.vocab) ||
+    'ruvllm_tables' in model) {
+    return { json: bytes, tables: null };
   }
   const entries = Object.entries(model.vocab);
   const tokens = new Array(entries.length);
   for (const [token, id] of entries) {
-    if (!Number.isInteger(id) || id < 0 || id >= tokens.length || tokens[id] !== undefined) return bytes;
+    if (!Number.isInteger(id) || id < 0 || id >= tokens.length || tokens[id] !== undefined) {
+      return { json: bytes, tables: null };
+    }
     tokens[id] = token;
   }
   const merges = model.merges ?? [];
+  const prefix = model.continuing_subword_prefix;
+  const tables = Array.isArray(merges) && (prefix == null || typeof prefix === 'string')
+    ? bpeTables(tokens, model.vocab, merges, prefix ?? '') : null;
+  if (tables) {
+    delete model.vocab;
+    delete model.merges;
+    model.type = 'BPE'; // older files leave it out and say it by their merges
+    model.ruvllm_tables = TABLES_FILE;
+    return { json: new TextEncoder().encode(JSON.stringify(spec)), tables };
+  }
   const pairs = merges.length > 0 && Array.isArray(merges[0]);
   if (pairs && merges.every((m) => Array.isArray(m) && m.length === 2 && typeof m[0] === 'string' &&
     typeof m[1] === 'string' && !m[0].includes(' ') && !m[1].includes(' '))) {
     model.merges = merges.map((m) => `${m[0]} ${m[1]}`);
   }
   model.vocab = tokens;
-  return new TextEncoder().encode(JSON.stringify(spec));
+  return { json: new TextEncoder().encode(JSON.stringify(spec)), tables: null };
 }
 
 /** The graph's bytes (with progress, from the browser cache when there) and its session. */

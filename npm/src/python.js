@@ -18,6 +18,7 @@
 
 import { IS_NODE } from './ort.js';
 import { CACHE_NAME, readBytes, readText } from './files.js';
+import { TABLES_FILE } from './bpe_tables.js';
 
 const WHEELS_URL = new URL('../wheels/', import.meta.url);
 const BRIDGE_URL = new URL('./bridge.py', import.meta.url);
@@ -87,11 +88,13 @@ export async function bootRuntime(options) {
   pyodide.runPython(`import ruvllm_bridge\n${RUNTIME} = ruvllm_bridge.Runtime(${JSON.stringify(options.modelDir)}, ` +
     `${max === null ? 'None' : Number(max)})`);
   mark('tokenizer');
-  // The Runtime holds the tokenizer's tables now and never reads the file again (the chat template comes from
-  // tokenizer_config.json): dropping it gives back ~1 MiB of in-memory file (SmolLM2) to the worker's JS heap.
-  try {
-    pyodide.FS.unlink(`${options.modelDir}/tokenizer.json`);
-  } catch { /* not written there */ }
+  // The Runtime holds the tokenizer's tables now and never reads the files again (the chat template comes from
+  // tokenizer_config.json): dropping them gives back ~2 MiB of in-memory files (SmolLM2) to the worker's JS heap.
+  for (const name of ['tokenizer.json', TABLES_FILE]) {
+    try {
+      pyodide.FS.unlink(`${options.modelDir}/${name}`);
+    } catch { /* not written there */ }
+  }
   pyodide.runPython(`${RUNTIME}.warm()`);
   mark('template');
   if (keep) keepBytes(cache, key, keep); // not awaited: the load does not wait for a 30 MB write

@@ -1,14 +1,15 @@
 // The forward pass on the page's own wasm kernels (kernels.js, web/kernels/engine.c), over a web export's
 // data files as they are: the codes and their float16 scales are loaded into the kernels' memory once and
-// read in place (float32 copies only of small tensors, or of halves holding an infinity or NaN). Same interface as OnnxBackend (prefill / decode / warm / dispose), plus
-// speculative decoding's verify (the logits of every fed token, each the bits decode gives) and rollback.
+// read in place (float32 copies only of small tensors, or of halves holding an infinity or NaN). Same interface
+// as OnnxBackend (prefill / decode / warm / dispose), plus speculative decoding's verify (the logits of every
+// fed token, each the bits decode gives) and rollback.
 
 import { loadKernels } from './kernels.js';
 import { fetchInto } from './files.js';
 import { RuvllmError } from './errors.js';
 
 const PROJS = ['qkv', 'o', 'gate_up', 'down'];
-export const MAX_VERIFY_ROWS = 17; // 1 + py_engine.speculative's MAX_SPECULATIVE_TOKENS (engine.c takes up to 64)
+export const MAX_VERIFY_ROWS = 17; // 1 + py_engine.speculative's MAX_SPECULATIVE_TOKENS (engine.c's MAX_ROWS, 24, must stay >= it)
 
 export class WasmBackend {
   /**

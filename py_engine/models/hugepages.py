@@ -131,6 +131,11 @@ class HugeArena:
         self.used += -(-nbytes // self.ALIGN) * self.ALIGN
         return out
 
+    def new(self, shape: tuple[int, ...], dtype: torch.dtype) -> Tensor:
+        """empty()'s tensor, or a fresh heap tensor when the arena is off or full."""
+        out = self.empty(shape, dtype)
+        return torch.empty(shape, dtype=dtype) if out is None else out
+
     def take(self, t: Tensor | None) -> Tensor | None:
         """t copied into the arena (t itself when it does not fit, is not a plain CPU tensor, or is a
         broadcast view: one zero point held as one byte)."""

@@ -8,15 +8,20 @@ takes a word that is itself in the vocabulary as one token.
 
 Loading is cheap on purpose: the merge table is a dict from the merge's own
 "a b" string to its rank, built without splitting 280k strings; a lookup
-joins the pair instead.
+joins the pair instead. A model whose `"ruvllm_tables"` holds the page's
+binary tables (tables.py) merges ids instead, over arrays, with no Python
+object per token or merge.
 """
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-_NO_RANK = 1 << 62
+from .tables import NO_RANK as _NO_RANK
+from .tables import BPETables, TokenIds, TokenList
+
 _CACHE_LIMIT = 200_000
+_CHAR_LIMIT = 4096  # distinct characters whose ids the tables form keeps in a dict
 
 
 class BPE:
@@ -25,15 +30,25 @@ class BPE:
     def __init__(self, spec: dict[str, Any]) -> None:
         if spec.get("dropout") not in (None, 0, 0.0):
             raise ValueError("model BPE: dropout makes encoding random; it is not supported")
-        self.vocab, self.vocab_r, ints = _vocabulary(spec["vocab"])
+        tables = spec.get("ruvllm_tables")
+        self._tables: BPETables | None = None
+        if tables is not None:
+            if not isinstance(tables, (bytes, BPETables)):
+                raise ValueError("model BPE: ruvllm_tables names a file that was not read (load the tokenizer "
+                                 "with Tokenizer.from_file or from_pretrained)")
+            self._tables = tables if isinstance(tables, BPETables) else BPETables(tables)
+            self.vocab, self.vocab_r, ints = TokenIds(self._tables), TokenList(self._tables), None
+        else:
+            self.vocab, self.vocab_r, ints = _vocabulary(spec["vocab"])
         self.unk_token: str | None = spec.get("unk_token")
         self.prefix: str = spec.get("continuing_subword_prefix") or ""
         self.suffix: str = spec.get("end_of_word_suffix") or ""
         self.fuse_unk = bool(spec.get("fuse_unk", False))
         self.byte_fallback = bool(spec.get("byte_fallback", False))
         self.ignore_merges = bool(spec.get("ignore_merges", False))
-        self._sep, self._ranks = _rank_table(spec.get("merges") or [], ints)
+        self._sep, self._ranks = _rank_table(spec.get("merges") or [] if tables is None else [], ints)
         self._cache: dict[str, list[int]] = {}
+        self._char_ids: dict[str, int] = {}  # the tables form's ids of single characters met so far
         # Set by the tokenizer when a final ByteLevel pre-tokenizer's mapping
         # is deferred to here, so the cache is keyed by the raw word.
         self.word_transform: Callable[[str], str] | None = None
@@ -49,11 +64,38 @@ class BPE:
         return ids
 
     def _tokenize(self, word: str) -> list[int]:
+        if self._tables is not None:
+            return self._tokenize_ids(word, self._tables)
         vocab = self.vocab
         if self.ignore_merges and word in vocab:
             return [vocab[word]]
         symbols = self._merge(self._symbols(word))
         return [vocab[s] for s in symbols]
+
+    def _tokenize_ids(self, word: str, tables: BPETables) -> list[int]:
+        """`_tokenize` over the binary tables: the same symbols, merged as ids (tokenizers' own way)."""
+        if self.ignore_merges:
+            found = tables.token_id(word)
+            if found is not None:
+                return [found]
+        ids: list[int] | None = None
+        if not (self.prefix or self.suffix):
+            chars, ids = self._char_ids, []
+            for c in word:
+                i = chars.get(c)
+                if i is None:
+                    i = tables.token_id(c)
+                    if i is None:
+                        ids = None  # unknown or byte fallback: the general path
+                        break
+                    if len(chars) >= _CHAR_LIMIT:
+                        chars.clear()
+                    chars[c] = i
+                ids.append(i)
+        if ids is None:
+            vocab = self.vocab
+            ids = [vocab[s] for s in self._symbols(word)]
+        return self._merge_ids(ids, tables)
 
     def _symbols(self, word: str) -> list[str]:
         """One vocabulary token per character before any merge."""
@@ -109,6 +151,28 @@ class BPE:
             if i:
                 ranks[i - 1] = get(parts[i - 1] + sep + merged, _NO_RANK)
         return parts
+
+
+    @staticmethod
+    def _merge_ids(ids: list[int], tables: BPETables) -> list[int]:
+        """`_merge` over ids: a pair's rank from the tables, the merged id from its merge."""
+        if len(ids) < 2:
+            return ids
+        rank, merges = tables.rank, tables.merges
+        ranks = [rank(a, b) for a, b in zip(ids, ids[1:])]
+        while ranks:
+            best = min(ranks)
+            if best == _NO_RANK:
+                break
+            i = ranks.index(best)
+            del ids[i + 1]
+            merged = ids[i] = merges[3 * best + 2]
+            del ranks[i]
+            if i < len(ranks):
+                ranks[i] = rank(merged, ids[i + 1])
+            if i:
+                ranks[i - 1] = rank(ids[i - 1], merged)
+        return ids
 
 
 def _vocabulary(vocab: dict[str, int] | list[str]) -> tuple[dict[str, int], Mapping[int, str], list[int] | None]:

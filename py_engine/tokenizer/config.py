@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config import ConfigError
+from .tables import BPETables, read_tables
 
 # transformers classes whose tokenizer rebuilds TemplateProcessing from
 # add_bos_token/add_eos_token (defaults: BOS on, EOS off).
@@ -78,6 +79,10 @@ def read_pretrained(model_dir: Path) -> tuple[dict[str, Any], dict[str, Any], st
     spec = _read_json(model_dir / "tokenizer.json")
     if spec is None:
         raise ConfigError(f"{model_dir / 'tokenizer.json'} not found (ruvllm reads tokenizer.json tokenizers)")
+    try:
+        read_tables(spec.get("model"), model_dir)
+    except (ValueError, OSError) as e:
+        raise ConfigError(f"{model_dir / 'tokenizer.json'}: {type(e).__name__}: {e}") from None
     config = _read_json(model_dir / "tokenizer_config.json") or {}
     _check_config(config, model_dir / "tokenizer_config.json")
     special_map = _read_json(model_dir / "special_tokens_map.json") or {}
@@ -123,10 +128,19 @@ def _check_config(config: dict[str, Any], path: Path) -> None:
         raise ConfigError(f"{path}: chat_template must be a string or a list of {{name, template}} objects")
 
 
+def _vocab_id(model: dict[str, Any], token: str) -> int | None:
+    """A token's id in the model's vocabulary, whichever form it has (the page's: a token list or binary tables)."""
+    vocab = model.get("vocab")
+    if isinstance(vocab, list):
+        return len(vocab) - 1 - vocab[::-1].index(token) if token in vocab else None  # later duplicates win
+    if isinstance(model.get("ruvllm_tables"), bytes):
+        return BPETables(model["ruvllm_tables"]).token_id(token)
+    return vocab.get(token) if isinstance(vocab, dict) else None
+
+
 def _flag_template(spec: dict[str, Any], config: dict[str, Any]) -> dict[str, Any]:
     """TemplateProcessing for `[BOS] $A [EOS]` as the flags ask."""
     ids = {t["content"]: t["id"] for t in spec.get("added_tokens") or []}
-    vocab = (spec.get("model") or {}).get("vocab") or {}
     single: list[dict[str, Any]] = [{"Sequence": {"id": "A", "type_id": 0}}]
     specials: dict[str, Any] = {}
     for name, default, at_end in (("bos", True, False), ("eos", False, True)):
@@ -134,7 +148,7 @@ def _flag_template(spec: dict[str, Any], config: dict[str, Any]) -> dict[str, An
         if not (default if wanted is None else wanted):
             continue
         token = _content(config.get(f"{name}_token"))
-        token_id = ids.get(token, vocab.get(token)) if token is not None else None
+        token_id = None if token is None else ids[token] if token in ids else _vocab_id(spec.get("model") or {}, token)
         if token_id is None:
             raise ValueError(f"tokenizer_config: add_{name}_token is set but {name}_token {token!r} has no id")
         item = {"SpecialToken": {"id": token, "type_id": 0}}

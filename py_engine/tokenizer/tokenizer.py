@@ -39,6 +39,7 @@ from .normalizers import build_normalizer
 from .pretokenizers import ByteLevel, build_steps
 from .processors import build_truncate, build_wrap, check_padding
 from .stream import IncrementalDecoder
+from .tables import read_tables
 
 __all__ = ["Tokenizer", "IncrementalDecoder"]
 
@@ -86,7 +87,10 @@ class Tokenizer:
         """Load a tokenizer.json file; ConfigError naming it when it is not one we can read."""
         with _errors_name(path):
             with open(path, encoding="utf-8") as f:
-                return cls(json.load(f))
+                spec = json.load(f)
+            if isinstance(spec, dict):
+                read_tables(spec.get("model"), Path(path).parent)
+            return cls(spec)
 
     @classmethod
     def from_pretrained(cls, model_dir: str | Path) -> Tokenizer:
@@ -215,7 +219,7 @@ class Tokenizer:
 
 def _build_model(spec: dict[str, Any]) -> BPE:
     kind = spec.get("type")
-    if kind is None and "merges" in spec:
+    if kind is None and ("merges" in spec or "ruvllm_tables" in spec):
         kind = "BPE"  # older files leave the type out
     if kind != "BPE":
         raise ValueError(f"model {kind!r} is not supported (only BPE)")

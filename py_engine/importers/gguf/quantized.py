@@ -35,10 +35,6 @@ from .blocks import check_weight, dequantized_notice
 from .reader import GGUFTensor
 from .tensors import row_order
 
-def device_is_cpu(device) -> bool:
-    return device is None or torch.device(device).type == "cpu"
-
-
 PACKED_TYPES = ("Q4_0", "Q4_1", "Q8_0")  # copied into quant.c's PackedWeight layout
 NATIVE_TYPES = PACKED_TYPES + tuple(BLOCK_TYPES)  # everything the kernels run as codes
 BLOCK = 32
@@ -115,6 +111,15 @@ def arena_bytes(t: GGUFTensor) -> int:
     return n * k // (1 if t.type_name == "Q8_0" else 2) + 3 * per_group + 4 * HugeArena.ALIGN
 
 
+def device_is_cpu(device) -> bool:
+    return device is None or torch.device(device).type == "cpu"
+
+
+def _like(heap: HugeArena, x: torch.Tensor | None, n: int) -> torch.Tensor | None:
+    """An uninitialised [n, x.shape[1]] array of x's dtype from heap (None for None)."""
+    return None if x is None else heap.new((n, x.shape[1]), x.dtype)
+
+
 def _adopt(q: PackedWeight | GGMLWeight, arena: HugeArena | None) -> PackedWeight | GGMLWeight:
     """q with its arrays copied into the arena (the copies it had are dropped)."""
     if arena is not None:
@@ -131,16 +136,13 @@ def packed_from_file(t: GGUFTensor, rows: np.ndarray | None, pages: MappedPages,
     place, chunk by chunk)."""
     data = np.asarray(t.data)
     n = t.shape[0]
-    def empty(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-        out = arena.empty(shape, dtype) if arena is not None else None
-        return torch.empty(shape, dtype=dtype) if out is None else out
-
+    heap = arena if arena is not None else HugeArena(0)  # HugeArena(0) is off: plain heap tensors
     if t.type_name in BLOCK_TYPES:
         if rows is not None or n <= CHUNK_ROWS:
             w = _adopt(gguf_blocks(t, rows), arena)
             release(pages, t)
             return w
-        out = empty((n, data.reshape(n, -1).shape[1]), torch.uint8)
+        out = heap.new((n, data.reshape(n, -1).shape[1]), torch.uint8)
         for r in range(0, n, CHUNK_ROWS):
             piece = GGUFTensor(t.name, t.type_name, (min(n, r + CHUNK_ROWS) - r, t.shape[1]), data[r:r + CHUNK_ROWS], 0)
             out[r:r + CHUNK_ROWS].copy_(torch.from_numpy(np.asarray(piece.data).reshape(len(out[r:r + CHUNK_ROWS]), -1)))
@@ -157,9 +159,8 @@ def packed_from_file(t: GGUFTensor, rows: np.ndarray | None, pages: MappedPages,
         part = gguf_packed(piece)
         release(pages, piece)
         if out is None:  # the whole tensor's arrays, filled chunk by chunk
-            like = lambda x: None if x is None else empty((n, x.shape[1]), x.dtype)  # noqa: E731
-            out = PackedWeight(*(like(getattr(part, f)) for f in names[:4]), part.bits, part.block_size,
-                               part.in_features, part.symmetric, part.spg, like(part.offsets))
+            out = PackedWeight(*(_like(heap, getattr(part, f), n) for f in names[:4]), part.bits, part.block_size,
+                               part.in_features, part.symmetric, part.spg, _like(heap, part.offsets, n))
             if part.zero is not None:  # every chunk's: the type's one zero point
                 out.zero_points = broadcast_zero(part.zero, (n, part.zero_points.shape[1]))
         for f in names:
