@@ -203,6 +203,23 @@ void q5_tiles(const qjob_t *j, const qpart_t *a, int64_t n0, int64_t n1);
 void qk_tiles(const qjob_t *j, const qpart_t *a, int64_t n0, int64_t n1);
 /* The same for M <= Q_ROWS_MAX rows of x (qrow.c, Q_ROWS_BUILT); -1 when its buffer cannot be had. */
 int q_rows(const qjob_t *j, const qpart_t *a, int64_t n0, int64_t n1);
+/* qamx.c: q_rows' x rows on Intel AMX tiles where Linux grants them (the same bits); Q_AMX=0 builds without (A/B),
+ * RUVLLM_AMX=0 switches it off at run time. Q_AMX_MIN: the fewest x rows worth a tile pass (fewer: qrow.c). */
+#ifndef Q_AMX
+#define Q_AMX 1
+#endif
+#ifndef Q_AMX_MIN
+#define Q_AMX_MIN 16
+#endif
+#if Q_ROWS_BUILT && Q_AMX && defined(__x86_64__) && defined(__GNUC__) && __GNUC__ >= 11
+#define Q_AMX_BUILT 1
+/* Rows n0.. of part a, in whole blocks of 16 below n1, against x rows 0..done - 1: returns done (0: none; the
+ * caller runs every other row and the last block of fewer than 16 W rows). */
+int64_t q_amx_rows(const qjob_t *j, const qpart_t *a, int64_t n0, int64_t n1);
+int q_amx_ready(void);
+#else
+#define Q_AMX_BUILT 0
+#endif
 
 /* ggml blocks (kquant.c): rows n0..n1 of part a against every row of the int8 x, in tiles (decode and batches) */
 void kq_rows(const qjob_t *j, const qpart_t *a, int64_t n0, int64_t n1);

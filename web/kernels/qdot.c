@@ -48,10 +48,15 @@ void rk_quantize_act(const float *x, qact_t *a) {
   }
 }
 
+/* A code byte's two nibbles. The high ones by a 16-bit shift and the low nibbles' mask: V8 lowers i8x16.shr_u
+ * to that shift plus a mask it builds anew each time (5 x86 instructions against 2) */
+static inline v128_t nibbles_lo(v128_t v) { return wasm_v128_and(v, wasm_i8x16_splat(0x0f)); }
+static inline v128_t nibbles_hi(v128_t v) { return wasm_v128_and(wasm_u16x8_shr(v, 4), wasm_i8x16_splat(0x0f)); }
+
 /* sum_j q[j] xq[j] of one 32-code block, as 4 int32 lanes */
 static inline v128_t dot4(const uint8_t *c, const int8_t *xq) {
   const v128_t v = wasm_v128_load(c);
-  const v128_t lo = wasm_v128_and(v, wasm_i8x16_splat(0x0f)), hi = wasm_u8x16_shr(v, 4);
+  const v128_t lo = nibbles_lo(v), hi = nibbles_hi(v);
   const v128_t xe = wasm_v128_load(xq), xo = wasm_v128_load(xq + 16);
 #ifdef RKW_RELAXED
   v128_t acc = __builtin_wasm_relaxed_dot_i8x16_i7x16_add_s_i32x4(xe, lo, wasm_i32x4_splat(0));
@@ -240,7 +245,7 @@ INLINE void rows_block(const uint8_t *cb, int32_t bits, const qact_t *a, int32_t
                        v128_t *acc) {
   if (bits == 4) {
     const v128_t v = wasm_v128_load(cb);
-    const v128_t lo = wasm_v128_and(v, wasm_i8x16_splat(0x0f)), hi = wasm_u8x16_shr(v, 4);
+    const v128_t lo = nibbles_lo(v), hi = nibbles_hi(v);
     for (int32_t r = 0; r < R; r++) {
       const int8_t *xq = a[r].q + b * QBLOCK;
       const v128_t xe = wasm_v128_load(xq), xo = wasm_v128_load(xq + 16);
