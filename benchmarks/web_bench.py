@@ -11,7 +11,8 @@ GGUF (int4: its codes as they are; int8: re-quantized in blocks of 32), and wlla
 Each round runs every engine in turn (the order alternates between rounds): a cold load (caches emptied: the
 Cache API, wllama's own cache), a greedy completion of `tokens` tokens with ignore_eos after a ~32-token prompt,
 then a cached load (a second page, caches kept) with the same completion. Recorded per run: load time (until
-the engine answers; ours also times each phase of its load, `phases`), time to first token, decode tok/s, the
+the engine answers; ours also times each phase of its load, `phases`), time to first token, decode tok/s (ours also
+as `forward_tok_s`: its decode passes alone, without the loop between them), the
 bytes the page fetched (model files; runtime files), the peak RSS of the page's renderer process (Chromium's,
 sampled every 50 ms) and, after the completion, Chromium's own count of the page's JS and wasm memory
 (performance.measureUserAgentSpecificMemory, page and workers). Beside them, ruvllm native
@@ -157,7 +158,8 @@ def summary(rows: list[dict], native_row: dict | None, gguf_bytes: int) -> dict:
     out = {}
     for engine in sorted({r["engine"] for r in rows}):
         out[engine] = {"cold_load_s": _s(med(engine, "loadMs")), "cached_load_s": _s(med(engine, "loadMs", False)),
-                       "decode_tok_s": med(engine, "decodeTokPerS"), "ttft_ms": med(engine, "ttftMs"),
+                       "decode_tok_s": med(engine, "decodeTokPerS"), "forward_tok_s": med(engine, "forwardTokPerS"),
+                       "ttft_ms": med(engine, "ttftMs"),
                        "model_mb": _mb(med(engine, "model_bytes")), "runtime_mb": _mb(med(engine, "runtime_bytes")),
                        "peak_renderer_rss_mib": med(engine, "peak_renderer_rss_mib"),
                        "ua_memory_mib": med(engine, "ua_memory_mib")}
@@ -188,14 +190,14 @@ def _mb(b):
 
 
 def print_table(summ: dict, native_row: dict | None) -> None:
-    cols = ("cold_load_s", "cached_load_s", "decode_tok_s", "ttft_ms", "model_mb", "runtime_mb",
+    cols = ("cold_load_s", "cached_load_s", "decode_tok_s", "forward_tok_s", "ttft_ms", "model_mb", "runtime_mb",
             "peak_renderer_rss_mib", "decode_vs_wllama", "cold_load_vs_wllama", "cached_load_vs_wllama",
             "decode_vs_native", "bytes_vs_gguf", "peak_rss_vs_file", "ua_memory_mib", "ua_memory_vs_file")
     print(f"\n{'engine':18}" + "".join(f"{c[:14]:>15}" for c in cols))
     for engine, s in summ.items():
         print(f"{engine:18}" + "".join(f"{_fmt(s.get(c)):>15}" for c in cols))
     if native_row:
-        print(f"{'ruvllm native':18}{'':>45}{native_row['decode_tok_s']:>15.1f}")
+        print(f"{'ruvllm native':18}{'':>30}{native_row['decode_tok_s']:>15.1f}")
 
 
 def _fmt(v) -> str:

@@ -25,8 +25,11 @@ export async function ours({ model, precision = 'auto', file = null, threads = 2
   for await (const chunk of chunks) {
     for (const _ of chunk.choices[0].token_ids ?? []) stamps.push(performance.now());
   }
-  const out = { engine: 'ruvllm', loadMs, ...engine.stats, ...rates(started, stamps), promptTokens: engine.lastStats?.promptTokens,
-    uaMemory: await memory() };
+  const last = engine.lastStats ?? {};
+  // the decode passes' own time (the forward pass alone, without the loop's Python and messages between them)
+  const forwardTokPerS = last.decodeMs && last.forwardPasses > 1 ? (last.forwardPasses - 1) / (last.decodeMs / 1000) : 0;
+  const out = { engine: 'ruvllm', loadMs, ...engine.stats, ...rates(started, stamps), promptTokens: last.promptTokens,
+    forwardTokPerS, uaMemory: await memory() };
   await engine.dispose();
   return out;
 }

@@ -88,6 +88,7 @@ export class Kernels {
       await new Promise((resolve) => setTimeout(resolve, 2));
     }
     exports.rk_set_threads(threads);
+    exports.rk_set_caller_waits(threads > 1 && canBlock() ? 1 : 0);
     this.threads = threads;
   }
 
@@ -105,6 +106,17 @@ export class Kernels {
   dispose() {
     for (const w of this.workers) w.terminate();
     this.workers = [];
+  }
+}
+
+/** Whether this thread may block on a futex (a Worker, Node): then rk_parallel's caller sleeps while a preempted
+ * thread finishes its chunk, instead of spinning on the core it needs. A page's main thread may not. */
+function canBlock() {
+  try {
+    Atomics.wait(new Int32Array(new SharedArrayBuffer(4)), 0, 1, 0);
+    return true;
+  } catch {
+    return false;
   }
 }
 

@@ -33,6 +33,8 @@ class CpuKernels:
         lib.rk_linear_parts.restype = i
         lib.rk_set_threads.argtypes = [i]
         lib.rk_set_threads.restype = i
+        lib.rk_amx.argtypes = [i]
+        lib.rk_amx.restype = i
         lib.rk_linear_gated.argtypes = [p, i, p, p, i, p, p, i, p, i, i64, i64]
         lib.rk_linear_gated.restype = i
         lib.rk_rms_norm.argtypes = [p, p, p, i64, i64, ctypes.c_float, i, i]
@@ -181,6 +183,11 @@ class CpuKernels:
             raise RuntimeError(f"rk_attend_rows failed ({status}): {rows} rows at {position}, heads {heads}, "
                                f"cache {tuple(keys.shape)}")
         return out
+
+    def amx(self, on: bool) -> bool:
+        """Let the quantized linears' rows of x run on Intel AMX tiles (qamx.c) where Linux grants them, or not
+        (the same bits either way: an A/B, or a check); returns whether they do now."""
+        return bool(self.lib.rk_amx(1 if on else 0))
 
     def argmax(self, x: Tensor) -> int:
         """int(torch.argmax(x)) for a contiguous fp32 CPU tensor: the first index of the largest value

@@ -22,7 +22,7 @@ from pathlib import Path
 from ..hub.resolve import cache_root
 
 HERE = Path(__file__).parent
-SOURCES = [HERE / f"{name}.c" for name in ("linear", "decode", "pool", "quant", "gate", "rtn", "qtile", "qtile_k", "qrow", "qpanel",
+SOURCES = [HERE / f"{name}.c" for name in ("linear", "decode", "pool", "quant", "gate", "rtn", "qtile", "qtile_k", "qrow", "qamx", "qpanel",
                                           "kquant", "step", "paged")]
 HEADERS = [HERE / f"{name}.h" for name in ("attend", "decode", "gate", "linear", "paged", "pool", "quant", "qtile", "vmath")]
 FLAGS = ["-O3", "-ffp-contract=off", "-shared", "-fPIC", "-pthread"]  # no contraction: torch rounds each op

@@ -597,13 +597,15 @@ void kq_unpack_row(const qmat_t *w, int64_t n, uint8_t *codes, float *scales, fl
   }
 }
 
-/* xs16 [M, nb * 2]: dx_b * Σ q_x over each 16 values (the per-16 zero terms' X_j). */
-void kq_sums16(const int8_t *qx, const float *dx, int64_t M, int64_t nb, float *xs16) {
+/* xs16 [M, nb * 2]: dx_b * Σ q_x over each 16 values (the per-16 zero terms' X_j); xz16: -32 Σ q_x (Q6_K's zero
+ * point, taken off its integers). */
+void kq_sums16(const int8_t *qx, const float *dx, int64_t M, int64_t nb, float *xs16, int32_t *xz16) {
   for (int64_t i = 0; i < M * nb; ++i)
     for (int h = 0; h < 2; ++h) {
       int s = 0;
       for (int k = 0; k < 16; ++k) s += qx[i * 32 + 16 * h + k];
       xs16[i * 2 + h] = dx[i] * (float)s;
+      xz16[i * 2 + h] = -32 * s;
     }
 }
 

@@ -38,7 +38,8 @@ typedef struct { /* one chunk of W rows in panel order, in the calling thread's 
   const float *scales;  /* [panels][ng][16] */
   const float *mins;    /* [panels][ng][16] what comes off per group times X_g: mins, + 128 s for 8-bit; or NULL */
   int64_t panels, nb, ng, spg;
-  int halves; /* groups of 16 values (ggml's Q2_K/Q3_K/Q6_K): two a sub-block, columns 0-15 then 16-31 */
+  int halves; /* groups of 16 values (ggml's Q2_K/Q3_K/Q6_K): two a sub-block, columns 0-15 then 16-31; 2: Q6_K,
+              * the zero term folded into the integers (ia starts at xz16's -32 Σ q, no mins) */
 } packed_t;
 
 static __thread void *p_buffer; /* the calling thread's panels */
@@ -194,14 +195,88 @@ static int pack_blocks(const qmat_t *w, int64_t n0, int64_t n1, packed_t *p) {
   return 0;
 }
 
+/* 32 bytes at off of 16 rows as 8 dword vectors, lane l = row l: out[4h + t] lane l = dword 4h + t of row l's run
+ * (row[] in the order [0, 4, 8, 12, 1, 5, ...]: each 128-bit lane k of a load takes row i + 4k, which the 4 x 4 dword
+ * transpose within lanes leaves in lane 4k + i). */
+static inline void turn32(const uint8_t *const *row, int64_t off, __m512i *out) {
+  for (int h = 0; h < 2; ++h) {
+    __m512i a[4];
+    for (int i = 0; i < 4; ++i) {
+      __m512i v = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(row[4 * i] + off + 16 * h)));
+      for (int k = 1; k < 4; ++k) v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(row[4 * i + k] + off + 16 * h)), k);
+      a[i] = v;
+    }
+    const __m512i t0 = _mm512_unpacklo_epi32(a[0], a[1]), t1 = _mm512_unpackhi_epi32(a[0], a[1]);
+    const __m512i t2 = _mm512_unpacklo_epi32(a[2], a[3]), t3 = _mm512_unpackhi_epi32(a[2], a[3]);
+    out[4 * h] = _mm512_unpacklo_epi64(t0, t2), out[4 * h + 1] = _mm512_unpackhi_epi64(t0, t2);
+    out[4 * h + 2] = _mm512_unpacklo_epi64(t1, t3), out[4 * h + 3] = _mm512_unpackhi_epi64(t1, t3);
+  }
+}
+
+/* Q6_K rows n0..n1 straight from their blocks into panel order (pack_blocks' row-at-a-time unpack and transpose took
+ * ~17% of a one-thread Llama-3.2-1B-shape prefill): a super-block's 32-byte runs of 16 rows turned into words, each
+ * sub-block's codes ql's nibble | qh's 2 bits << 4 (values in order, unsigned), per group of 16 s_j = D c_j (the
+ * gathered scale bytes) and no zero term: Q6_K's 32 comes off in the integers (xz16, quant.h). Lanes past n1 read
+ * the last row again with zero scales (their outputs are not stored). */
+static int pack_q6(const qmat_t *w, int64_t n0, int64_t n1, packed_t *p) {
+  const int64_t nb = nb_of(w), rb = row_bytes(w), words = nb * 8, ng = 2 * nb;
+  const int64_t panels = (n1 - n0 + P_LANES - 1) / P_LANES, code_bytes = panels * words * 64;
+  uint8_t *buf = p_scratch(code_bytes + panels * ng * P_LANES * 4);
+  if (!buf) return -1;
+  float *sc = (float *)(buf + code_bytes);
+  const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  const __m512i low = _mm512_set1_epi8(0x0f), two = _mm512_set1_epi8(0x03);
+  for (int64_t q = 0; q < panels; ++q) {
+    const int64_t n = n0 + q * P_LANES, live = n1 - n < P_LANES ? n1 - n : P_LANES;
+    const __mmask16 k = (__mmask16)((1u << live) - 1u);
+    const __m512i at = _mm512_mullo_epi32(_mm512_min_epi32(lane, _mm512_set1_epi32((int)live - 1)), _mm512_set1_epi32((int)rb));
+    const uint8_t *row[P_LANES];
+    for (int l = 0; l < P_LANES; ++l) { /* the load order turn32 takes: row[4i + k] = row i + 4k */
+      const int64_t r = (l % 4) * 4 + l / 4;
+      row[l] = w->codes + (n + (r < live ? r : live - 1)) * rb;
+    }
+    uint8_t *o = buf + q * words * 64;
+    float *so = sc + q * ng * P_LANES;
+    for (int64_t s = 0; s < w->ng; ++s) {
+      const int64_t off = s * 210;
+      const uint8_t *blk = w->codes + n * rb + off;
+      const __m512 d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_i32gather_epi32(at, blk + 206, 1), 16)));
+      for (int g4 = 0; g4 < 4; ++g4) { /* scale bytes 4 g4..4 g4 + 3 */
+        const __m512i four = _mm512_i32gather_epi32(at, blk + 192 + 4 * g4, 1);
+        for (int e = 0; e < 4; ++e) {
+          const __m512i c = _mm512_srai_epi32(_mm512_slli_epi32(four, 24 - 8 * e), 24);
+          _mm512_store_ps(so + (s * 16 + 4 * g4 + e) * P_LANES, _mm512_maskz_mul_ps(k, d, _mm512_cvtepi32_ps(c)));
+        }
+      }
+      for (int h = 0; h < 2; ++h) { /* values 128 h..: ql's runs 64 h, 64 h + 32, qh's run 128 + 32 h */
+        __m512i ql0[8], ql1[8], qh[8];
+        turn32(row, off + 64 * h, ql0);
+        turn32(row, off + 64 * h + 32, ql1);
+        turn32(row, off + 128 + 32 * h, qh);
+        for (int r = 0; r < 4; ++r) { /* sub-block 4 h + r: ql's low (r < 2) or high nibbles, qh's bits 2r, 2r + 1 */
+          const __m512i *ql = r & 1 ? ql1 : ql0;
+          uint8_t *ob = o + (s * 8 + 4 * h + r) * 8 * 64;
+          for (int t = 0; t < 8; ++t) {
+            const __m512i lo = _mm512_and_si512(_mm512_srli_epi16(ql[t], 4 * (r >> 1)), low);
+            const __m512i hi = _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(qh[t], 2 * r), two), 4);
+            _mm512_store_si512((void *)(ob + t * 64), _mm512_or_si512(lo, hi));
+          }
+        }
+      }
+    }
+  }
+  *p = (packed_t){buf, sc, NULL, panels, nb, ng, 1, 2};
+  return 0;
+}
+
 /* Panels q..q + np - 1 against P_MT rows of x (qx, dx, xg: the first row's; past the live ones, zero rows of a
  * padded copy) into rows m0..m0 + mt - 1 of y, columns n.. (at most n_live of them). One instance per np and bits4, so
  * the file compiles in seconds (one per count of rows took 37 s): the row tail is padded; 4-bit and 8-bit
  * differ only in where x is read (xs: columns per step, xh: the second dword's offset). */
 static inline __attribute__((always_inline)) void kernel(const qjob_t *j, const qpart_t *a, const packed_t *p, int64_t q,
                                                           const int np, const int8_t *qx, const float *dx, const float *xg,
-                                                          int64_t m0, int mt, int64_t n, int64_t n_live, const int bits4,
-                                                          const int halves) {
+                                                          const int32_t *xz, int64_t m0, int mt, int64_t n, int64_t n_live,
+                                                          const int bits4, const int halves) {
   const int64_t nb = p->nb, xrow = nb * 32, xs = bits4 ? 4 : 8, xh = bits4 ? 16 : 4;
   const uint8_t *wc = p->codes + q * nb * 8 * 64;
   __m512 acc[P_MT][P_NP];
@@ -210,7 +285,7 @@ static inline __attribute__((always_inline)) void kernel(const qjob_t *j, const 
   for (int64_t b = 0, g = 0, left = p->spg; b < nb; ++b) {
     __m512i ia[P_MT][P_NP];
     for (int m = 0; m < P_MT; ++m)
-      for (int r = 0; r < np; ++r) ia[m][r] = _mm512_setzero_si512();
+      for (int r = 0; r < np; ++r) ia[m][r] = halves == 2 ? _mm512_set1_epi32(xz[m * 2 * nb + 2 * b]) : _mm512_setzero_si512();
     for (int t = 0; t < 4; ++t) { /* 8 columns of each row: 4-bit j..j + 3 and j + 16..; 8-bit j..j + 7 */
       __m512i lo[P_NP], hi[P_NP];
       for (int r = 0; r < np; ++r) {
@@ -227,13 +302,16 @@ static inline __attribute__((always_inline)) void kernel(const qjob_t *j, const 
         for (int r = 0; r < np; ++r) ia[m][r] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(ia[m][r], lo[r], xl), hi[r], xr);
       }
       if (halves && t == 1) { /* columns 0-15 are a group of their own: close it, as the group step below */
-        const float *sg = p->scales + (q * p->ng + g) * P_LANES, *mg = p->mins + (q * p->ng + g) * P_LANES;
+        const float *sg = p->scales + (q * p->ng + g) * P_LANES;
         for (int m = 0; m < P_MT; ++m) {
-          const __m512 d = _mm512_set1_ps(dx[m * nb + b]), xm = _mm512_set1_ps(xg[m * p->ng + g]);
+          const __m512 d = _mm512_set1_ps(dx[m * nb + b]);
           for (int r = 0; r < np; ++r) {
             acc[m][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ia[m][r]), _mm512_mul_ps(d, _mm512_load_ps(sg + r * p->ng * P_LANES)), acc[m][r]);
-            acc[m][r] = _mm512_fnmadd_ps(_mm512_load_ps(mg + r * p->ng * P_LANES), xm, acc[m][r]);
-            ia[m][r] = _mm512_setzero_si512();
+            if (halves == 1) {
+              const float *mg = p->mins + (q * p->ng + g) * P_LANES;
+              acc[m][r] = _mm512_fnmadd_ps(_mm512_load_ps(mg + r * p->ng * P_LANES), _mm512_set1_ps(xg[m * p->ng + g]), acc[m][r]);
+            }
+            ia[m][r] = halves == 2 ? _mm512_set1_epi32(xz[m * 2 * nb + 2 * b + 1]) : _mm512_setzero_si512();
           }
         }
         ++g;
@@ -246,7 +324,7 @@ static inline __attribute__((always_inline)) void kernel(const qjob_t *j, const 
         acc[m][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ia[m][r]), _mm512_mul_ps(d, _mm512_load_ps(sg + r * p->ng * P_LANES)), acc[m][r]);
     }
     if (--left == 0) { /* the group's last sub-block: its mins (and 8-bit) term, then the next group */
-      if (p->mins) {
+      if (halves != 2 && p->mins) {
         const float *mg = p->mins + (q * p->ng + g) * P_LANES;
         for (int m = 0; m < P_MT; ++m) {
           const __m512 xm = _mm512_set1_ps(xg[m * p->ng + g]);
@@ -271,24 +349,29 @@ static inline __attribute__((always_inline)) void kernel(const qjob_t *j, const 
 }
 
 static void panels_of(const qjob_t *j, const qpart_t *a, const packed_t *p, int64_t n0, int64_t n1, const int8_t *qx,
-                      const float *dx, const float *xg, int64_t m0, int mt) {
+                      const float *dx, const float *xg, const int32_t *xz, int64_t m0, int mt) {
+#define P_CALL(np, bits4, halves) kernel(j, a, p, q, np, qx, dx, xg, xz, m0, mt, n0 + q * P_LANES, n1 - n0 - q * P_LANES, bits4, halves)
   int64_t q = 0;
   for (; q + P_NP <= p->panels; q += P_NP) {
-    if (a->w.bits4 || kq_q5(a->w.kind)) kernel(j, a, p, q, P_NP, qx, dx, xg, m0, mt, n0 + q * P_LANES, n1 - n0 - q * P_LANES, 1, 0);
-    else if (p->halves) kernel(j, a, p, q, P_NP, qx, dx, xg, m0, mt, n0 + q * P_LANES, n1 - n0 - q * P_LANES, 0, 1);
-    else kernel(j, a, p, q, P_NP, qx, dx, xg, m0, mt, n0 + q * P_LANES, n1 - n0 - q * P_LANES, 0, 0);
+    if (a->w.bits4 || kq_q5(a->w.kind)) P_CALL(P_NP, 1, 0);
+    else if (p->halves == 2) P_CALL(P_NP, 0, 2);
+    else if (p->halves) P_CALL(P_NP, 0, 1);
+    else P_CALL(P_NP, 0, 0);
   }
   for (; q < p->panels; ++q) {
-    if (a->w.bits4 || kq_q5(a->w.kind)) kernel(j, a, p, q, 1, qx, dx, xg, m0, mt, n0 + q * P_LANES, n1 - n0 - q * P_LANES, 1, 0);
-    else if (p->halves) kernel(j, a, p, q, 1, qx, dx, xg, m0, mt, n0 + q * P_LANES, n1 - n0 - q * P_LANES, 0, 1);
-    else kernel(j, a, p, q, 1, qx, dx, xg, m0, mt, n0 + q * P_LANES, n1 - n0 - q * P_LANES, 0, 0);
+    if (a->w.bits4 || kq_q5(a->w.kind)) P_CALL(1, 1, 0);
+    else if (p->halves == 2) P_CALL(1, 0, 2);
+    else if (p->halves) P_CALL(1, 0, 1);
+    else P_CALL(1, 0, 0);
   }
+#undef P_CALL
 }
 
 int q_panels(const qjob_t *j, const qpart_t *a, int64_t n0, int64_t n1) {
   packed_t p;
-  const int status = !a->w.kind ? pack(&a->w, n0, n1, &p) : kq_q5(a->w.kind) ? pack_q5(&a->w, n0, n1, &p)
-                                                                              : pack_blocks(&a->w, n0, n1, &p);
+  const int kind = a->w.kind;
+  const int status = !kind ? pack(&a->w, n0, n1, &p) : kq_q5(kind) ? pack_q5(&a->w, n0, n1, &p)
+                     : kq_zero_folded(kind) ? pack_q6(&a->w, n0, n1, &p) : pack_blocks(&a->w, n0, n1, &p);
   if (status) return -1;
   const int64_t nb = p.nb, ng = p.ng, whole = j->M / P_MT * P_MT;
   static float zeros[1]; /* xg for parts with no mins term (never read: p.mins is NULL) */
@@ -298,21 +381,25 @@ int q_panels(const qjob_t *j, const qpart_t *a, int64_t n0, int64_t n1) {
     xg = p.halves ? j->xs16 : j->dx + j->M * nb;
     xg_row = ng;
   }
+  const int32_t *xz = p.halves == 2 ? j->xz16 : NULL; /* Q6_K: -32 Σ q per 16 values, [M, nb * 2] */
   for (int64_t m0 = 0; m0 < whole; m0 += P_MT) /* these rows of x stay in L1 while the chunk's panels pass */
-    panels_of(j, a, &p, n0, n1, j->qx + m0 * nb * 32, j->dx + m0 * nb, xg + m0 * xg_row, m0, P_MT);
+    panels_of(j, a, &p, n0, n1, j->qx + m0 * nb * 32, j->dx + m0 * nb, xg + m0 * xg_row, xz ? xz + m0 * nb * 2 : NULL,
+              m0, P_MT);
   if (whole < j->M) { /* the last rows, with zero rows after them */
     const int mt = (int)(j->M - whole);
     static __thread void *pad_buffer;
     static __thread int64_t pad_bytes;
-    const int64_t qbytes = P_MT * nb * 32, bytes = qbytes + (P_MT * nb + P_MT * ng) * 4;
+    const int64_t qbytes = P_MT * nb * 32, bytes = qbytes + (P_MT * nb + P_MT * ng + P_MT * nb * 2) * 4;
     int8_t *pad = pool_scratch(&pad_buffer, &pad_bytes, bytes);
     if (!pad) return -1;
     float *pdx = (float *)(pad + qbytes), *pxg = pdx + P_MT * nb;
+    int32_t *pxz = (int32_t *)(pxg + P_MT * ng); /* zero rows of x: Σ q = 0 */
     memset(pad, 0, (size_t)bytes);
     memcpy(pad, j->qx + whole * nb * 32, (size_t)(mt * nb * 32));
     memcpy(pdx, j->dx + whole * nb, (size_t)(mt * nb) * 4);
     if (xg_row) memcpy(pxg, xg + whole * ng, (size_t)(mt * ng) * 4);
-    panels_of(j, a, &p, n0, n1, pad, pdx, xg_row ? pxg : zeros, whole, mt);
+    if (xz) memcpy(pxz, xz + whole * nb * 2, (size_t)(mt * nb * 2) * 4);
+    panels_of(j, a, &p, n0, n1, pad, pdx, xg_row ? pxg : zeros, xz ? pxz : NULL, whole, mt);
   }
   return 0;
 }

@@ -200,12 +200,19 @@ int q_rows(const qjob_t *j, const qpart_t *a, int64_t n0, int64_t n1) {
   int8_t *xa = (int8_t *)(buf + 2 * fbytes);
   arrange_x(j->qx, nb, (int)M, xa);
   const int corr = has_mins(w) || !w->bits4;
+#if Q_AMX_BUILT
+  const int64_t m_amx = q_amx_rows(j, a, n0, n1); /* x rows qamx.c took for every whole block of 16 W rows */
+#else
+  const int64_t m_amx = 0;
+#endif
   for (int64_t n = n0; n < n1; n += R_LANES) {
     const int live = n1 - n < R_LANES ? (int)(n1 - n) : R_LANES;
+    const int64_t m_first = live == R_LANES ? m_amx : 0;
+    if (m_first >= M) continue;
     int64_t row[R_LANES];
     for (int r = 0; r < R_LANES; ++r) row[r] = n + (r < live ? r : live - 1);
     scales_of(w, row, corr, st, mnt);
-    for (int64_t m0 = 0; m0 < M; m0 += R_XROWS) {
+    for (int64_t m0 = m_first; m0 < M; m0 += R_XROWS) {
       const int mt = M - m0 < R_XROWS ? (int)(M - m0) : R_XROWS;
       if (w->bits4) { RBLOCK_CASES(1) } else { RBLOCK_CASES(0) }
     }

@@ -117,7 +117,8 @@ void q5_tiles(const qjob_t *j, const qpart_t *a, int64_t n0, int64_t n1) {
  * the canonical order qpanel.c's pack_blocks panels use: per sub-block b (its scales s_j = D c_j, zero terms Z_j
  * exactly as kquant.c's kq_head makes them: dmin m_j for Q4_K/Q5_K, 32 D c_j for Q6_K)
  *     Q4_K/Q5_K (groups of 32):  acc = fma(float(I_b), dx_b * s_b, acc);  acc = fnma(Z_b, X_b, acc)
- *     Q6_K (groups of 16):       the same for values 0-15 of b (group 2b, X over those 16: kq_sums16), then 16-31.
+ *     Q2_K/Q3_K (groups of 16):  the same for values 0-15 of b (group 2b, X over those 16: kq_sums16), then 16-31
+ *     Q6_K (groups of 16):       acc = fma(float(I_j), dx_b * s_j, acc), I_j = Σ c q - 32 Σ q (xz16): no Z_j term.
  * A sub-block's codes lie as bytes in value order (Q4_K/Q5_K: the low or high nibbles of a 32-byte run; Q6_K: ql's
  * nibbles and qh's 2-bit pairs), so 32 bytes of 16 rows turn as 8-bit codes do (two 4 x 4 dword transposes) and
  * each run serves two or four sub-blocks. A block's scales come in by gathers of its header words. */
@@ -134,6 +135,7 @@ static inline vi vi_bits(vi v, int shift, int mask) { /* (byte >> shift) & mask,
 }
 static inline vi vi_or(vi a, vi b) { return _mm512_or_si512(a, b); }
 static inline vi vi_zero(void) { return _mm512_setzero_si512(); }
+static inline vi vi_set1(int32_t v) { return _mm512_set1_epi32(v); }
 static inline vi vi_and32(vi v, int m) { return _mm512_and_si512(v, _mm512_set1_epi32(m)); }
 static inline vi vi_srl32(vi v, int n) { return _mm512_srl_epi32(v, _mm_cvtsi32_si128(n)); }
 static inline vi vi_sll32(vi v, int n) { return _mm512_sll_epi32(v, _mm_cvtsi32_si128(n)); }
@@ -150,8 +152,7 @@ static inline vi vi_sbyte(vi v, int k) { /* byte k of each dword, signed */
 }
 static inline vf vf_int(vi v) { return _mm512_cvtepi32_ps(v); }
 static inline vi vi_hi16(vi v) { return _mm512_srli_epi32(v, 16); }
-static inline vi dot_part(const vi *c, const int8_t *q, int t0, int t1) { /* dwords t0..t1 - 1 of a sub-block */
-  vi acc = _mm512_setzero_si512();
+static inline vi dot_part(const vi *c, const int8_t *q, int t0, int t1, vi acc) { /* acc + dwords t0..t1 - 1 */
   for (int t = t0; t < t1; ++t)
 #ifdef __AVX512VNNI__
     acc = _mm512_dpbusd_epi32(acc, c[t], bcast(q + XOFF4[t]));
@@ -173,6 +174,7 @@ static inline vi vi_bits(vi v, int shift, int mask) {
 }
 static inline vi vi_or(vi a, vi b) { return _mm256_or_si256(a, b); }
 static inline vi vi_zero(void) { return _mm256_setzero_si256(); }
+static inline vi vi_set1(int32_t v) { return _mm256_set1_epi32(v); }
 static inline vi vi_and32(vi v, int m) { return _mm256_and_si256(v, _mm256_set1_epi32(m)); }
 static inline vi vi_srl32(vi v, int n) { return _mm256_srl_epi32(v, _mm_cvtsi32_si128(n)); }
 static inline vi vi_sll32(vi v, int n) { return _mm256_sll_epi32(v, _mm_cvtsi32_si128(n)); }
@@ -190,8 +192,7 @@ static inline vi vi_sbyte(vi v, int k) {
 }
 static inline vf vf_int(vi v) { return _mm256_cvtepi32_ps(v); }
 static inline vi vi_hi16(vi v) { return _mm256_srli_epi32(v, 16); }
-static inline vi dot_part(const vi *c, const int8_t *q, int t0, int t1) {
-  vi acc = _mm256_setzero_si256();
+static inline vi dot_part(const vi *c, const int8_t *q, int t0, int t1, vi acc) {
   for (int t = t0; t < t1; ++t)
     acc = _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(c[t], bcast(q + XOFF4[t])), _mm256_set1_epi16(1)));
   return acc;
@@ -226,14 +227,15 @@ static inline __attribute__((always_inline)) void kvblock(const qjob_t *j, const
     const uint8_t *blk = base + o;
     for (int L = 0; L < live; ++L)
       for (int64_t p = 0; p < bb; p += 64) _mm_prefetch((const char *)row[L] + o + p + pf, Q_HINT);
-    vf sc[16], zc[16]; /* s_j and Z_j of the lanes' blocks (8 groups of 32, or Q6_K's 16 of 16) */
+    vf sc[16], zc[16]; /* s_j and Z_j of the lanes' blocks (8 groups of 32, or 16 of 16; Q6_K: no Z_j) */
     if (kind == 14) { /* ql[128] qh[64] scales[16] (int8) d: d read with the two scale bytes before it */
-      const vf d = half_lo(vi_hi16(vi_gather(blk + 206, at))), d32 = vf_mul(vf_set1(32.f), d);
+      const vf d = half_lo(vi_hi16(vi_gather(blk + 206, at)));
       for (int q = 0; q < 4; ++q) {
         const vi four = vi_gather(blk + 192 + 4 * q, at);
         for (int k = 0; k < 4; ++k) {
           const vf c = vf_int(vi_sbyte(four, k));
-          sc[4 * q + k] = vf_mul(d, c), zc[4 * q + k] = vf_mul(d32, c);
+          sc[4 * q + k] = vf_mul(d, c); /* no zero terms: the 32 is in the integers (but in Q6_FOLD=0 builds) */
+          if (!Q6_FOLD) zc[4 * q + k] = vf_mul(vf_mul(vf_set1(32.f), d), c);
         }
       }
     } else if (kind == 10) { /* Q2_K: scales[16] (scale | min << 4) qs[64] d dmin */
@@ -298,13 +300,16 @@ static inline __attribute__((always_inline)) void kvblock(const qjob_t *j, const
         const int64_t r = (m0 + m) * nb + sb;
         const int8_t *q = j->qx + (m0 + m) * xrow + sb * 32;
         const vf dx = vf_set1(j->dx[r]);
-        if (kind == 14 || kind == 10 || kind == 11) { /* two groups of 16: values 0-15 (dwords 0-3), then 16-31 */
-          acc[m] = vf_fold(acc[m], dot_part(c, q, 0, 4), dx, sc[2 * b]);
+        if (kq_zero_folded(kind)) { /* two groups of 16, each I_j = Σ c q - 32 Σ q exact (xz16), one fma each */
+          acc[m] = vf_fold(acc[m], dot_part(c, q, 0, 4, vi_set1(j->xz16[2 * r])), dx, sc[2 * b]);
+          acc[m] = vf_fold(acc[m], dot_part(c, q, 4, 8, vi_set1(j->xz16[2 * r + 1])), dx, sc[2 * b + 1]);
+        } else if (kind == 10 || kind == 11 || kind == 14) { /* two groups of 16: values 0-15 (dwords 0-3), 16-31 */
+          acc[m] = vf_fold(acc[m], dot_part(c, q, 0, 4, vi_zero()), dx, sc[2 * b]);
           acc[m] = vf_mins(acc[m], zc[2 * b], vf_set1(j->xs16[2 * r]));
-          acc[m] = vf_fold(acc[m], dot_part(c, q, 4, 8), dx, sc[2 * b + 1]);
+          acc[m] = vf_fold(acc[m], dot_part(c, q, 4, 8, vi_zero()), dx, sc[2 * b + 1]);
           acc[m] = vf_mins(acc[m], zc[2 * b + 1], vf_set1(j->xs16[2 * r + 1]));
         } else {
-          acc[m] = vf_fold(acc[m], dot_part(c, q, 0, 8), dx, sc[b]);
+          acc[m] = vf_fold(acc[m], dot_part(c, q, 0, 8, vi_zero()), dx, sc[b]);
           acc[m] = vf_mins(acc[m], zc[b], vf_set1(xs[r]));
         }
       }

@@ -357,10 +357,11 @@ int rk_qlinear_parts(const void *x, int x_bf16, int n_parts, const qmat_t *parts
   int blocks16 = 0; /* ggml parts with per-16 scales (Q2_K, Q3_K, Q6_K): their zero terms take xs16 */
   for (int p = 0; p < n_parts; ++p) blocks16 |= kq_per16(parts[p].kind);
   if (blocks16 && !exact) {
-    float *xs16 = pool_scratch(&buffers[8], &sizes[8], M * nb * 2 * 4);
+    float *xs16 = pool_scratch(&buffers[8], &sizes[8], M * nb * 2 * 8);
     if (!xs16) return -2;
-    kq_sums16(qx, dx, M, nb, xs16);
-    job.xs16 = xs16;
+    int32_t *xz16 = (int32_t *)(xs16 + M * nb * 2);
+    kq_sums16(qx, dx, M, nb, xs16, xz16);
+    job.xs16 = xs16, job.xz16 = xz16;
   }
   if (gated && !y && panel_parts == 3) return gated_blocks(&job, parts, gated, xg, xs, &buffers[7], &sizes[7]);
   void *whole = y ? NULL : aligned_alloc(64, (size_t)((M * (parts[0].N + parts[1].N) * (y_bf16 ? 2 : 4) + 63) / 64 * 64));

@@ -14,7 +14,10 @@
  * c + 128), each output is
  *     acc = 0;  for b: acc = fma(float(I_b), d_b * s_g(b), acc);  at each group's end: acc = fnma(mn_g, X_g, acc)
  * with mn_g = (mins_g, or zp * s_g) (+ 128 s_g for 8-bit codes) and X_g = Σ_b d_b Σ q_b (xs summed in order),
- * then the bias is added once (put_q). qpanel.c (prefill, AVX-512 VNNI) and qtile.c (everything else, every
+ * then the bias is added once (put_q). Q6_K (kq_zero_folded) has no zero term: its z = 32 is folded into the
+ * integer of each group of 16, I_j = Σ (c - 32) q = Σ c q - 32 Σ q (exact: |I_j| <= 16 * 32 * 127), so per group
+ *     acc = fma(float(I_j), d_b * s_j, acc)
+ * one float step a group instead of two (as llama.cpp's vec_dot_q6_K takes the 32 off in integers). qpanel.c (prefill, AVX-512 VNNI) and qtile.c (everything else, every
  * build) do exactly these float operations per output, so greedy tokens do not depend on the prefix cache, the
  * chunking, the batch or speculation. The exact path (mode 2, fp32 x) is rows2f's, per row of x alone. */
 /* Prompt chunks of Q_PANEL_ROWS rows or more run qpanel.c's packed panels on AVX-512 VNNI builds (Q_PANELS=0:
@@ -95,6 +98,7 @@ typedef struct { /* what the parts share */
   const int8_t *qx; /* [M, nb * 32] */
   const float *dx;  /* [M, nb] sub-block scales of x */
   const float *xs16; /* [M, nb * 2] dx * Σ q_x per 16 values, for ggml blocks with per-16 scales, or NULL */
+  const int32_t *xz16; /* [M, nb * 2] -32 Σ q_x per 16 values (beside xs16): Q6_K's zero folded into I_j */
   const float *xp;  /* [M, nb * 32] fp32 x zero-padded, for the exact path */
   int y_bf16, n_parts, exact;
   int panel_parts; /* bit p: part p runs qpanel.c's panels */
@@ -194,10 +198,28 @@ void q_tiles(const qjob_t *j, const qpart_t *a, int64_t n0, int64_t n1);
 /* The same for a Q5_0 / Q5_1 matrix (qtile_k.c): its blocks read in place, the canonical sum with s = d, mn = 16 d
  * or -m per block. */
 void q5_tiles(const qjob_t *j, const qpart_t *a, int64_t n0, int64_t n1);
-/* The same for Q4_K / Q5_K / Q6_K (qtile_k.c): s_j = D c_j, Z_j as kquant.c's kq_head, per group of 32 (16 for Q6_K). */
+/* The same for Q2_K-Q6_K (qtile_k.c): s_j = D c_j, Z_j as kquant.c's kq_head, per group of 32 (16 for Q2_K, Q3_K,
+ * Q6_K; Q6_K's zero term folded into its integers). */
 void qk_tiles(const qjob_t *j, const qpart_t *a, int64_t n0, int64_t n1);
 /* The same for M <= Q_ROWS_MAX rows of x (qrow.c, Q_ROWS_BUILT); -1 when its buffer cannot be had. */
 int q_rows(const qjob_t *j, const qpart_t *a, int64_t n0, int64_t n1);
+/* qamx.c: q_rows' x rows on Intel AMX tiles where Linux grants them (the same bits); Q_AMX=0 builds without (A/B),
+ * RUVLLM_AMX=0 switches it off at run time. Q_AMX_MIN: the fewest x rows worth a tile pass (fewer: qrow.c). */
+#ifndef Q_AMX
+#define Q_AMX 1
+#endif
+#ifndef Q_AMX_MIN
+#define Q_AMX_MIN 16
+#endif
+#if Q_ROWS_BUILT && Q_AMX && defined(__x86_64__) && defined(__GNUC__) && __GNUC__ >= 11
+#define Q_AMX_BUILT 1
+/* Rows n0.. of part a, in whole blocks of 16 below n1, against x rows 0..done - 1: returns done (0: none; the
+ * caller runs every other row and the last block of fewer than 16 W rows). */
+int64_t q_amx_rows(const qjob_t *j, const qpart_t *a, int64_t n0, int64_t n1);
+int q_amx_ready(void);
+#else
+#define Q_AMX_BUILT 0
+#endif
 
 /* ggml blocks (kquant.c): rows n0..n1 of part a against every row of the int8 x, in tiles (decode and batches) */
 void kq_rows(const qjob_t *j, const qpart_t *a, int64_t n0, int64_t n1);
@@ -209,8 +231,14 @@ void kq_dequantize_block(int kind, const uint8_t *blk, float *out);
 void kq_unpack_row(const qmat_t *w, int64_t n, uint8_t *codes, float *scales, float *zeros, int64_t stride);
 /* whether a ggml type's scales are per 16 values (Q2_K, Q3_K, Q6_K) */
 static inline int kq_per16(int kind) { return kind == 10 || kind == 11 || kind == 14; }
-/* xs16 [M, nb * 2] from the int8 x: dx * Σ q_x per 16 values */
-void kq_sums16(const int8_t *qx, const float *dx, int64_t M, int64_t nb, float *xs16);
+/* whether a ggml type's zero point is folded into its integers (Q6_K: I_j = Σ (c - 32) q, no zero term).
+ * Q6_FOLD=0 builds the sum before it (Q6_K's zero term per group, as Q2_K/Q3_K's; packed by pack_blocks): an A/B. */
+#ifndef Q6_FOLD
+#define Q6_FOLD 1
+#endif
+static inline int kq_zero_folded(int kind) { return Q6_FOLD && kind == 14; }
+/* xs16 [M, nb * 2] from the int8 x: dx * Σ q_x per 16 values; xz16 beside it: -32 Σ q_x */
+void kq_sums16(const int8_t *qx, const float *dx, int64_t M, int64_t nb, float *xs16, int32_t *xz16);
 
 /* The quantized products step.c runs (quant.c): parts sharing x, optionally SiLU-gated (mode: quant.c's). */
 int rk_qlinear_parts(const void *x, int x_bf16, int n_parts, const qmat_t *parts, void *y, int y_bf16, int64_t M,

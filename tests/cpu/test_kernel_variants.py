@@ -276,3 +276,29 @@ def test_one_zero_point_gives_the_per_group_layouts_outputs_bit_for_bit(kernels,
         expected = torch.cat([F.linear(x, q.dequantize(), bias), F.linear(x, q2.dequantize())], -1)
         if mode == QuantPlan.EXACT:
             torch.testing.assert_close(new, expected, rtol=1e-5, atol=3e-4)
+
+
+@needs_kernels
+@pytest.mark.parametrize("layout", LAYOUTS, ids=lambda c: f"{c[0]}bit-g{c[1]}{'-q4_1' if c[3] else ''}")
+def test_amx_rows_give_each_row_its_bits_alone(kernels, layout):
+    """16+ rows of x take qamx.c's tile dots where Linux grants AMX (else qrow.c's; kernels.amx(False) forces that):
+    40 W rows = 2 blocks of 16 on the tiles + 8 on qrow.c, 19 rows = 16 on the tiles + 3 on qrow.c, K = 160 an odd
+    count of sub-blocks where the group allows (else 384). Each row equals itself alone (decode's qrow.c path), with
+    and without AMX."""
+    bits, group, symmetric, offsets = layout
+    k = 160 if 160 % group == 0 else 384
+    q = weights(bits, group, symmetric, 40, k, offsets)
+    packed = PackedWeight.pack(q)
+    plan = QuantPlan(kernels, [packed], [None], QuantPlan.INT8_BLOCKS)
+    x = torch.randn(19, k, generator=torch.Generator().manual_seed(7))
+    alone = torch.cat([plan(x[i:i + 1]) for i in range(len(x))])
+    try:
+        for on in (True, False):
+            kernels.amx(on)
+            for rows in (16, 19):
+                got = plan(x[:rows])
+                assert torch.equal(got, alone[:rows]), f"amx={on}: {rows} rows differ from each row alone"
+    finally:
+        kernels.amx(True)
+    xr = fake_quantize_blocks(x, packed.sub_blocks * 32)
+    torch.testing.assert_close(alone, F.linear(xr, q.dequantize()), rtol=1e-5, atol=2e-4)

@@ -179,6 +179,12 @@ static void attend_job(void *arg, int32_t h) {
   }
 }
 
+/* Below 128 positions a query's heads attend on the calling thread: their work (~15 ns a position and head, 9
+ * heads for SmolLM2) is a few microseconds a thread, what a barrier and moving q, k, v between cores cost.
+ * rk_set_serial_attend moves the bound (tests run both sides of it). Either way the same bits. */
+static int32_t serial_attend = 128;
+void rk_set_serial_attend(int32_t positions) { serial_attend = positions; }
+
 /* q, k, v of rows tokens at positions pos0.. : rope, append k, v to the cache, attend causally */
 static void attention(const layer_t *l, int32_t rows, int32_t pos0) {
   const int32_t D = M.dim, wide = (M.heads + 2 * M.kv) * D;
@@ -193,7 +199,10 @@ static void attention(const layer_t *l, int32_t rows, int32_t pos0) {
   }
   for (int32_t m = 0; m < rows; m++) {
     attend_t j = {l, m, pos0 + m};
-    rk_parallel(attend_job, &j, M.heads);
+    if (pos0 + m < serial_attend)
+      for (int32_t h = 0; h < M.heads; h++) attend_job(&j, h);
+    else
+      rk_parallel(attend_job, &j, M.heads);
   }
 }
 

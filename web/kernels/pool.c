@@ -4,18 +4,28 @@
 #include "pool.h"
 
 #define SPINS (1 << 16)
+#define CALLER_SPINS (1 << 13) /* ~10-20 us: a chunk's work (a running straggler ends within that) */
 #define CHUNK_BITS 20
 #define EPOCHS (1 << (32 - CHUNK_BITS - 1))
 
-static int32_t n_threads = 1;
-static int32_t generation = 0, sleepers = 0, started = 0;
-static uint32_t ticket = 0;
-static int32_t done_chunks = 0;
-static struct { job_fn fn; void *arg; int32_t chunks; } jobs[2]; /* by epoch parity */
+/* Each word the threads write while others read it sits in its own cache line: the ticket (taken per chunk), the
+ * count of chunks done (added to per chunk, read by the waiting caller) and the generation (read by spinning
+ * workers) would otherwise move one line between the cores at every chunk. */
+#define LINE __attribute__((aligned(64)))
+static int32_t n_threads = 1, caller_waits = 0; /* may the caller sleep (not a page's main thread) */
+static LINE int32_t generation = 0;
+static LINE int32_t sleepers = 0, started = 0;
+static LINE uint32_t ticket = 0;
+static LINE int32_t done_chunks = 0;
+static LINE int32_t caller_asleep = 0; /* the caller sleeps on done_chunks */
+static LINE struct { job_fn fn; void *arg; int32_t chunks; } jobs[2]; /* by epoch parity */
 
 int32_t rk_threads(void) { return n_threads; }
 void rk_set_threads(int32_t t) { n_threads = t < 1 ? 1 : t; }
 int32_t rk_workers_started(void) { return __atomic_load_n(&started, __ATOMIC_ACQUIRE); }
+/* 1: rk_parallel's caller may sleep on a futex while other threads finish their chunks (a Web Worker, Node);
+ * a page's main thread may not block, so it spins (0, the default) */
+void rk_set_caller_waits(int32_t on) { caller_waits = on != 0; }
 
 /* take chunks of job `epoch` until none is left (or another job has begun) */
 static void take_chunks(uint32_t epoch) {
@@ -29,7 +39,8 @@ static void take_chunks(uint32_t epoch) {
       if (__atomic_compare_exchange_n(&ticket, &t, t + 1, 1, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) break;
     }
     fn(arg, (int32_t)(t & ((1u << CHUNK_BITS) - 1)));
-    __atomic_fetch_add(&done_chunks, 1, __ATOMIC_ACQ_REL);
+    if (__atomic_add_fetch(&done_chunks, 1, __ATOMIC_SEQ_CST) == chunks && __atomic_load_n(&caller_asleep, __ATOMIC_SEQ_CST))
+      __builtin_wasm_memory_atomic_notify(&done_chunks, 1);
   }
 }
 
@@ -51,6 +62,23 @@ void rk_worker(int32_t id) {
   }
 }
 
+/* Until every chunk is done. The caller spins a chunk's time; past that a thread holding a chunk is likely
+ * preempted (a busy machine: more runnable threads than cores), and a spinning caller would keep the core it
+ * needs, so the caller sleeps (where it may) and the last chunk's thread wakes it. seq_cst on both flags: either
+ * the finisher sees caller_asleep, or the caller sees the final count before it sleeps. */
+static void wait_done(int32_t chunks) {
+  int32_t spins = 0;
+  for (;;) {
+    const int32_t d = __atomic_load_n(&done_chunks, __ATOMIC_SEQ_CST);
+    if (d >= chunks) return;
+    if (!caller_waits || ++spins < CALLER_SPINS) continue;
+    __atomic_store_n(&caller_asleep, 1, __ATOMIC_SEQ_CST);
+    if (__atomic_load_n(&done_chunks, __ATOMIC_SEQ_CST) == d)
+      __builtin_wasm_memory_atomic_wait32(&done_chunks, d, 1000000); /* 1 ms at most: a lost wake costs that */
+    __atomic_store_n(&caller_asleep, 0, __ATOMIC_SEQ_CST);
+  }
+}
+
 void rk_parallel(job_fn fn, void *arg, int32_t chunks) {
   if (n_threads == 1 || chunks == 1) {
     for (int32_t c = 0; c < chunks; c++) fn(arg, c);
@@ -67,6 +95,5 @@ void rk_parallel(job_fn fn, void *arg, int32_t chunks) {
   __atomic_store_n(&generation, gen, __ATOMIC_RELEASE);
   if (__atomic_load_n(&sleepers, __ATOMIC_ACQUIRE)) __builtin_wasm_memory_atomic_notify(&generation, n_threads);
   take_chunks(epoch);
-  while (__atomic_load_n(&done_chunks, __ATOMIC_ACQUIRE) < chunks) {
-  }
+  wait_done(chunks);
 }

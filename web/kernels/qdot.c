@@ -6,40 +6,57 @@ static inline float hsum(v128_t v) {
          wasm_f32x4_extract_lane(v, 3);
 }
 
-
-/* round half to even, as cvtps2dq under the default rounding mode (onnxruntime's x64 kernels) */
-static inline int32_t round_even(float v) { return (int32_t)__builtin_nearbyintf(v); }
-
+/* Per block of 32, in SIMD128 (a scalar loop's values exactly): amax by max (order-free for numbers), the float
+ * sum in k order (the order its bits depend on), x * inv rounded half to even (f32x4.nearest, as cvtps2dq under
+ * the default rounding mode: onnxruntime's x64 kernels), narrowed to int8 (|v| <= 127: no saturation), and the
+ * integer sum. */
 void rk_quantize_act(const float *x, qact_t *a) {
   const int32_t blocks = a->K / QBLOCK;
   for (int32_t b = 0; b < blocks; b++) {
     const float *xb = x + b * QBLOCK;
+    v128_t xv[8], m = wasm_f32x4_splat(0.f);
+    for (int j = 0; j < 8; j++) m = wasm_f32x4_pmax(m, wasm_f32x4_abs(xv[j] = wasm_v128_load(xb + 4 * j))); /* |x| >= +0 */
     float amax = 0.f, sum = 0.f;
-    for (int j = 0; j < QBLOCK; j++) {
-      float v = xb[j] < 0 ? -xb[j] : xb[j];
+    for (int j = 0; j < 4; j++) {
+      const float v = wasm_f32x4_extract_lane(m, 0);
       amax = v > amax ? v : amax;
-      sum += xb[j];
+      m = wasm_i32x4_shuffle(m, m, 1, 2, 3, 0);
     }
+    for (int j = 0; j < QBLOCK; j++) sum += xb[j];
     const float s = amax / 127.f, inv = amax != 0.f ? 127.f / amax : 0.f;
-    int8_t *q = a->q + b * QBLOCK;
-    int32_t qsum = 0;
-    for (int j = 0; j < QBLOCK; j++) {
-      int32_t v = round_even(xb[j] * inv);
-      /* 4-bit layout: even k first, then odd k (the nibbles of one code byte) */
-      int32_t at = a->bits == 4 ? (j & 1) * 16 + (j >> 1) : j;
-      q[at] = (int8_t)v;
-      qsum += v;
+    const v128_t iv = wasm_f32x4_splat(inv);
+    v128_t q[8], qs = wasm_i32x4_splat(0);
+    for (int j = 0; j < 8; j++) {
+      q[j] = wasm_i32x4_trunc_sat_f32x4(wasm_f32x4_nearest(wasm_f32x4_mul(xv[j], iv)));
+      qs = wasm_i32x4_add(qs, q[j]);
     }
+    const v128_t lo = wasm_i8x16_narrow_i16x8(wasm_i16x8_narrow_i32x4(q[0], q[1]), wasm_i16x8_narrow_i32x4(q[2], q[3]));
+    const v128_t hi = wasm_i8x16_narrow_i16x8(wasm_i16x8_narrow_i32x4(q[4], q[5]), wasm_i16x8_narrow_i32x4(q[6], q[7]));
+    int8_t *out = a->q + b * QBLOCK;
+    if (a->bits == 4) { /* 4-bit layout: even k first, then odd k (the nibbles of one code byte) */
+      wasm_v128_store(out, wasm_i8x16_shuffle(lo, hi, 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30));
+      wasm_v128_store(out + 16, wasm_i8x16_shuffle(lo, hi, 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31));
+    } else {
+      wasm_v128_store(out, lo);
+      wasm_v128_store(out + 16, hi);
+    }
+    const int32_t qsum = wasm_i32x4_extract_lane(qs, 0) + wasm_i32x4_extract_lane(qs, 1) +
+                         wasm_i32x4_extract_lane(qs, 2) + wasm_i32x4_extract_lane(qs, 3);
     a->s[b] = s;
     a->sum[b] = sum;
     a->sq[b] = s * (float)qsum;
   }
 }
 
+/* A code byte's two nibbles. The high ones by a 16-bit shift and the low nibbles' mask: V8 lowers i8x16.shr_u
+ * to that shift plus a mask it builds anew each time (5 x86 instructions against 2) */
+static inline v128_t nibbles_lo(v128_t v) { return wasm_v128_and(v, wasm_i8x16_splat(0x0f)); }
+static inline v128_t nibbles_hi(v128_t v) { return wasm_v128_and(wasm_u16x8_shr(v, 4), wasm_i8x16_splat(0x0f)); }
+
 /* sum_j q[j] xq[j] of one 32-code block, as 4 int32 lanes */
 static inline v128_t dot4(const uint8_t *c, const int8_t *xq) {
   const v128_t v = wasm_v128_load(c);
-  const v128_t lo = wasm_v128_and(v, wasm_i8x16_splat(0x0f)), hi = wasm_u8x16_shr(v, 4);
+  const v128_t lo = nibbles_lo(v), hi = nibbles_hi(v);
   const v128_t xe = wasm_v128_load(xq), xo = wasm_v128_load(xq + 16);
 #ifdef RKW_RELAXED
   v128_t acc = __builtin_wasm_relaxed_dot_i8x16_i7x16_add_s_i32x4(xe, lo, wasm_i32x4_splat(0));
@@ -151,13 +168,76 @@ static float row_dot_any(const qmat_t *w, const qact_t *a, int32_t n, int32_t bl
   return w->half ? row_dot(w, a, n, blocks, bytes, zp, 1) : row_dot(w, a, n, blocks, bytes, zp, 0);
 }
 
+/* ---- 4 weight rows at a time (decode): each row's sums as row_dot's, its tail blocks and finish vectorized
+ * across the rows (lane r = row n + r), op for op in finish's order, so every output has row_dot's bits ---- */
+
+/* lane r = ((v_r[0] + v_r[1]) + v_r[2]) + v_r[3]: hsum of each of 4 vectors, in hsum's order */
+static inline v128_t hsum4(v128_t v0, v128_t v1, v128_t v2, v128_t v3) {
+  const v128_t a = wasm_i32x4_shuffle(v0, v1, 0, 4, 2, 6), b = wasm_i32x4_shuffle(v0, v1, 1, 5, 3, 7); /* 0 0' 2 2', 1 1' 3 3' */
+  const v128_t c = wasm_i32x4_shuffle(v2, v3, 0, 4, 2, 6), d = wasm_i32x4_shuffle(v2, v3, 1, 5, 3, 7);
+  const v128_t c0 = wasm_i32x4_shuffle(a, c, 0, 1, 4, 5), c2 = wasm_i32x4_shuffle(a, c, 2, 3, 6, 7);
+  const v128_t c1 = wasm_i32x4_shuffle(b, d, 0, 1, 4, 5), c3 = wasm_i32x4_shuffle(b, d, 2, 3, 6, 7);
+  return wasm_f32x4_add(wasm_f32x4_add(wasm_f32x4_add(c0, c1), c2), c3);
+}
+
+/* block b's scale (or minimum) of rows n..n+3 (stride `blocks`), as float32 lanes */
+INLINE v128_t gather4(const void *p, int32_t n, int32_t blocks, int32_t b, const int half) {
+  const int64_t at = (int64_t)n * blocks + b;
+  if (!half) {
+    const float *f = (const float *)p + at;
+    return wasm_f32x4_make(f[0], f[blocks], f[2 * blocks], f[3 * blocks]);
+  }
+  const int16_t *h = (const int16_t *)p + at;
+  return half4v(wasm_i32x4_make(h[0], h[blocks], h[2 * blocks], h[3 * blocks]));
+}
+
+INLINE void rows4_dot(const qmat_t *w, const qact_t *a, int32_t n, int32_t blocks, int32_t bytes, float zp, float *y,
+                      const int half) {
+  sums_t z[4];
+  const int32_t tail = blocks & ~3;
+  for (int32_t r = 0; r < 4; r++) {
+    const uint8_t *c = w->codes + (int64_t)(n + r) * blocks * bytes;
+    const void *d = row_of(w->d, (int64_t)(n + r) * blocks, half), *m = row_of(w->m, (int64_t)(n + r) * blocks, half);
+    z[r] = (sums_t){wasm_f32x4_splat(0.f), wasm_f32x4_splat(0.f), wasm_f32x4_splat(0.f)};
+    for (int32_t b = 0; b < tail; b += 4) { /* row_dot's loop */
+      const v128_t dv = dvec(d, b, half);
+      const v128_t ds = wasm_f32x4_mul(dv, wasm_v128_load(a->s + b));
+      z[r].acc = block_step(z[r].acc, c, a, b, bytes, w->bits, lane(ds, 0));
+      z[r].acc = block_step(z[r].acc, c, a, b + 1, bytes, w->bits, lane(ds, 1));
+      z[r].acc = block_step(z[r].acc, c, a, b + 2, bytes, w->bits, lane(ds, 2));
+      z[r].acc = block_step(z[r].acc, c, a, b + 3, bytes, w->bits, lane(ds, 3));
+      group_terms(&z[r], dv, m ? mvec_d(m, dv, b, zp, half) : dv, a, b, m != 0);
+    }
+  }
+  v128_t t = hsum4(z[0].t, z[1].t, z[2].t, z[3].t), u = wasm_f32x4_splat(0.f);
+  if (w->m) u = hsum4(z[0].u, z[1].u, z[2].u, z[3].u);
+  const v128_t zpv = wasm_f32x4_splat(zp);
+  for (int32_t b = tail; b < blocks; b++) {
+    const v128_t dv = gather4(w->d, n, blocks, b, half), ds = wasm_f32x4_mul(dv, wasm_f32x4_splat(a->s[b]));
+    const uint8_t *c = w->codes + (int64_t)n * blocks * bytes;
+    for (int32_t r = 0; r < 4; r++)
+      z[r].acc = block_step(z[r].acc, c + (int64_t)r * blocks * bytes, a, b, bytes, w->bits, lane(ds, r));
+    t = wasm_f32x4_add(t, wasm_f32x4_mul(dv, wasm_f32x4_splat(a->sq[b])));
+    if (w->m) { /* mval: m + d zp (half), or the centred float32 minimum */
+      const v128_t mv = gather4(w->m, n, blocks, b, half);
+      u = wasm_f32x4_add(u, wasm_f32x4_mul(half ? wasm_f32x4_add(mv, wasm_f32x4_mul(dv, zpv)) : mv,
+                                           wasm_f32x4_splat(a->sum[b])));
+    }
+  }
+  t = wasm_f32x4_mul(wasm_f32x4_splat(-zp), t);
+  if (w->m) t = wasm_f32x4_add(t, u);
+  wasm_v128_store(y + n, wasm_f32x4_add(hsum4(z[0].acc, z[1].acc, z[2].acc, z[3].acc), t));
+}
+
 void rk_qmatvec(const qmat_t *w, const qact_t *a, float *y, int32_t n0, int32_t n1) {
   const int32_t blocks = w->K / QBLOCK, bytes = QBLOCK * w->bits / 8;
   const float zp = (float)(1 << (w->bits - 1));
+  int32_t n = n0;
   if (w->half)
-    for (int32_t n = n0; n < n1; n++) y[n] = row_dot(w, a, n, blocks, bytes, zp, 1);
+    for (; n + 4 <= n1; n += 4) rows4_dot(w, a, n, blocks, bytes, zp, y, 1);
   else
-    for (int32_t n = n0; n < n1; n++) y[n] = row_dot(w, a, n, blocks, bytes, zp, 0);
+    for (; n + 4 <= n1; n += 4) rows4_dot(w, a, n, blocks, bytes, zp, y, 0);
+  for (; n < n1; n++) y[n] = row_dot_any(w, a, n, blocks, bytes, zp);
 }
 
 /* block b's integer dots for R rows, accumulated with each row's d s (ds[r]: every lane) */
@@ -165,7 +245,7 @@ INLINE void rows_block(const uint8_t *cb, int32_t bits, const qact_t *a, int32_t
                        v128_t *acc) {
   if (bits == 4) {
     const v128_t v = wasm_v128_load(cb);
-    const v128_t lo = wasm_v128_and(v, wasm_i8x16_splat(0x0f)), hi = wasm_u8x16_shr(v, 4);
+    const v128_t lo = nibbles_lo(v), hi = nibbles_hi(v);
     for (int32_t r = 0; r < R; r++) {
       const int8_t *xq = a[r].q + b * QBLOCK;
       const v128_t xe = wasm_v128_load(xq), xo = wasm_v128_load(xq + 16);

@@ -54,11 +54,12 @@ void rk_qmatmul(const qmat_t *w, const qact_t *a, int32_t M, float *y, int32_t l
 
 /* 4 float16 values (finite) as float32 lanes, exactly: (exponent, mantissa) << 13 read as a float32 and scaled
  * by 2^112 (rebiases normal halves, and makes subnormal halves' denormal floats their value), then the sign */
-static inline v128_t half4(const uint16_t *h) {
-  const v128_t s = wasm_i32x4_load16x4(h); /* sign-extended: bit 31 is the half's sign */
+static inline v128_t half4v(v128_t s) { /* s: 4 halves sign-extended to int32 lanes (bit 31: the sign) */
   const v128_t mag = wasm_f32x4_mul(wasm_u32x4_shr(wasm_i32x4_shl(s, 17), 4), wasm_f32x4_splat(5.192296858534828e+33f));
   return wasm_v128_or(mag, wasm_v128_and(s, wasm_i32x4_splat((int32_t)0x80000000u)));
 }
+
+static inline v128_t half4(const uint16_t *h) { return half4v(wasm_i32x4_load16x4(h)); }
 
 /* one finite float16 as float32, exactly (the scalar tail of half4) */
 static inline float half1(uint16_t h) {

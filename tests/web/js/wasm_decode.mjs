@@ -9,6 +9,8 @@ const [src, dir, file, threads, idsJson, steps] = process.argv.slice(2);
 const { WasmBackend } = await import(pathToFileURL(`${src}/wasm_backend.js`).href);
 const entry = JSON.parse(readFileSync(`${dir}/ruvllm_contract.json`, 'utf8')).files[file];
 const backend = await WasmBackend.load(pathToFileURL(`${dir}/`), { file, engine: entry.engine }, { threads: Number(threads) });
+// attention below this position on the calling thread, above it over the pool (engine.c serial_attend): both here
+backend.kernels.exports.rk_set_serial_attend(JSON.parse(idsJson).length + Math.floor(Number(steps) / 2));
 const argmax = (r) => r.reduce((best, v, i) => (v > r[best] ? i : best), 0);
 let row = await backend.prefill(JSON.parse(idsJson));
 const logits = [Array.from(row)];
