@@ -168,15 +168,23 @@ def test_stop_button_ends_generation(site):
     page = _open(context, base, "llama")
     page.fill("#max_tokens", "100")
     page.fill("#temperature", "1")
-    run = page.evaluate("""() => new Promise((resolve) => {
-        const demo = window.ruvllmDemo;
+    stop_after_two_tokens = """() => new Promise((resolve) => {
+        const demo = window.ruvllmDemo, before = demo.lastRun;
+        let clicked = false;
         document.getElementById('input').value = 'Whether';
         document.getElementById('composer').requestSubmit();
         const poll = setInterval(() => {
-          if (demo.lastRun?.tokens >= 2 && !demo.stopped) { demo.stopped = true; document.getElementById('stop').click(); }
-          if (demo.lastRun?.done) { clearInterval(poll); resolve(demo.lastRun); }
+          const run = demo.lastRun === before ? null : demo.lastRun;
+          if (run?.tokens >= 2 && !clicked) { clicked = true; document.getElementById('stop').click(); }
+          if (run?.done) { clearInterval(poll); resolve(run); }
         }, 1);
-      })""")
+      })"""
+    # At temperature 1 the model may sample its end of text before the click's abort reaches the worker: that run
+    # ends 'stop' on its own, and says nothing about the button, so it is tried again (a broken button never aborts).
+    for _ in range(4):
+        run = page.evaluate(stop_after_two_tokens)
+        if run["finish"] != "stop":
+            break
     assert run["finish"] == "abort" and run["tokens"] < 100
     assert page.is_enabled("#send") and not page.is_enabled("#stop")
     again = _send(page, "again")  # the engine is free after a stop
